@@ -1,0 +1,215 @@
+// Graph construction, traversal and text/Graphviz dumps.
+#include "graph/ir.h"
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <sstream>
+
+#include "ops/registry.h"
+
+namespace flowrun {
+
+double Attrs::f(std::string_view k) const {
+  auto it = map_.find(k);
+  FR_CHECK(it != map_.end(), "missing attribute '", k, "'");
+  if (const auto* d = std::get_if<double>(&it->second)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+  FR_CHECK(false, "attribute '", k, "' is not a number");
+  return 0;
+}
+
+std::string Attrs::str() const {
+  std::ostringstream os;
+  bool first = true;
+  for (const auto& [k, v] : map_) {
+    os << (first ? "" : ", ") << k << "=";
+    first = false;
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+            os << shape_str(x);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            os << (x ? "true" : "false");
+          } else {
+            os << x;
+          }
+        },
+        v);
+  }
+  return os.str();
+}
+
+const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::input: return "input";
+    case ValueKind::param: return "param";
+    case ValueKind::state: return "state";
+    case ValueKind::intermediate: return "value";
+  }
+  return "?";
+}
+
+ValueId Graph::new_value(const std::string& name, const TensorType& t, ValueKind kind) {
+  Value v;
+  v.id = static_cast<ValueId>(values_.size());
+  v.name = name;
+  v.type = t;
+  v.kind = kind;
+  v.requires_grad = kind == ValueKind::param;
+  values_.push_back(std::move(v));
+  return values_.back().id;
+}
+
+ValueId Graph::add_input(const std::string& name, const Shape& shape, DType dtype) {
+  return new_value(name, {shape, dtype}, ValueKind::input);
+}
+ValueId Graph::add_param(const std::string& name, const Shape& shape, DType dtype) {
+  return new_value(name, {shape, dtype}, ValueKind::param);
+}
+ValueId Graph::add_state(const std::string& name, const Shape& shape, DType dtype) {
+  return new_value(name, {shape, dtype}, ValueKind::state);
+}
+
+std::vector<ValueId> Graph::add_node(const std::string& op, const std::vector<ValueId>& inputs, Attrs attrs,
+                                     const std::string& name) {
+  const OpDef& def = OpRegistry::get().at(op);
+  if (def.num_inputs >= 0 && static_cast<int>(inputs.size()) != def.num_inputs)
+    throw input_error(cat("op ", op, " (", name, ") takes ", def.num_inputs, " inputs, got ", inputs.size()));
+  std::vector<TensorType> in_types;
+  for (ValueId v : inputs) in_types.push_back(value(v).type);
+  std::vector<TensorType> out_types;
+  try {
+    out_types = def.infer(in_types, attrs);
+  } catch (const Error& e) {
+    std::string shapes;
+    for (const auto& t : in_types) shapes += cat(" ", shape_str(t.shape), ":", dtype_name(t.dtype));
+    throw Error(e.code(), cat(name.empty() ? op : name, " (", op, "): ", e.what(), "; inputs", shapes));
+  }
+  FR_CHECK(static_cast<int>(out_types.size()) == def.num_outputs(attrs), "op ", op, " inferred ",
+           out_types.size(), " outputs");
+  Node n;
+  n.id = static_cast<NodeId>(nodes_.size());
+  n.op = op;
+  n.name = name.empty() ? op : name;
+  n.attrs = std::move(attrs);
+  n.inputs = inputs;
+  bool needs_grad = false;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (std::find(def.nondiff_inputs.begin(), def.nondiff_inputs.end(), static_cast<int>(i)) ==
+        def.nondiff_inputs.end())
+      needs_grad = needs_grad || value(inputs[i]).requires_grad;
+  needs_grad = needs_grad && static_cast<bool>(def.grad);
+  for (size_t i = 0; i < out_types.size(); ++i) {
+    const std::string vname = out_types.size() == 1 ? n.name : cat(n.name, ":", i);
+    ValueId v = new_value(vname, out_types[i], ValueKind::intermediate);
+    values_[static_cast<size_t>(v)].producer = n.id;
+    values_[static_cast<size_t>(v)].producer_slot = static_cast<int>(i);
+    values_[static_cast<size_t>(v)].requires_grad =
+        needs_grad && is_floating(out_types[i].dtype) &&
+        std::find(def.nondiff_outputs.begin(), def.nondiff_outputs.end(), static_cast<int>(i)) ==
+            def.nondiff_outputs.end();
+    n.outputs.push_back(v);
+  }
+  nodes_.push_back(std::move(n));
+  return nodes_.back().outputs;
+}
+
+ValueId Graph::find_value(const std::string& name) const {
+  for (const auto& v : values_)
+    if (v.name == name) return v.id;
+  return kNoValue;
+}
+
+void Graph::mark_output(const std::string& name, ValueId v) { outputs_[name] = v; }
+
+std::vector<NodeId> Graph::live_nodes_topological() const {
+  // Kahn's algorithm, always taking the lowest ready id so that the order follows construction where it can
+  // (passes that append replacement nodes still yield a valid order). Nodes that only mutate their inputs
+  // (optimizer updates) go last, so that every reader of the old value has run first.
+  std::vector<int> pending(nodes_.size(), 0);
+  std::vector<std::vector<NodeId>> readers(nodes_.size());
+  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+  std::vector<NodeId> last;
+  for (const auto& n : nodes_) {
+    if (n.dead) continue;
+    const OpDef* def = OpRegistry::get().find(n.op);
+    if (def && !def->mutates.empty() && n.outputs.empty()) {
+      last.push_back(n.id);
+      continue;
+    }
+    for (ValueId v : n.inputs) {
+      const NodeId p = values_[static_cast<size_t>(v)].producer;
+      if (p >= 0 && !nodes_[static_cast<size_t>(p)].dead) {
+        ++pending[static_cast<size_t>(n.id)];
+        readers[static_cast<size_t>(p)].push_back(n.id);
+      }
+    }
+    if (pending[static_cast<size_t>(n.id)] == 0) ready.push(n.id);
+  }
+  std::vector<NodeId> order;
+  while (!ready.empty()) {
+    const NodeId id = ready.top();
+    ready.pop();
+    order.push_back(id);
+    for (NodeId r : readers[static_cast<size_t>(id)])
+      if (--pending[static_cast<size_t>(r)] == 0) ready.push(r);
+  }
+  order.insert(order.end(), last.begin(), last.end());
+  return order;
+}
+
+std::vector<std::vector<NodeId>> Graph::consumers() const {
+  std::vector<std::vector<NodeId>> c(values_.size());
+  for (const auto& n : nodes_) {
+    if (n.dead) continue;
+    for (ValueId v : n.inputs) c[static_cast<size_t>(v)].push_back(n.id);
+  }
+  return c;
+}
+
+std::string Graph::to_text() const {
+  std::ostringstream os;
+  for (const auto& v : values_)
+    if (v.kind != ValueKind::intermediate)
+      os << value_kind_name(v.kind) << " %" << v.id << " " << v.name << " " << shape_str(v.shape()) << ":"
+         << dtype_name(v.dtype()) << "\n";
+  for (NodeId id : live_nodes_topological()) {
+    const Node& n = nodes_[static_cast<size_t>(id)];
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const Value& v = value(n.outputs[i]);
+      os << (i ? ", " : "") << "%" << v.id << " " << shape_str(v.shape()) << ":" << dtype_name(v.dtype());
+    }
+    os << (n.outputs.empty() ? "" : " = ") << n.op << "(";
+    for (size_t i = 0; i < n.inputs.size(); ++i) os << (i ? ", " : "") << "%" << n.inputs[i];
+    os << ")";
+    if (!n.attrs.all().empty()) os << " {" << n.attrs.str() << "}";
+    os << "  # " << n.name << "\n";
+  }
+  for (const auto& [name, v] : outputs_) os << "output " << name << " = %" << v << "\n";
+  return os.str();
+}
+
+std::string Graph::to_dot() const {
+  std::ostringstream os;
+  os << "digraph flowrun {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n";
+  for (const auto& v : values_)
+    if (v.kind != ValueKind::intermediate)
+      os << "  v" << v.id << " [shape=ellipse, label=\"" << v.name << "\\n" << shape_str(v.shape()) << "\"];\n";
+  for (NodeId id : live_nodes_topological()) {
+    const Node& n = nodes_[static_cast<size_t>(id)];
+    os << "  n" << n.id << " [shape=box, label=\"" << n.op << "\\n" << n.name << "\"];\n";
+    for (ValueId in : n.inputs) {
+      const Value& v = value(in);
+      if (v.kind == ValueKind::intermediate)
+        os << "  n" << v.producer << " -> n" << n.id << " [label=\"" << shape_str(v.shape()) << "\"];\n";
+      else
+        os << "  v" << in << " -> n" << n.id << ";\n";
+    }
+  }
+  os << "}\n";
+  return os.str();
+}
+
+}  // namespace flowrun

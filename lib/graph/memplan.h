@@ -1,0 +1,24 @@
+// Memory planning: liveness of every intermediate over the schedule, then one arena per device in which
+// values whose lifetimes do not overlap share memory (greedy by size), and outputs reuse a dying input in
+// place where the op allows it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace flowrun {
+
+struct MemoryPlan {
+  size_t arena_bytes = 0;
+  size_t total_intermediate_bytes = 0;  // sum of all intermediates and workspaces: the arena with no reuse
+  std::vector<int64_t> offset;          // per value: byte offset in the arena, -1 if not an intermediate
+  std::vector<int64_t> workspace_offset;  // per node: scratch offset, -1 if none
+  std::vector<size_t> workspace_bytes;    // per node
+  int inplace_count = 0;                  // outputs that share their input's buffer
+};
+
+MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace);
+
+}  // namespace flowrun

@@ -1,0 +1,138 @@
+// The compile pipeline and the small passes: shape inference, fusion, optimizer insertion, dead-node
+// elimination and the kernel check.
+#include "graph/passes.h"
+
+#include <algorithm>
+
+#include "graph/builder.h"
+#include "ops/registry.h"
+
+namespace flowrun {
+
+DType kernel_dtype(const Graph& g, const Node& n) {
+  for (ValueId v : n.inputs)
+    if (is_floating(g.value(v).dtype())) return g.value(v).dtype();
+  if (!n.inputs.empty()) return g.value(n.inputs[0]).dtype();
+  FR_CHECK(!n.outputs.empty(), "node ", n.name, " has neither inputs nor outputs");
+  return g.value(n.outputs[0]).dtype();
+}
+
+void infer_shapes(Graph& g) {
+  for (NodeId id : g.live_nodes_topological()) {
+    Node& n = g.node(id);
+    std::vector<TensorType> in;
+    for (ValueId v : n.inputs) in.push_back(g.value(v).type);
+    const std::vector<TensorType> out = OpRegistry::get().at(n.op).infer(in, n.attrs);
+    FR_CHECK(out.size() == n.outputs.size(), "node ", n.name, ": output count changed");
+    for (size_t i = 0; i < out.size(); ++i) g.value(n.outputs[i]).type = out[i];
+  }
+}
+
+void fuse_ops(Graph& g) {
+  // log_softmax -> nll_loss becomes one cross_entropy when nothing else reads the log-probabilities: the
+  // fused op never materialises them in the backward pass and reads the logits once.
+  const auto consumers = g.consumers();
+  std::vector<Node> snapshot = g.nodes();
+  for (const Node& nll : snapshot) {
+    if (nll.dead || nll.op != "nll_loss") continue;
+    const Value& logp = g.value(nll.inputs[0]);
+    if (logp.producer < 0) continue;
+    const Node& ls = g.node(logp.producer);
+    if (ls.op != "log_softmax" || consumers[static_cast<size_t>(logp.id)].size() != 1) continue;
+    const int64_t rank = static_cast<int64_t>(logp.shape().size());
+    if (ls.attrs.i("axis", -1) != -1 && ls.attrs.i("axis", -1) != rank - 1) continue;
+    Attrs attrs = nll.attrs;
+    const std::vector<ValueId> fused =
+        g.add_node("cross_entropy", {ls.inputs[0], nll.inputs[1]}, attrs, nll.name + "+fused");
+    // Rewire readers of the nll output to the fused loss.
+    const ValueId old_out = nll.outputs[0];
+    for (Node& n : g.nodes())
+      for (ValueId& v : n.inputs)
+        if (v == old_out) v = fused[0];
+    for (const auto& [name, v] : std::map<std::string, ValueId>(g.outputs()))
+      if (v == old_out) g.mark_output(name, fused[0]);
+    g.node(nll.id).dead = true;
+    g.node(ls.id).dead = true;
+  }
+}
+
+void add_optimizer(Graph& g, const OptimizerSpec& spec) {
+  if (spec.type == "none") return;
+  if (spec.type != "sgd") throw input_error(cat("optimizer '", spec.type, "' is not supported by the graph compiler"));
+  GraphBuilder b(g);
+  const ValueId lr = g.find_value("lr") != kNoValue ? g.find_value("lr") : g.add_input("lr", {}, DType::f32);
+  const std::map<ValueId, ValueId> grads = g.param_grads();
+  for (const auto& [p, grad] : grads) {
+    const Value pv = g.value(p);
+    const ValueId mom = spec.momentum != 0.0 ? g.add_state("opt/" + pv.name + "/momentum", pv.shape(), pv.dtype())
+                                             : g.add_state("opt/" + pv.name + "/unused", {0}, pv.dtype());
+    b.op("sgd_update", {p, grad, mom, lr},
+         {{"momentum", spec.momentum},
+          {"dampening", spec.dampening},
+          {"nesterov", spec.nesterov},
+          {"weight_decay", spec.weight_decay}},
+         "update/" + pv.name);
+  }
+}
+
+void eliminate_dead_nodes(Graph& g) {
+  // Live: nodes producing a marked output, nodes that mutate state (updates), and their transitive inputs.
+  std::vector<bool> live(g.nodes().size(), false), needed(g.values().size(), false);
+  for (const auto& [name, v] : g.outputs()) needed[static_cast<size_t>(v)] = true;
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    Node& n = *it;
+    if (n.dead) continue;
+    const OpDef& def = OpRegistry::get().at(n.op);
+    bool keep = !def.mutates.empty() && n.outputs.empty();
+    for (ValueId v : n.outputs) keep = keep || needed[static_cast<size_t>(v)];
+    if (!keep) {
+      n.dead = true;
+      continue;
+    }
+    for (ValueId v : n.inputs) needed[static_cast<size_t>(v)] = true;
+  }
+}
+
+void check_kernels(const Graph& g, DeviceKind device) {
+  for (NodeId id : g.live_nodes_topological()) {
+    const Node& n = g.node(id);
+    const DType t = kernel_dtype(g, n);
+    if (!OpRegistry::get().at(n.op).kernel(device, t))
+      throw input_error(cat("op ", n.op, " (", n.name, ") has no ", device_kind_name(device), " kernel for ",
+                            dtype_name(t)));
+  }
+}
+
+std::vector<Pass> default_pipeline(const CompileOptions& opts) {
+  std::vector<Pass> p;
+  p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
+  if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions&) { fuse_ops(g); }});
+  if (!opts.loss.empty()) {
+    p.push_back({"autodiff", [](Graph& g, const CompileOptions& o) {
+                   auto it = g.outputs().find(o.loss);
+                   if (it == g.outputs().end()) throw input_error(cat("the graph has no output named '", o.loss, "'"));
+                   autodiff(g, it->second);
+                 }});
+    p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
+  }
+  p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});
+  p.push_back({"check_kernels", [](Graph& g, const CompileOptions& o) { check_kernels(g, o.device); }});
+  return p;
+}
+
+Program compile(Graph g, const CompileOptions& opts) {
+  Program prog;
+  for (const Pass& pass : default_pipeline(opts)) {
+    pass.run(g, opts);
+    const auto live = g.live_nodes_topological().size();
+    prog.pass_log.push_back(cat(pass.name, ": ", live, " nodes"));
+  }
+  prog.order = g.live_nodes_topological();
+  prog.memory = plan_memory(g, prog.order, opts.inplace);
+  prog.pass_log.push_back(cat("memory_plan: arena ", prog.memory.arena_bytes, " bytes for ",
+                              prog.memory.total_intermediate_bytes, " bytes of intermediates"));
+  prog.graph = std::move(g);
+  return prog;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,59 @@
+// Graph passes and the one ordered pipeline that compiles a forward graph into a training (or inference)
+// program: each pass is a named function over the Graph; compile() runs them in the order listed.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "graph/ir.h"
+#include "graph/memplan.h"
+
+namespace flowrun {
+
+struct OptimizerSpec {
+  std::string type = "none";  // none | sgd | adamw ...
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+};
+
+struct CompileOptions {
+  std::string loss = "loss";  // name of the output to differentiate; empty = inference only
+  OptimizerSpec optimizer;
+  DeviceKind device = DeviceKind::cpu;
+  bool fuse = true;
+  bool inplace = true;
+};
+
+struct Pass {
+  std::string name;
+  std::function<void(Graph&, const CompileOptions&)> run;
+};
+
+// The pipeline, in order. Fusion runs before autodiff so that fused forward ops get their fused gradients.
+std::vector<Pass> default_pipeline(const CompileOptions& opts);
+
+void infer_shapes(Graph& g);                                 // re-run inference; checks recorded types
+void fuse_ops(Graph& g);                                     // log_softmax+nll_loss -> cross_entropy, ...
+void autodiff(Graph& g, ValueId loss);                       // appends the backward graph; fills param_grads
+void add_optimizer(Graph& g, const OptimizerSpec& spec);     // appends update ops (and their state)
+void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
+void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
+
+// The primary dtype used to pick a node's kernel: its first floating input, else input 0, else output 0.
+DType kernel_dtype(const Graph& g, const Node& n);
+
+// A compiled program: the rewritten graph, its schedule and memory plan.
+struct Program {
+  Graph graph;
+  std::vector<NodeId> order;
+  MemoryPlan memory;
+  std::vector<std::string> pass_log;  // one line per pass: name, live nodes after it
+};
+
+Program compile(Graph g, const CompileOptions& opts);
+
+}  // namespace flowrun

@@ -1,0 +1,258 @@
+// CPU elementwise kernels: contiguous loops the compiler vectorises, OpenMP-parallel with static chunks so
+// results are bitwise reproducible for a given thread count.
+#include "ops/cpu/elementwise.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+
+// Binary op with broadcasting. Fast paths: equal shapes, and b repeating over a's leading dimensions (bias).
+template <typename T, typename F>
+void binary_kernel(const KernelCtx& c, F f) {
+  const TensorView &a = c.in[0], &b = c.in[1], &y = c.out[0];
+  const T* pa = a.as<T>();
+  const T* pb = b.as<T>();
+  T* py = y.as<T>();
+  const int64_t n = y.numel();
+  const int64_t na = a.numel(), nb = b.numel();
+  if (na == n && nb == n) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) py[i] = f(pa[i], pb[i]);
+    });
+    return;
+  }
+  if (na == n && nb > 0 && n % nb == 0) {
+    // b (leading 1s dropped) equals y's trailing dimensions: y[i] = f(a[i], b[i % nb]).
+    const Shape& ys = *y.shape;
+    const Shape& bs = *b.shape;
+    size_t lead = 0;
+    while (lead < bs.size() && bs[lead] == 1) ++lead;
+    const size_t nt = bs.size() - lead;
+    const bool trailing = nt <= ys.size() && std::equal(bs.begin() + static_cast<std::ptrdiff_t>(lead), bs.end(),
+                                                        ys.end() - static_cast<std::ptrdiff_t>(nt));
+    const int64_t tail = nb;
+    if (trailing && tail == nb) {
+      const int64_t rows = n / nb;
+      parallel_for(rows, kGrain / std::max<int64_t>(nb, 1), [&](int64_t s, int64_t e) {
+        for (int64_t r = s; r < e; ++r)
+          for (int64_t j = 0; j < nb; ++j) py[r * nb + j] = f(pa[r * nb + j], pb[j]);
+      });
+      return;
+    }
+  }
+  // General broadcasting: strides of 0 along stretched dimensions.
+  const Shape& ys = *y.shape;
+  const size_t r = ys.size();
+  std::array<int64_t, 8> sa{}, sb{}, dims{};
+  FR_CHECK(r <= 8, "broadcast of rank ", r, " is not supported");
+  auto strides = [&](const Shape& s, std::array<int64_t, 8>& out) {
+    int64_t st = 1;
+    for (size_t k = 0; k < r; ++k) {
+      const size_t axis = r - 1 - k;
+      const int64_t d = k < s.size() ? s[s.size() - 1 - k] : 1;
+      out[axis] = d == 1 ? 0 : st;
+      st *= d;
+    }
+  };
+  strides(*a.shape, sa);
+  strides(*b.shape, sb);
+  for (size_t k = 0; k < r; ++k) dims[k] = ys[k];
+  parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+    std::array<int64_t, 8> idx{};
+    int64_t rem = s, ia = 0, ib = 0;
+    for (size_t k = r; k-- > 0;) {
+      idx[k] = rem % dims[k];
+      rem /= dims[k];
+      ia += idx[k] * sa[k];
+      ib += idx[k] * sb[k];
+    }
+    for (int64_t i = s; i < e; ++i) {
+      py[i] = f(pa[ia], pb[ib]);
+      for (size_t k = r; k-- > 0;) {
+        ia += sa[k];
+        ib += sb[k];
+        if (++idx[k] < dims[k]) break;
+        ia -= sa[k] * dims[k];
+        ib -= sb[k] * dims[k];
+        idx[k] = 0;
+      }
+    }
+  });
+}
+
+template <typename F>
+void binary(const KernelCtx& c, F f) {
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    binary_kernel<T>(c, [&](T x, T y) { return static_cast<T>(f(x, y)); });
+  });
+}
+
+// y[i] = f(x[i]) for a unary op, or f(in0[i], in1[i]) for a gradient op over two same-shape inputs.
+template <typename F>
+void unary(const KernelCtx& c, F f) {
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* x = c.in[0].as<T>();
+    T* y = c.out[0].as<T>();
+    parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) y[i] = static_cast<T>(f(x[i]));
+    });
+  });
+}
+
+template <typename F>
+void grad2(const KernelCtx& c, F f) {
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* dy = c.in[0].as<T>();
+    const T* x = c.in[1].as<T>();
+    T* dx = c.out[0].as<T>();
+    parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) dx[i] = static_cast<T>(f(dy[i], x[i]));
+    });
+  });
+}
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+bool tanh_approx(const KernelCtx& c) { return c.attrs().is("approximate", "tanh"); }
+
+}  // namespace
+
+void add(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a + b; }); }
+void sub(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a - b; }); }
+void mul(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a * b; }); }
+void div(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a / b; }); }
+
+void add_scalar(const KernelCtx& c) {
+  const double v = c.attrs().f("value");
+  unary(c, [v](auto x) { return x + static_cast<decltype(x)>(v); });
+}
+void mul_scalar(const KernelCtx& c) {
+  const double v = c.attrs().f("value");
+  unary(c, [v](auto x) { return x * static_cast<decltype(x)>(v); });
+}
+void pow_scalar(const KernelCtx& c) {
+  const double v = c.attrs().f("value");
+  unary(c, [v](auto x) { return std::pow(x, static_cast<decltype(x)>(v)); });
+}
+
+void relu(const KernelCtx& c) {
+  unary(c, [](auto x) { return x > 0 ? x : decltype(x){0}; });
+}
+void relu_grad(const KernelCtx& c) {
+  grad2(c, [](auto dy, auto y) { return y > 0 ? dy : decltype(dy){0}; });
+}
+
+void gelu(const KernelCtx& c) {
+  if (tanh_approx(c))
+    unary(c, [](auto x) {
+      using T = decltype(x);
+      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+    });
+  else
+    unary(c, [](auto x) {
+      using T = decltype(x);
+      return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
+    });
+}
+void gelu_grad(const KernelCtx& c) {
+  if (tanh_approx(c))
+    grad2(c, [](auto dy, auto x) {
+      using T = decltype(x);
+      const T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
+      const T t = std::tanh(u);
+      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
+      return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+    });
+  else
+    grad2(c, [](auto dy, auto x) {
+      using T = decltype(x);
+      return dy * (T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x));
+    });
+}
+
+void silu(const KernelCtx& c) {
+  unary(c, [](auto x) { return x / (decltype(x)(1) + std::exp(-x)); });
+}
+void silu_grad(const KernelCtx& c) {
+  grad2(c, [](auto dy, auto x) {
+    using T = decltype(x);
+    const T s = T(1) / (T(1) + std::exp(-x));
+    return dy * s * (T(1) + x * (T(1) - s));
+  });
+}
+
+void tanh(const KernelCtx& c) {
+  unary(c, [](auto x) { return std::tanh(x); });
+}
+void tanh_grad(const KernelCtx& c) {
+  grad2(c, [](auto dy, auto y) { return dy * (decltype(y)(1) - y * y); });
+}
+
+void sigmoid(const KernelCtx& c) {
+  unary(c, [](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
+}
+void sigmoid_grad(const KernelCtx& c) {
+  grad2(c, [](auto dy, auto y) { return dy * y * (decltype(y)(1) - y); });
+}
+
+void fill_like(const KernelCtx& c) {
+  const double v = c.attrs().f("value");
+  const TensorView& y = c.out[0];
+  const int64_t n = y.numel();
+  switch (y.dtype) {
+    case DType::f32: std::fill_n(y.as<float>(), n, static_cast<float>(v)); break;
+    case DType::f64: std::fill_n(y.as<double>(), n, v); break;
+    case DType::f16: std::fill_n(y.as<f16>(), n, float_to_f16(static_cast<float>(v))); break;
+    case DType::bf16: std::fill_n(y.as<bf16>(), n, float_to_bf16(static_cast<float>(v))); break;
+    default: FR_CHECK(false, "fill_like: dtype ", dtype_name(y.dtype));
+  }
+}
+
+void copy(const KernelCtx& c) {
+  if (c.out[0].data != c.in[0].data)
+    std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * dtype_size(c.out[0].dtype));
+}
+
+void cast(const KernelCtx& c) {
+  const TensorView &x = c.in[0], &y = c.out[0];
+  if (x.dtype == y.dtype) return copy(c);
+  const int64_t n = x.numel();
+  // Common low-precision paths go through float directly; the rest through the generic f64 converter.
+  if (x.dtype == DType::f32 && y.dtype == DType::bf16) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) y.as<bf16>()[i] = float_to_bf16(x.as<float>()[i]);
+    });
+  } else if (x.dtype == DType::bf16 && y.dtype == DType::f32) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) y.as<float>()[i] = bf16_to_float(x.as<bf16>()[i]);
+    });
+  } else if (x.dtype == DType::f32 && y.dtype == DType::f16) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) y.as<f16>()[i] = float_to_f16(x.as<float>()[i]);
+    });
+  } else if (x.dtype == DType::f16 && y.dtype == DType::f32) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) y.as<float>()[i] = f16_to_float(x.as<f16>()[i]);
+    });
+  } else {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) store_from_f64(y.data, y.dtype, i, load_as_f64(x.data, x.dtype, i));
+    });
+  }
+}
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,94 @@
+// GEMM-backed matmul and linear kernels.
+#include "ops/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "ops/cpu/dnnl_matmul.h"
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+template <>
+void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+                 float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+}
+
+template <>
+void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, const double* b,
+                  double beta, double* c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(ta ? m : k), b,
+              static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
+}
+
+namespace {
+
+struct Dims {
+  int64_t batch, m, n, k, a_stride, b_stride;
+  bool ta, tb;
+};
+
+Dims dims_of(const KernelCtx& c) {
+  const Shape &sa = *c.in[0].shape, &sb = *c.in[1].shape, &sy = *c.out[0].shape;
+  Dims d;
+  d.ta = c.attrs().b("trans_a");
+  d.tb = c.attrs().b("trans_b");
+  d.m = sy[sy.size() - 2];
+  d.n = sy.back();
+  d.k = d.ta ? sa[sa.size() - 2] : sa.back();
+  d.batch = numel(sy) / (d.m * d.n);
+  d.a_stride = sa.size() == 2 ? 0 : d.m * d.k;
+  d.b_stride = sb.size() == 2 ? 0 : d.k * d.n;
+  (void)sb;
+  return d;
+}
+
+}  // namespace
+
+void matmul(const KernelCtx& c) {
+  const Dims d = dims_of(c);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *a = c.in[0].as<T>(), *b = c.in[1].as<T>();
+    T* y = c.out[0].as<T>();
+    if (d.b_stride == 0 && !d.ta) {
+      // A batch of rows times one matrix is a single GEMM with batch*m rows.
+      gemm<T>(false, d.tb, d.batch * d.m, d.n, d.k, T(1), a, b, T(0), y);
+      return;
+    }
+    for (int64_t i = 0; i < d.batch; ++i)
+      gemm<T>(d.ta, d.tb, d.m, d.n, d.k, T(1), a + i * d.a_stride, b + i * d.b_stride, T(0), y + i * d.m * d.n);
+  });
+}
+
+void matmul_bf16(const KernelCtx& c) {
+  const Dims d = dims_of(c);
+  dnnl_matmul_bf16(d.batch, d.m, d.n, d.k, d.ta, d.tb, d.a_stride, d.b_stride, c.in[0].data, c.in[1].data,
+                   c.out[0].data);
+}
+
+void linear(const KernelCtx& c) {
+  const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
+  const int64_t rows = c.in[0].numel() / in;
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* y = c.out[0].as<T>();
+    T beta = T(0);
+    if (c.num_in == 3) {
+      // Seed every row with the bias, then accumulate x W^T on top in the same GEMM (beta = 1).
+      const T* bias = c.in[2].as<T>();
+      parallel_for(rows, 64, [&](int64_t s, int64_t e) {
+        for (int64_t r = s; r < e; ++r) std::copy(bias, bias + out, y + r * out);
+      });
+      beta = T(1);
+    }
+    gemm<T>(false, true, rows, out, in, T(1), c.in[0].as<T>(), c.in[1].as<T>(), beta, y);
+  });
+}
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,16 @@
+// CPU matmul kernels: OpenBLAS GEMM for f32/f64, oneDNN for bf16 (avx512_bf16, f32 accumulation).
+#pragma once
+
+#include "ops/registry.h"
+
+namespace flowrun::cpu {
+
+void matmul(const KernelCtx& c);
+void matmul_bf16(const KernelCtx& c);
+void linear(const KernelCtx& c);
+
+// Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through BLAS.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, const T* b, T beta, T* c);
+
+}  // namespace flowrun::cpu

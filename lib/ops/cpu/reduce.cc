@@ -1,0 +1,201 @@
+// Reductions. The input is viewed as alternating kept/reduced dimension groups; each reduced group is an
+// (outer, reduced, inner) reduction done in a fixed order, parallel over outputs only, so sums are bitwise
+// reproducible for any thread count.
+#include "ops/cpu/reduce.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+enum class Kind { sum, max };
+
+struct Group {
+  int64_t size;
+  bool reduced;
+};
+
+// At most 8 dims: fixed arrays keep the kernels free of heap allocation.
+struct Groups {
+  std::array<Group, 8> g{};
+  int n = 0;
+};
+
+// Merge adjacent dims of the same kind, dropping size-1 dims.
+Groups groups_of(const Shape& s, const std::vector<int64_t>& raw_axes) {
+  FR_CHECK(s.size() <= 8, "rank ", s.size(), " is not supported");
+  std::array<bool, 8> red{};
+  red.fill(raw_axes.empty());
+  for (int64_t a : raw_axes) red[static_cast<size_t>(normalize_axis(a, s.size()))] = true;
+  Groups out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == 1) continue;
+    if (out.n > 0 && out.g[static_cast<size_t>(out.n - 1)].reduced == red[i]) out.g[static_cast<size_t>(out.n - 1)].size *= s[i];
+    else out.g[static_cast<size_t>(out.n++)] = {s[i], red[i]};
+  }
+  return out;
+}
+
+// y[a, k] = reduce_r x[a, r, k]
+template <typename T>
+void reduce3(Kind kind, const T* x, T* y, int64_t outer, int64_t red, int64_t inner) {
+  if (inner == 1) {
+    parallel_for(outer, 256, [&](int64_t s, int64_t e) {
+      for (int64_t a = s; a < e; ++a) {
+        const T* row = x + a * red;
+        T acc = kind == Kind::sum ? T(0) : row[0];
+        if (kind == Kind::sum)
+          for (int64_t r = 0; r < red; ++r) acc += row[r];
+        else
+          for (int64_t r = 1; r < red; ++r) acc = std::max(acc, row[r]);
+        y[a] = acc;
+      }
+    });
+    return;
+  }
+  // Parallel over (outer, column blocks); rows accumulated in order into the output block (vectorises).
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  parallel_for(outer * blocks, 1, [&](int64_t s, int64_t e) {
+    for (int64_t t = s; t < e; ++t) {
+      const int64_t a = t / blocks, k0 = (t % blocks) * kBlock, k1 = std::min(inner, k0 + kBlock);
+      T* out = y + a * inner;
+      const T* base = x + a * red * inner;
+      for (int64_t k = k0; k < k1; ++k) out[k] = base[k];
+      for (int64_t r = 1; r < red; ++r) {
+        const T* row = base + r * inner;
+        if (kind == Kind::sum)
+          for (int64_t k = k0; k < k1; ++k) out[k] += row[k];
+        else
+          for (int64_t k = k0; k < k1; ++k) out[k] = std::max(out[k], row[k]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
+  const T* x = c.in[0].as<T>();
+  T* y = c.out[0].as<T>();
+  const int64_t n = c.in[0].numel(), m = c.out[0].numel();
+  Groups gs = groups_of(*c.in[0].shape, c.attrs().ints_or_empty("axes"));
+  auto& g = gs.g;
+  const auto end = g.begin() + gs.n;
+  if (std::none_of(g.begin(), end, [](const Group& q) { return q.reduced; })) {
+    std::copy(x, x + n, y);
+  } else {
+    // Reduce the last reduced group first, ping-ponging through the two halves of the workspace.
+    T* ws = static_cast<T*>(c.workspace);
+    const T* src = x;
+    int flip = 0;
+    for (int gi = gs.n - 1; gi >= 0; --gi) {
+      if (!g[static_cast<size_t>(gi)].reduced) continue;
+      int64_t outer = 1, inner = 1;
+      for (int j = 0; j < gi; ++j) outer *= g[static_cast<size_t>(j)].size;
+      for (int j = gi + 1; j < gs.n; ++j) inner *= g[static_cast<size_t>(j)].size;
+      const bool last = std::none_of(g.begin(), g.begin() + gi, [](const Group& q) { return q.reduced; });
+      T* dst = last ? y : ws + (flip++ % 2) * (n / 2);
+      reduce3<T>(kind, src, dst, outer, g[static_cast<size_t>(gi)].size, inner);
+      g[static_cast<size_t>(gi)].size = 1;
+      src = dst;
+    }
+  }
+  if (mean) {
+    const T scale = T(1) / static_cast<T>(n / std::max<int64_t>(m, 1));
+    for (int64_t i = 0; i < m; ++i) y[i] *= scale;
+  }
+}
+
+// Strides of `small` (right-aligned against `big`, 1 where broadcast) as offsets into a contiguous `small`.
+std::array<int64_t, 8> broadcast_strides(const Shape& small, const Shape& big) {
+  std::array<int64_t, 8> st{};
+  int64_t s = 1;
+  for (size_t k = 0; k < big.size(); ++k) {
+    const size_t axis = big.size() - 1 - k;
+    const int64_t d = k < small.size() ? small[small.size() - 1 - k] : 1;
+    st[axis] = d == 1 ? 0 : s;
+    s *= d;
+  }
+  return st;
+}
+
+// Calls f(i, j) for every element i of `big` with j = sum(idx * st), its source index in a smaller tensor.
+template <typename F>
+void for_each_broadcast(const std::array<int64_t, 8>& st, const Shape& big, F f) {
+  FR_CHECK(big.size() <= 8, "rank ", big.size(), " is not supported");
+  const int64_t n = numel(big);
+  const size_t r = big.size();
+  parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
+    std::array<int64_t, 8> idx{};
+    int64_t rem = s, j = 0;
+    for (size_t k = r; k-- > 0;) {
+      idx[k] = rem % big[k];
+      rem /= big[k];
+      j += idx[k] * st[k];
+    }
+    for (int64_t i = s; i < e; ++i) {
+      f(i, j);
+      for (size_t k = r; k-- > 0;) {
+        j += st[k];
+        if (++idx[k] < big[k]) break;
+        j -= st[k] * big[k];
+        idx[k] = 0;
+      }
+    }
+  });
+}
+
+// Strides into the reduced tensor (viewed with keepdims) for each axis of x: 0 along reduced axes.
+std::array<int64_t, 8> reduced_strides(const Shape& x, const std::vector<int64_t>& axes) {
+  FR_CHECK(x.size() <= 8, "rank ", x.size(), " is not supported");
+  std::array<bool, 8> red{};
+  red.fill(axes.empty());
+  for (int64_t a : axes) red[static_cast<size_t>(normalize_axis(a, x.size()))] = true;
+  std::array<int64_t, 8> st{};
+  int64_t s = 1;
+  for (size_t k = x.size(); k-- > 0;) {
+    st[k] = red[k] || x[k] == 1 ? 0 : s;
+    if (!red[k]) s *= x[k];
+  }
+  return st;
+}
+
+}  // namespace
+
+void reduce_sum(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });
+}
+void reduce_mean(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, true); });
+}
+void reduce_max(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::max, false); });
+}
+
+void reduce_max_grad(const KernelCtx& c) {
+  // inputs: dy (reduced), x, y (reduced); output dx shaped like x.
+  const Shape& xs = *c.in[1].shape;
+  const auto st = reduced_strides(xs, c.attrs().ints_or_empty("axes"));
+  dispatch_float(c.in[1].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *dy = c.in[0].as<T>(), *x = c.in[1].as<T>(), *y = c.in[2].as<T>();
+    T* dx = c.out[0].as<T>();
+    for_each_broadcast(st, xs, [&](int64_t i, int64_t j) { dx[i] = x[i] == y[j] ? dy[j] : T(0); });
+  });
+}
+
+void broadcast_to(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* x = c.in[0].as<T>();
+    T* y = c.out[0].as<T>();
+    for_each_broadcast(broadcast_strides(*c.in[0].shape, *c.out[0].shape), *c.out[0].shape, [&](int64_t i, int64_t j) { y[i] = x[j]; });
+  });
+}
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,235 @@
+// Elementwise ops: broadcasting binary arithmetic, scalar ops, activations and their gradients, fill, cast
+// and stop_gradient. CPU kernels are in ops/cpu/elementwise.cc.
+#include "graph/builder.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/registry.h"
+
+namespace flowrun {
+
+namespace {
+
+const std::vector<DType> kF = {DType::f32, DType::f64};
+
+std::vector<TensorType> infer_broadcast(const std::vector<TensorType>& in, const Attrs&) {
+  if (in[0].dtype != in[1].dtype)
+    throw input_error(cat("dtype mismatch: ", dtype_name(in[0].dtype), " vs ", dtype_name(in[1].dtype)));
+  auto s = broadcast_shapes(in[0].shape, in[1].shape);
+  if (!s) throw input_error(cat("shapes ", shape_str(in[0].shape), " and ", shape_str(in[1].shape), " do not broadcast"));
+  return {{*s, in[0].dtype}};
+}
+
+Cost elementwise_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+  double bytes = 0;
+  for (const auto& t : in) bytes += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
+  const double n = static_cast<double>(numel(out[0].shape));
+  return {n, bytes + n * static_cast<double>(dtype_size(out[0].dtype))};
+}
+
+std::vector<OpSample> binary_samples(bool positive_b) {
+  auto fill = [positive_b](int i, Tensor& t, uint64_t seed) {
+    RngStream r{seed, static_cast<uint64_t>(i)};
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t k = 0; k < v.size(); ++k) v[k] = i == 1 && positive_b ? 0.5 + r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+    t.fill_from(v);
+  };
+  std::vector<OpSample> s;
+  for (auto [a, b] : std::vector<std::pair<Shape, Shape>>{
+           {{3, 5}, {3, 5}}, {{2, 3, 7}, {7}}, {{4, 1, 3}, {1, 5, 1}}, {{3, 1}, {2, 1, 4}}, {{5}, {}}}) {
+    OpSample o;
+    o.label = shape_str(a) + "x" + shape_str(b);
+    o.inputs = {{a, DType::f64}, {b, DType::f64}};
+    o.fill = fill;
+    s.push_back(o);
+  }
+  return s;
+}
+
+std::vector<OpSample> unary_samples(std::vector<Attrs> attr_sets = {Attrs{}}, bool positive = false) {
+  std::vector<OpSample> s;
+  for (const auto& attrs : attr_sets)
+    for (const Shape& sh : std::vector<Shape>{{7}, {3, 17}, {2, 3, 5}}) {
+      OpSample o;
+      o.label = shape_str(sh);
+      o.inputs = {{sh, DType::f64}};
+      o.attrs = attrs;
+      if (positive)
+        o.fill = [](int, Tensor& t, uint64_t seed) {
+          std::vector<double> v(static_cast<size_t>(t.numel()));
+          for (size_t k = 0; k < v.size(); ++k) v[k] = 0.2 + 2.0 * RngStream{seed, 7}.uniform(k);
+          t.fill_from(v);
+        };
+      s.push_back(o);
+    }
+  return s;
+}
+
+OpDef binary(const std::string& name, KernelFn fn, std::function<std::vector<ValueId>(GradCtx&)> grad,
+             bool positive_b = false) {
+  OpDef d;
+  d.name = name;
+  d.doc = "elementwise " + name + " with NumPy broadcasting";
+  d.num_inputs = 2;
+  d.infer = infer_broadcast;
+  d.grad = std::move(grad);
+  d.cost = elementwise_cost;
+  d.inplace_input = 0;
+  d.kernels = {{DeviceKind::cpu, kF, fn}};
+  d.samples = [positive_b] { return binary_samples(positive_b); };
+  return d;
+}
+
+// An activation y = f(x) whose gradient is its own op `<name>_grad(dy, x or y)`.
+void activation(OpRegistry& r, const std::string& name, const std::string& doc, KernelFn fwd, KernelFn bwd,
+                bool grad_uses_output, std::vector<Attrs> attr_sets = {Attrs{}}) {
+  OpDef d;
+  d.name = name;
+  d.doc = doc;
+  d.infer = same_as_input0;
+  d.cost = elementwise_cost;
+  d.inplace_input = grad_uses_output ? 0 : -1;  // in place only if the input is not needed by the backward
+  d.kernels = {{DeviceKind::cpu, kF, fwd}};
+  d.grad = [name, grad_uses_output](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1(name + "_grad", {c.dout(0), grad_uses_output ? c.out(0) : c.in(0)}, c.attrs())};
+  };
+  d.samples = [attr_sets] { return unary_samples(attr_sets); };
+  r.add(d);
+
+  OpDef g;
+  g.name = name + "_grad";
+  g.doc = "gradient of " + name + ": dy * f'(" + (grad_uses_output ? "y" : "x") + ")";
+  g.num_inputs = 2;
+  g.infer = same_as_input0;
+  g.cost = elementwise_cost;
+  g.inplace_input = 0;
+  g.kernels = {{DeviceKind::cpu, kF, bwd}};
+  g.covered_by = {name};
+  r.add(g);
+}
+
+OpDef scalar_op(const std::string& name, const std::string& doc, KernelFn fn,
+                std::function<std::vector<ValueId>(GradCtx&)> grad, double sample_value, bool positive) {
+  OpDef d;
+  d.name = name;
+  d.doc = doc;
+  d.infer = same_as_input0;
+  d.cost = elementwise_cost;
+  d.inplace_input = 0;
+  d.grad = std::move(grad);
+  d.kernels = {{DeviceKind::cpu, kF, fn}};
+  d.samples = [sample_value, positive] { return unary_samples({Attrs{{"value", sample_value}}}, positive); };
+  return d;
+}
+
+}  // namespace
+
+void register_elementwise_ops(OpRegistry& r) {
+  r.add(binary("add", cpu::add, [](GradCtx& c) -> std::vector<ValueId> {
+    const ValueId dy = c.dout(0);
+    return {c.b.reduce_to_shape(dy, c.b.shape(c.in(0))), c.b.reduce_to_shape(dy, c.b.shape(c.in(1)))};
+  }));
+  r.add(binary("sub", cpu::sub, [](GradCtx& c) -> std::vector<ValueId> {
+    const ValueId dy = c.dout(0);
+    return {c.b.reduce_to_shape(dy, c.b.shape(c.in(0))),
+            c.b.reduce_to_shape(c.b.mul_scalar(dy, -1.0), c.b.shape(c.in(1)))};
+  }));
+  r.add(binary("mul", cpu::mul, [](GradCtx& c) -> std::vector<ValueId> {
+    const ValueId dy = c.dout(0);
+    return {c.b.reduce_to_shape(c.b.mul(dy, c.in(1)), c.b.shape(c.in(0))),
+            c.b.reduce_to_shape(c.b.mul(dy, c.in(0)), c.b.shape(c.in(1)))};
+  }));
+  r.add(binary(
+      "div", cpu::div,
+      [](GradCtx& c) -> std::vector<ValueId> {
+        const ValueId dy = c.dout(0);
+        // d(a/b)/db = -(a/b)/b: reuse the forward output instead of squaring b.
+        const ValueId db = c.b.mul_scalar(c.b.div(c.b.mul(dy, c.out(0)), c.in(1)), -1.0);
+        return {c.b.reduce_to_shape(c.b.div(dy, c.in(1)), c.b.shape(c.in(0))),
+                c.b.reduce_to_shape(db, c.b.shape(c.in(1)))};
+      },
+      /*positive_b=*/true));
+
+  r.add(scalar_op("add_scalar", "x + value", cpu::add_scalar,
+                  [](GradCtx& c) -> std::vector<ValueId> { return {c.dout(0)}; }, 0.75, false));
+  r.add(scalar_op("mul_scalar", "x * value", cpu::mul_scalar,
+                  [](GradCtx& c) -> std::vector<ValueId> { return {c.b.mul_scalar(c.dout(0), c.attrs().f("value"))}; },
+                  -1.5, false));
+  r.add(scalar_op("pow_scalar", "x ** value (x > 0 for non-integer powers)", cpu::pow_scalar,
+                  [](GradCtx& c) -> std::vector<ValueId> {
+                    const double p = c.attrs().f("value");
+                    const ValueId d = c.b.op1("pow_scalar", {c.in(0)}, {{"value", p - 1.0}});
+                    return {c.b.mul(c.dout(0), c.b.mul_scalar(d, p))};
+                  },
+                  1.7, true));
+
+  activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true);
+  activation(r, "gelu", "x * Phi(x); approximate=none (erf) or tanh", cpu::gelu, cpu::gelu_grad, false,
+             {Attrs{{"approximate", std::string("none")}}, Attrs{{"approximate", std::string("tanh")}}});
+  activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false);
+  activation(r, "tanh", "tanh(x)", cpu::tanh, cpu::tanh_grad, true);
+  activation(r, "sigmoid", "1 / (1 + exp(-x))", cpu::sigmoid, cpu::sigmoid_grad, true);
+
+  OpDef fill;
+  fill.name = "fill_like";
+  fill.doc = "a tensor shaped like the input, every element = value (the input is only read for its type)";
+  fill.infer = same_as_input0;
+  fill.cost = elementwise_cost;
+  fill.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::fill_like}};
+  fill.grad = [](GradCtx&) -> std::vector<ValueId> { return {kNoValue}; };
+  fill.samples = [] { return unary_samples({Attrs{{"value", 0.5}}}); };
+  r.add(fill);
+
+  OpDef sg;
+  sg.name = "stop_gradient";
+  sg.doc = "identity forward; no gradient flows back";
+  sg.infer = same_as_input0;
+  sg.cost = elementwise_cost;
+  sg.inplace_input = 0;
+  sg.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::copy}};
+  sg.grad = [](GradCtx&) -> std::vector<ValueId> { return {kNoValue}; };
+  sg.samples = [] {
+    // Its gradient is zero by definition, which finite differences would contradict: check the forward only.
+    std::vector<OpSample> s = unary_samples();
+    for (OpSample& o : s) {
+      o.gradcheck = false;
+      o.reference = [](const std::vector<Tensor>& in, const Attrs&) { return std::vector<Tensor>{in[0].clone()}; };
+    }
+    return s;
+  };
+  r.add(sg);
+
+  OpDef cast;
+  cast.name = "cast";
+  cast.doc = "convert to attribute dtype (round to nearest-even into f16/bf16)";
+  cast.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    auto t = parse_dtype(a.s("dtype"));
+    if (!t) throw input_error(cat("unknown dtype '", a.s("dtype"), "'"));
+    return {{in[0].shape, *t}};
+  };
+  cast.cost = elementwise_cost;
+  cast.kernels = {{DeviceKind::cpu, std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes)), cpu::cast}};
+  cast.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.cast(c.dout(0), c.b.dtype(c.in(0)))};
+  };
+  cast.samples = [] {
+    // f64 -> f32 -> (f64 for the loss): the gradient check sees the rounding as noise far below tolerance.
+    std::vector<OpSample> s = unary_samples({Attrs{{"dtype", std::string("f64")}}});
+    OpSample ref;
+    ref.label = "f64->bf16 reference";
+    ref.inputs = {{{6}, DType::f64}};
+    ref.attrs = Attrs{{"dtype", std::string("bf16")}};
+    ref.gradcheck = false;
+    ref.fill = [](int, Tensor& t, uint64_t) { t.fill_from({1.0, 1.00390625, 1.01171875, -3.0e38, 1e-40, 65504.0}); };
+    ref.reference = [](const std::vector<Tensor>&, const Attrs&) {
+      // Ties round to even: 1+2^-8 -> 1, 1+3*2^-8 -> 1+2^-6... computed by hand from the bf16 grid.
+      Tensor t = Tensor::empty({6}, DType::bf16);
+      const uint16_t bits[] = {0x3f80, 0x3f80, 0x3f82, 0xff62, 0x0001, 0x4780};
+      for (int i = 0; i < 6; ++i) t.data<bf16>()[i].bits = bits[i];
+      return std::vector<Tensor>{t};
+    };
+    s.push_back(ref);
+    return s;
+  };
+  r.add(cast);
+}
+
+}  // namespace flowrun

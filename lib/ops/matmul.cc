@@ -1,0 +1,181 @@
+// matmul (batched, with transposes) and linear (x W^T + b, PyTorch's weight layout).
+#include "graph/builder.h"
+#include "ops/cpu/matmul.h"
+#include "ops/registry.h"
+
+namespace flowrun {
+
+namespace {
+
+struct MatmulDims {
+  int64_t batch, m, k, n;
+  bool b_shared;  // b is one matrix used by every batch of a
+};
+
+Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+
+std::vector<TensorType> infer_matmul(const std::vector<TensorType>& in, const Attrs& a) {
+  const Shape &sa = in[0].shape, &sb = in[1].shape;
+  if (sa.size() < 2 || sb.size() < 2)
+    throw input_error(cat("matmul needs rank >= 2 operands, got ", shape_str(sa), " and ", shape_str(sb)));
+  if (in[0].dtype != in[1].dtype) throw input_error("matmul operands have different dtypes");
+  const bool ta = a.b("trans_a"), tb = a.b("trans_b");
+  const int64_t m = ta ? sa[sa.size() - 1] : sa[sa.size() - 2];
+  const int64_t ka = ta ? sa[sa.size() - 2] : sa[sa.size() - 1];
+  const int64_t kb = tb ? sb[sb.size() - 1] : sb[sb.size() - 2];
+  const int64_t n = tb ? sb[sb.size() - 2] : sb[sb.size() - 1];
+  if (ka != kb) throw input_error(cat("matmul inner dimensions differ: ", ka, " vs ", kb));
+  Shape batch;
+  if (sb.size() == 2) batch = batch_of(sa);
+  else if (sa.size() == 2) batch = batch_of(sb);
+  else if (batch_of(sa) == batch_of(sb)) batch = batch_of(sa);
+  else throw input_error(cat("matmul batch dimensions differ: ", shape_str(sa), " vs ", shape_str(sb)));
+  batch.push_back(m);
+  batch.push_back(n);
+  return {{batch, in[0].dtype}};
+}
+
+Cost matmul_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
+  const Shape& sa = in[0].shape;
+  const int64_t k = a.b("trans_a") ? sa[sa.size() - 2] : sa[sa.size() - 1];
+  double bytes = 0;
+  for (const auto& t : in) bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+  const double outn = static_cast<double>(numel(out[0].shape));
+  return {2.0 * outn * static_cast<double>(k), bytes + outn * static_cast<double>(dtype_size(out[0].dtype))};
+}
+
+// Flatten all but the last dimension: (..., c) -> (rows, c).
+ValueId flat2d(GraphBuilder& b, ValueId v) {
+  const Shape& s = b.shape(v);
+  if (s.size() == 2) return v;
+  return b.reshape(v, {numel(s) / s.back(), s.back()});
+}
+
+std::vector<ValueId> matmul_grad(GradCtx& c) {
+  GraphBuilder& b = c.b;
+  const bool ta = c.attrs().b("trans_a"), tb = c.attrs().b("trans_b");
+  const ValueId A = c.in(0), B = c.in(1), dC = c.dout(0);
+  const Shape sa = b.shape(A), sb = b.shape(B);
+  ValueId dA, dB;
+  if (!ta) dA = tb ? b.matmul(dC, B) : b.matmul(dC, B, false, true);
+  else dA = tb ? b.matmul(B, dC, true, true) : b.matmul(B, dC, false, true);
+  if (sb.size() == 2 && sa.size() > 2 && !ta) {
+    // Shared weight: one GEMM over all rows of A instead of a batched product summed afterwards.
+    const ValueId A2 = flat2d(b, A), dC2 = flat2d(b, dC);
+    dB = tb ? b.matmul(dC2, A2, true, false) : b.matmul(A2, dC2, true, false);
+  } else {
+    if (!tb) dB = ta ? b.matmul(A, dC) : b.matmul(A, dC, true, false);
+    else dB = ta ? b.matmul(dC, A, true, true) : b.matmul(dC, A, true, false);
+  }
+  return {b.reduce_to_shape(dA, sa), b.reduce_to_shape(dB, sb)};
+}
+
+std::vector<OpSample> matmul_samples() {
+  std::vector<OpSample> s;
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  for (const Case& k : std::vector<Case>{{{3, 5}, {5, 4}, false, false},
+                                         {{5, 3}, {5, 4}, true, false},
+                                         {{3, 5}, {4, 5}, false, true},
+                                         {{5, 3}, {4, 5}, true, true},
+                                         {{2, 3, 5}, {2, 5, 7}, false, false},
+                                         {{2, 3, 5}, {5, 7}, false, false},
+                                         {{2, 3, 5}, {7, 5}, false, true},
+                                         {{2, 5, 3}, {5, 7}, true, false},
+                                         {{3, 5}, {2, 5, 4}, false, false},
+                                         {{2, 2, 3, 5}, {2, 2, 4, 5}, false, true}}) {
+    OpSample o;
+    o.label = shape_str(k.a) + (k.ta ? "T" : "") + "@" + shape_str(k.b) + (k.tb ? "T" : "");
+    o.inputs = {{k.a, DType::f64}, {k.b, DType::f64}};
+    o.attrs = Attrs{{"trans_a", k.ta}, {"trans_b", k.tb}};
+    o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
+      const auto out = infer_matmul({{in[0].shape(), DType::f64}, {in[1].shape(), DType::f64}}, a)[0];
+      Tensor y = Tensor::zeros(out.shape, DType::f64);
+      const Shape &sa = in[0].shape(), &sb = in[1].shape();
+      const bool ta = a.b("trans_a"), tb = a.b("trans_b");
+      const int64_t m = out.shape[out.shape.size() - 2], n = out.shape.back();
+      const int64_t kk = ta ? sa[sa.size() - 2] : sa.back();
+      const int64_t batches = numel(out.shape) / (m * n);
+      const int64_t astride = sa.size() == 2 ? 0 : m * kk, bstride = sb.size() == 2 ? 0 : kk * n;
+      const double *pa = in[0].data<double>(), *pb = in[1].data<double>();
+      for (int64_t bi = 0; bi < batches; ++bi)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < kk; ++p)
+              acc += pa[bi * astride + (ta ? p * m + i : i * kk + p)] * pb[bi * bstride + (tb ? j * kk + p : p * n + j)];
+            y.data<double>()[(bi * m + i) * n + j] = acc;
+          }
+      return std::vector<Tensor>{y};
+    };
+    s.push_back(o);
+  }
+  return s;
+}
+
+}  // namespace
+
+void register_matmul_ops(OpRegistry& r) {
+  OpDef mm;
+  mm.name = "matmul";
+  mm.doc = "C = op(A) op(B), op = optional transpose of the last two dims; batched over leading dims "
+           "(equal, or one side a single matrix)";
+  mm.num_inputs = 2;
+  mm.infer = infer_matmul;
+  mm.grad = matmul_grad;
+  mm.cost = matmul_cost;
+  mm.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::matmul},
+                {DeviceKind::cpu, {DType::bf16}, cpu::matmul_bf16}};
+  mm.samples = matmul_samples;
+  r.add(mm);
+
+  OpDef lin;
+  lin.name = "linear";
+  lin.doc = "y = x W^T (+ b); x (..., in), W (out, in), b (out)";
+  lin.num_inputs = -1;
+  lin.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    if (in.size() != 2 && in.size() != 3) throw input_error("linear takes (x, W) or (x, W, b)");
+    const Shape &x = in[0].shape, &w = in[1].shape;
+    if (x.empty() || w.size() != 2 || w[1] != x.back())
+      throw input_error(cat("linear: x ", shape_str(x), " does not match W ", shape_str(w), " (out, in)"));
+    if (in.size() == 3 && in[2].shape != Shape{w[0]})
+      throw input_error(cat("linear: bias ", shape_str(in[2].shape), " should be [", w[0], "]"));
+    Shape y = x;
+    y.back() = w[0];
+    return {{y, in[0].dtype}};
+  };
+  lin.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+    const double n = static_cast<double>(numel(out[0].shape));
+    double bytes = n * static_cast<double>(dtype_size(out[0].dtype));
+    for (const auto& t : in) bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+    return Cost{2.0 * n * static_cast<double>(in[1].shape[1]), bytes};
+  };
+  lin.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    GraphBuilder& b = c.b;
+    const ValueId dy = c.dout(0);
+    const ValueId dx = b.matmul(dy, c.in(1));
+    const ValueId dw = b.matmul(flat2d(b, dy), flat2d(b, c.in(0)), true, false);
+    std::vector<ValueId> g = {dx, dw};
+    if (c.node.inputs.size() == 3) g.push_back(b.reduce_to_shape(dy, b.shape(c.in(2))));
+    return g;
+  };
+  lin.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::linear}};
+  lin.samples = [] {
+    std::vector<OpSample> s;
+    for (const Shape& x : std::vector<Shape>{{4, 3}, {2, 5, 3}}) {
+      OpSample o;
+      o.label = shape_str(x) + " with bias";
+      o.inputs = {{x, DType::f64}, {{6, 3}, DType::f64}, {{6}, DType::f64}};
+      s.push_back(o);
+      o.label = shape_str(x) + " no bias";
+      o.inputs.pop_back();
+      s.push_back(o);
+    }
+    return s;
+  };
+  r.add(lin);
+}
+
+}  // namespace flowrun

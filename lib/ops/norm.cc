@@ -1,0 +1,5 @@
+// Placeholder registration, replaced by the op family's real definitions.
+#include "ops/registry.h"
+namespace flowrun {
+void register_norm_ops(OpRegistry&) {}
+}  // namespace flowrun

@@ -1,0 +1,73 @@
+// The op registry and its explicit fill (see all_ops.h: no static initialisers, so the linker keeps every op).
+#include "ops/registry.h"
+
+#include <algorithm>
+
+#include "graph/builder.h"
+#include "ops/all_ops.h"
+
+namespace flowrun {
+
+const KernelDef* OpDef::kernel(DeviceKind d, DType t) const {
+  for (const auto& k : kernels)
+    if (k.device == d && std::find(k.dtypes.begin(), k.dtypes.end(), t) != k.dtypes.end()) return &k;
+  return nullptr;
+}
+
+ValueId GradCtx::dout(int i) const {
+  const ValueId g = out_grads.at(static_cast<size_t>(i));
+  return g != kNoValue ? g : b.zeros_like(out(i));
+}
+
+OpRegistry& OpRegistry::get() {
+  static OpRegistry* reg = [] {
+    auto* r = new OpRegistry();
+    register_all_ops(*r);
+    return r;
+  }();
+  return *reg;
+}
+
+void OpRegistry::add(OpDef def) {
+  FR_CHECK(!ops_.count(def.name), "op ", def.name, " registered twice");
+  FR_CHECK(static_cast<bool>(def.infer), "op ", def.name, " has no shape inference");
+  ops_.emplace(def.name, std::move(def));
+}
+
+const OpDef* OpRegistry::find(const std::string& name) const {
+  auto it = ops_.find(name);
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
+const OpDef& OpRegistry::at(const std::string& name) const {
+  if (const OpDef* d = find(name)) return *d;
+  std::vector<std::string> names;
+  for (const auto& [n, _] : ops_) names.push_back(n);
+  const std::string near = closest_match(name, names);
+  throw input_error(cat("unknown op '", name, "'", near.empty() ? "" : cat(" (did you mean '", near, "'?)")));
+}
+
+std::vector<TensorType> same_as_input0(const std::vector<TensorType>& in, const Attrs&) { return {in.at(0)}; }
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  auto dist = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    const size_t d = dist(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,127 @@
+// The op registry: every op is defined once here-by-name with its shape/dtype inference, gradient (as graph
+// nodes), cost, memory behaviour, kernels per device, and the sample cases the generic tests run.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "graph/ir.h"
+
+namespace flowrun {
+
+class GraphBuilder;
+
+// A tensor as a kernel sees it: a raw pointer into the arena (or a persistent buffer) plus its type.
+struct TensorView {
+  void* data = nullptr;
+  const Shape* shape = nullptr;
+  DType dtype = DType::f32;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  int64_t numel() const { return flowrun::numel(*shape); }
+  int64_t dim(int i) const { return (*shape)[static_cast<size_t>(i < 0 ? i + static_cast<int>(shape->size()) : i)]; }
+  size_t rank() const { return shape->size(); }
+};
+
+struct KernelCtx {
+  const Node* node = nullptr;
+  const TensorView* in = nullptr;
+  int num_in = 0;
+  const TensorView* out = nullptr;
+  int num_out = 0;
+  void* workspace = nullptr;  // workspace_bytes() of the op, planned in the arena
+  size_t workspace_bytes = 0;
+  RngStream rng;  // seeded from (run seed, step, node) by the executor
+  const Attrs& attrs() const { return node->attrs; }
+};
+
+using KernelFn = void (*)(const KernelCtx&);
+
+struct KernelDef {
+  DeviceKind device = DeviceKind::cpu;
+  std::vector<DType> dtypes;  // dtypes of the op's primary (first floating) input that this kernel handles
+  KernelFn fn = nullptr;
+};
+
+struct Cost {
+  double flops = 0;
+  double bytes = 0;  // bytes read + written
+};
+
+// Given in gradient functions: the node being differentiated and its output gradients.
+struct GradCtx {
+  GraphBuilder& b;
+  const Node& node;
+  const std::vector<ValueId>& out_grads;  // kNoValue where no gradient flows into that output
+  ValueId in(int i) const { return node.inputs.at(static_cast<size_t>(i)); }
+  ValueId out(int i) const { return node.outputs.at(static_cast<size_t>(i)); }
+  // Gradient of output i, materialised as zeros where none flows.
+  ValueId dout(int i) const;
+  const Attrs& attrs() const { return node.attrs; }
+};
+
+// A sample invocation of an op for the generic tests (gradient check, forward reference, planner).
+struct OpSample {
+  std::string label;
+  std::vector<TensorType> inputs;  // dtype f64 for floating inputs in gradient checks
+  Attrs attrs;
+  // Input generator: fill input i of the case (defaults: uniform [-1, 1] for floats).
+  std::function<void(int i, Tensor& t, uint64_t seed)> fill;
+  // Optional reference forward in f64: given inputs, produce the expected outputs.
+  std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs, const Attrs& attrs)> reference;
+  double tolerance = 1e-6;  // relative tolerance of the finite-difference check
+  bool gradcheck = true;    // false for samples whose outputs are not f64 (e.g. a cast to bf16)
+};
+
+struct OpDef {
+  std::string name;
+  std::string doc;
+  int num_inputs = 1;  // -1: variadic (at least one)
+  std::function<int(const Attrs&)> num_outputs = [](const Attrs&) { return 1; };
+  // Output types from input types; throws input_error on bad shapes/attrs.
+  std::function<std::vector<TensorType>(const std::vector<TensorType>&, const Attrs&)> infer;
+  // Input gradients as graph nodes; empty function = not differentiable (a backward helper or update op).
+  std::function<std::vector<ValueId>(GradCtx&)> grad;
+  std::function<Cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)> cost;
+  // Scratch bytes a kernel needs (e.g. im2col), planned in the arena so kernels never allocate.
+  std::function<size_t(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)>
+      workspace;
+  std::vector<int> nondiff_inputs;   // inputs that never get a gradient (labels, indices, state)
+  std::vector<int> nondiff_outputs;  // outputs that are saved statistics, not differentiable results
+  int inplace_input = -1;            // output 0 may reuse this input's buffer when it dies here
+  std::vector<int> mutates;          // inputs updated in place (optimizer state, running statistics)
+  bool random = false;               // draws from its KernelCtx::rng
+  std::vector<KernelDef> kernels;
+  std::function<std::vector<OpSample>()> samples;
+  // Ops whose gradient checks exercise this one, for backward helpers that have no samples of their own.
+  std::vector<std::string> covered_by;
+
+  const KernelDef* kernel(DeviceKind d, DType t) const;
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& get();  // filled on first use by register_all_ops (no static initialisers)
+  void add(OpDef def);
+  const OpDef& at(const std::string& name) const;  // throws input_error with a "did you mean"
+  const OpDef* find(const std::string& name) const;
+  const std::map<std::string, OpDef>& all() const { return ops_; }
+
+ private:
+  std::map<std::string, OpDef> ops_;
+};
+
+// Output type of most unary/elementwise ops: same as input 0.
+std::vector<TensorType> same_as_input0(const std::vector<TensorType>& in, const Attrs&);
+
+// Closest string by edit distance, for "did you mean" messages ("" if nothing is close).
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace flowrun

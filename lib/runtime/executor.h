@@ -1,0 +1,53 @@
+// The executor: owns a compiled Program's memory (one arena for intermediates, persistent buffers for
+// inputs, parameters and state) and runs its kernels in schedule order. Everything is resolved when it is
+// built, so a step allocates nothing.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/passes.h"
+#include "ops/registry.h"
+
+namespace flowrun {
+
+class Executor {
+ public:
+  Executor(Program program, Device device = kCpu, uint64_t seed = 0);
+
+  // One step: every kernel in order, with dropout streams keyed by (seed, step, node).
+  void run();
+  // As run(), calling `timer(node, seconds)` after each kernel (for `flowrun time`).
+  void run_timed(const std::function<void(const Node&, double)>& timer);
+
+  // Persistent tensors by value name: inputs (fed each step), params and state (trained / updated in place).
+  Tensor& tensor(const std::string& name);
+  bool has_tensor(const std::string& name) const { return persistent_.count(name) != 0; }
+  // A named graph output (e.g. "loss", "grad/w1") as a view into the arena, valid until the next run().
+  Tensor output(const std::string& name) const;
+  const std::map<std::string, Tensor>& persistent() const { return persistent_; }
+
+  const Program& program() const { return program_; }
+  int64_t step() const { return step_; }
+  void set_step(int64_t s) { step_ = s; }
+  uint64_t seed() const { return seed_; }
+
+ private:
+  struct Step {
+    KernelFn fn;
+    KernelCtx ctx;
+  };
+  Program program_;
+  Device device_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+  std::shared_ptr<Storage> arena_;
+  std::map<std::string, Tensor> persistent_;
+  std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
+  std::vector<Step> steps_;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# test.sh: install deps and build flowrun via scripts/setup.sh, then run the test suite with ctest.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: scripts/test.sh [options] [-- extra cmake args...]
+
+Options:
+  --build-dir DIR    Build directory (default: build; build-asan with --asan).
+  --type TYPE        CMake build type: Release | Debug | RelWithDebInfo (default: Release; Debug with --asan).
+  --jobs N           Parallel build/test jobs (default: nproc).
+  --labels REGEX     Run only tests whose labels match REGEX (ctest -L).
+                     Default: all tests except those labelled "gpu" (ctest -LE gpu).
+  --asan             AddressSanitizer build (-DFLOWRUN_SANITIZE=address) in build-asan, type Debug.
+  --help             Show this help and exit.
+
+Arguments after "--" are passed to the CMake configure step unchanged.
+USAGE
+}
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+START=$SECONDS
+BUILD_DIR=""
+BUILD_TYPE=""
+JOBS="$(nproc)"
+LABELS=""
+ASAN=0
+EXTRA_CMAKE_ARGS=()
+
+need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 1; }; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build-dir) need_value "$@"; BUILD_DIR="$2"; shift 2 ;;
+    --type) need_value "$@"; BUILD_TYPE="$2"; shift 2 ;;
+    --jobs) need_value "$@"; JOBS="$2"; shift 2 ;;
+    --labels) need_value "$@"; LABELS="$2"; shift 2 ;;
+    --asan) ASAN=1; shift ;;
+    --help|-h) usage; exit 0 ;;
+    --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
+    *) echo "error: unknown argument: $1" >&2; usage >&2; exit 1 ;;
+  esac
+done
+
+if [[ "$ASAN" -eq 1 ]]; then
+  BUILD_DIR="${BUILD_DIR:-build-asan}"
+  BUILD_TYPE="${BUILD_TYPE:-Debug}"
+  EXTRA_CMAKE_ARGS+=(-DFLOWRUN_SANITIZE=address)
+fi
+BUILD_DIR="${BUILD_DIR:-build}"
+BUILD_TYPE="${BUILD_TYPE:-Release}"
+
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+mkdir -p "$CCACHE_DIR"
+
+scripts/setup.sh --build-dir "$BUILD_DIR" --type "$BUILD_TYPE" --jobs "$JOBS" -- "${EXTRA_CMAKE_ARGS[@]}"
+
+if [[ -n "$LABELS" ]]; then
+  LABEL_ARGS=(-L "$LABELS")
+else
+  LABEL_ARGS=(-LE gpu)
+fi
+
+rc=0
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "${LABEL_ARGS[@]}" || rc=$?
+
+echo "test.sh: finished in $((SECONDS - START))s (ctest exit status $rc)"
+exit "$rc"

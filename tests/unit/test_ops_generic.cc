@@ -1,0 +1,147 @@
+// Generic op tests over the whole registry: every differentiable op's gradient against central finite
+// differences in f64, forwards against references, f32 kernels against f64, and a coverage check that fails
+// for any op no test exercises.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "op_harness.h"
+
+namespace flowrun::testing {
+namespace {
+
+std::vector<std::string> all_op_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, def] : OpRegistry::get().all())
+    if (def.samples) names.push_back(name);
+  return names;
+}
+
+class OpTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OpTest, GradientMatchesFiniteDifferences) {
+  const OpDef& def = OpRegistry::get().at(GetParam());
+  if (!def.grad) GTEST_SKIP() << "not differentiable (checked by reference)";
+  for (const OpSample& s : def.samples()) {
+    if (!s.gradcheck) continue;
+    SCOPED_TRACE(s.label);
+    SampleProgram sp = build_sample(def, s, /*with_grad=*/true);
+    ASSERT_TRUE(sp.has_loss) << "sample has no differentiable output";
+    fill_all(s, sp, 42);
+    run_loss(sp);
+    // All analytic gradients first: the perturbed runs below overwrite the arena.
+    std::map<std::string, std::vector<double>> grads;
+    for (size_t i = 0; i < sp.input_names.size(); ++i)
+      if (sp.is_param[i]) {
+        // No gradient output means autodiff found none flowing (stop_gradient, fill_like): it must be zero.
+        const std::string out = "grad/" + sp.input_names[i];
+        grads[sp.input_names[i]] = sp.exec->program().graph.outputs().count(out)
+                                       ? sp.exec->output(out).to_f64()
+                                       : std::vector<double>(static_cast<size_t>(numel(s.inputs[i].shape)), 0.0);
+      }
+    bool any_param = false;
+    for (size_t i = 0; i < sp.input_names.size(); ++i) {
+      if (!sp.is_param[i]) continue;
+      any_param = true;
+      const std::string& name = sp.input_names[i];
+      const std::vector<double>& analytic = grads[name];
+      Tensor& x = sp.exec->tensor(name);
+      const int64_t n = x.numel();
+      const int64_t stride = std::max<int64_t>(1, n / 48);  // check at most ~48 elements per input
+      for (int64_t k = 0; k < n; k += stride) {
+        double* p = x.data<double>() + k;
+        const double orig = *p, h = 1e-6 * std::max(1.0, std::fabs(orig));
+        *p = orig + h;
+        const double up = run_loss(sp);
+        *p = orig - h;
+        const double down = run_loss(sp);
+        *p = orig;
+        const double numeric = (up - down) / (2 * h);
+        const double a = analytic[static_cast<size_t>(k)];
+        const double err = std::fabs(a - numeric) / std::max({1.0, std::fabs(a), std::fabs(numeric)});
+        EXPECT_LE(err, s.tolerance) << name << "[" << k << "]: analytic " << a << " numeric " << numeric;
+      }
+    }
+    EXPECT_TRUE(any_param) << "no input of " << def.name << " receives a gradient";
+  }
+}
+
+TEST_P(OpTest, ForwardMatchesReference) {
+  const OpDef& def = OpRegistry::get().at(GetParam());
+  int checked = 0;
+  for (const OpSample& s : def.samples()) {
+    if (!s.reference) continue;
+    SCOPED_TRACE(s.label);
+    SampleProgram sp = build_sample(def, s, /*with_grad=*/false);
+    fill_all(s, sp, 7);
+    std::vector<Tensor> inputs;
+    for (const auto& n : sp.input_names) inputs.push_back(sp.exec->tensor(n).clone());
+    const std::vector<Tensor> expected = s.reference(inputs, s.attrs);
+    sp.exec->run();
+    std::vector<Tensor> got;
+    for (int j = 0; j < sp.num_outputs; ++j) got.push_back(sp.exec->output("out" + std::to_string(j)));
+    for (int m : def.mutates) got.push_back(sp.exec->tensor(sp.input_names[static_cast<size_t>(m)]));
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      ASSERT_EQ(got[j].shape(), expected[j].shape()) << "output " << j;
+      ASSERT_EQ(got[j].dtype(), expected[j].dtype()) << "output " << j;
+      const auto g = got[j].to_f64(), e = expected[j].to_f64();
+      for (size_t k = 0; k < g.size(); ++k)
+        EXPECT_NEAR(g[k], e[k], 1e-9 * std::max(1.0, std::fabs(e[k]))) << "output " << j << " [" << k << "]";
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no reference";
+}
+
+TEST_P(OpTest, Float32KernelMatchesFloat64) {
+  const OpDef& def = OpRegistry::get().at(GetParam());
+  if (!def.kernel(DeviceKind::cpu, DType::f32)) GTEST_SKIP() << "no f32 kernel";
+  for (const OpSample& s : def.samples()) {
+    if (std::none_of(s.inputs.begin(), s.inputs.end(), [](const TensorType& t) { return t.dtype == DType::f64; }))
+      continue;
+    SCOPED_TRACE(s.label);
+    SampleProgram ref = build_sample(def, s, false, DType::f64);
+    SampleProgram f32 = build_sample(def, s, false, DType::f32);
+    fill_all(s, ref, 9);
+    fill_all(s, f32, 9);
+    ref.exec->run();
+    f32.exec->run();
+    for (int j = 0; j < ref.num_outputs; ++j) {
+      const auto a = ref.exec->output("out" + std::to_string(j)).to_f64();
+      const auto b = f32.exec->output("out" + std::to_string(j)).to_f64();
+      double scale = 1e-3;
+      for (double v : a) scale = std::max(scale, std::fabs(v));
+      for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-4 * scale) << "output " << j << " [" << k << "]";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpTest, ::testing::ValuesIn(all_op_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// Every registered op is exercised: by its own samples, or inside the gradient graph of an op that lists it
+// in covered_by. A new op without either fails here.
+TEST(OpCoverage, EveryRegisteredOpIsTested) {
+  std::set<std::string> seen;
+  for (const auto& [name, def] : OpRegistry::get().all()) {
+    if (!def.samples) continue;
+    const auto samples = def.samples();
+    EXPECT_FALSE(samples.empty()) << name << " has an empty sample list";
+    for (const OpSample& s : samples) build_sample(def, s, def.grad && s.gradcheck, DType::f64, &seen);
+    if (!def.grad) {
+      EXPECT_TRUE(std::any_of(samples.begin(), samples.end(), [](const OpSample& x) { return static_cast<bool>(x.reference); }))
+          << name << " is not differentiable, so its samples need a reference";
+    }
+  }
+  for (const auto& [name, def] : OpRegistry::get().all()) {
+    EXPECT_TRUE(seen.count(name)) << "op " << name << " is not exercised by any generic test: give it samples";
+    if (!def.samples) {
+      EXPECT_FALSE(def.covered_by.empty()) << "op " << name << " has neither samples nor covered_by";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flowrun::testing
