@@ -26,7 +26,7 @@ BUILD_TYPE=Release
 JOBS="$(nproc)"
 EXTRA_CMAKE_ARGS=()
 
-need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 1; }; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 2; }; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -36,15 +36,15 @@ while [[ $# -gt 0 ]]; do
     --jobs) need_value "$@"; JOBS="$2"; shift 2 ;;
     --help|-h) usage; exit 0 ;;
     --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
-    *) echo "error: unknown argument: $1" >&2; usage >&2; exit 1 ;;
+    *) echo "error: unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 
 case "$BUILD_TYPE" in
   Release|Debug|RelWithDebInfo) ;;
-  *) echo "error: --type must be Release, Debug or RelWithDebInfo (got '$BUILD_TYPE')" >&2; exit 1 ;;
+  *) echo "error: --type must be Release, Debug or RelWithDebInfo (got '$BUILD_TYPE')" >&2; exit 2 ;;
 esac
-[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "error: --jobs must be a positive integer (got '$JOBS')" >&2; exit 1; }
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "error: --jobs must be a positive integer (got '$JOBS')" >&2; exit 2; }
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git

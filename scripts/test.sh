@@ -30,7 +30,7 @@ LABELS=""
 ASAN=0
 EXTRA_CMAKE_ARGS=()
 
-need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 1; }; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 2; }; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -41,7 +41,7 @@ while [[ $# -gt 0 ]]; do
     --asan) ASAN=1; shift ;;
     --help|-h) usage; exit 0 ;;
     --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
-    *) echo "error: unknown argument: $1" >&2; usage >&2; exit 1 ;;
+    *) echo "error: unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 

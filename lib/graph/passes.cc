@@ -35,15 +35,15 @@ void fuse_ops(Graph& g) {
   std::vector<Node> snapshot = g.nodes();
   for (const Node& nll : snapshot) {
     if (nll.dead || nll.op != "nll_loss") continue;
-    const Value& logp = g.value(nll.inputs[0]);
+    // Copies, not references: add_node below may reallocate the node and value lists.
+    const Value logp = g.value(nll.inputs[0]);
     if (logp.producer < 0) continue;
-    const Node& ls = g.node(logp.producer);
+    const Node ls = g.node(logp.producer);
     if (ls.op != "log_softmax" || consumers[static_cast<size_t>(logp.id)].size() != 1) continue;
     const int64_t rank = static_cast<int64_t>(logp.shape().size());
     if (ls.attrs.i("axis", -1) != -1 && ls.attrs.i("axis", -1) != rank - 1) continue;
-    Attrs attrs = nll.attrs;
     const std::vector<ValueId> fused =
-        g.add_node("cross_entropy", {ls.inputs[0], nll.inputs[1]}, attrs, nll.name + "+fused");
+        g.add_node("cross_entropy", {ls.inputs[0], nll.inputs[1]}, nll.attrs, nll.name + "+fused");
     // Rewire readers of the nll output to the fused loss.
     const ValueId old_out = nll.outputs[0];
     for (Node& n : g.nodes())

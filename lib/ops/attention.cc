@@ -1,5 +1,221 @@
-// Placeholder registration, replaced by the op family's real definitions.
+// Fused scaled-dot-product attention (sdpa) and its backward (sdpa_grad); CPU kernels in
+// ops/cpu/attention.cc.
+#include "ops/cpu/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "graph/builder.h"
 #include "ops/registry.h"
+
 namespace flowrun {
-void register_attention_ops(OpRegistry&) {}
+
+namespace {
+
+const std::vector<DType> kF = {DType::f32, DType::f64};
+
+struct SdpaDims {
+  int64_t b, h, t, s, d, dv;
+};
+
+bool causal_of(const Attrs& a) {
+  return a.b("causal", true);
+}
+
+// Validates q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv) and the attributes (the graph prefixes the op name).
+SdpaDims check_qkv(const TensorType& q, const TensorType& k, const TensorType& v, const Attrs& a) {
+  for (const TensorType* t : {&q, &k, &v})
+    if (t->shape.size() != 4)
+      throw input_error(cat("q, k and v must be (batch, heads, length, dim), got q ", shape_str(q.shape),
+                            ", k ", shape_str(k.shape), ", v ", shape_str(v.shape)));
+  if (q.dtype != DType::f32 && q.dtype != DType::f64)
+    throw input_error(cat("q must be f32 or f64, got ", dtype_name(q.dtype)));
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    throw input_error(cat("q, k and v dtypes differ (", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ",
+                          dtype_name(v.dtype), ")"));
+  const SdpaDims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]};
+  if (k.shape[0] != d.b || v.shape[0] != d.b || k.shape[1] != d.h || v.shape[1] != d.h)
+    throw input_error(cat("batch and head dimensions of q ", shape_str(q.shape), ", k ", shape_str(k.shape),
+                          " and v ", shape_str(v.shape), " differ"));
+  if (k.shape[3] != d.d)
+    throw input_error(cat("q and k head dims differ: ", shape_str(q.shape), " vs ", shape_str(k.shape)));
+  if (v.shape[2] != d.s)
+    throw input_error(cat("k and v lengths differ: ", shape_str(k.shape), " vs ", shape_str(v.shape)));
+  if (d.t < 1 || d.s < 1 || d.d < 1 || d.dv < 1)
+    throw input_error(cat("lengths and head dims must be positive, got q ", shape_str(q.shape), ", k ",
+                          shape_str(k.shape), ", v ", shape_str(v.shape)));
+  if (a.has("causal") && !std::holds_alternative<bool>(a.all().find("causal")->second))
+    throw input_error("attribute 'causal' must be a bool");
+  // Bottom-right aligned mask: query i sees keys j <= i + S - T, so a query longer than the keys would leave
+  // its first rows with nothing to attend to.
+  if (causal_of(a) && d.t > d.s)
+    throw input_error(
+        cat("causal attention needs at least as many keys as queries, got T = ", d.t, " > S = ", d.s));
+  if (a.has("scale")) {
+    const Attr& s = a.all().find("scale")->second;
+    if (!std::holds_alternative<double>(s) && !std::holds_alternative<int64_t>(s))
+      throw input_error("attribute 'scale' must be a number");
+    if (!std::isfinite(a.f("scale"))) throw input_error("attribute 'scale' must be finite");
+  }
+  return d;
+}
+
+// Query-key pairs the softmax covers: all T*S, or under the causal mask sum_i min(S, i + S - T + 1).
+double attended_pairs(const SdpaDims& d, bool causal) {
+  const double t = static_cast<double>(d.t), s = static_cast<double>(d.s);
+  const double per_head = causal ? t * (s - t) + t * (t + 1) / 2 : t * s;
+  return static_cast<double>(d.b * d.h) * per_head;
+}
+
+double bytes_of(const std::vector<TensorType>& ts) {
+  double n = 0;
+  for (const auto& t : ts)
+    n += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+  return n;
+}
+
+// Naive f64 attention: full score rows, mask, softmax, weighted sum; returns (out, lse).
+std::vector<Tensor> sdpa_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const Shape &qs = in[0].shape(), &ks = in[1].shape(), &vs = in[2].shape();
+  const int64_t B = qs[0], H = qs[1], T = qs[2], D = qs[3], S = ks[2], Dv = vs[3];
+  const bool causal = causal_of(a);
+  const double scale = a.f("scale", 1.0 / std::sqrt(static_cast<double>(D)));
+  Tensor out = Tensor::zeros({B, H, T, Dv}, DType::f64), lse = Tensor::zeros({B, H, T}, DType::f64);
+  const double *q = in[0].data<double>(), *k = in[1].data<double>(), *v = in[2].data<double>();
+  double *o = out.data<double>(), *l = lse.data<double>();
+  std::vector<double> w(static_cast<size_t>(S));
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < T; ++i) {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < S; ++j) {
+        const bool visible = !causal || j <= i + (S - T);
+        double s = 0;
+        for (int64_t p = 0; p < D; ++p) s += q[(bh * T + i) * D + p] * k[(bh * S + j) * D + p];
+        w[static_cast<size_t>(j)] = visible ? s * scale : -std::numeric_limits<double>::infinity();
+        mx = std::max(mx, w[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t p = 0; p < Dv; ++p)
+          o[(bh * T + i) * Dv + p] += w[static_cast<size_t>(j)] / sum * v[(bh * S + j) * Dv + p];
+      l[bh * T + i] = mx + std::log(sum);
+    }
+  return {out, lse};
+}
+
+std::vector<OpSample> sdpa_samples() {
+  struct Case {
+    std::string label;
+    Shape q, k, v;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {"causal T=S=5", {2, 2, 5, 3}, {2, 2, 5, 3}, {2, 2, 5, 3}, Attrs{{"causal", true}}},
+      {"full T=S=5", {2, 2, 5, 3}, {2, 2, 5, 3}, {2, 2, 5, 3}, Attrs{{"causal", false}}},
+      {"causal T=3 S=6 (bottom-right)", {1, 2, 3, 4}, {1, 2, 6, 4}, {1, 2, 6, 4}, Attrs{{"causal", true}}},
+      {"full T=4 S=7 Dv=5 scale=0.7",
+       {2, 1, 4, 3},
+       {2, 1, 7, 3},
+       {2, 1, 7, 5},
+       Attrs{{"causal", false}, {"scale", 0.7}}},
+      {"causal Dv=2 scale=1.3",
+       {1, 3, 6, 4},
+       {1, 3, 6, 4},
+       {1, 3, 6, 2},
+       Attrs{{"causal", true}, {"scale", 1.3}}},
+      // Several 64-row query and key blocks with ragged tails (diagonal blocks, row groups and vector tails),
+      // default causal and scale, and head dims that are not a whole number of SIMD registers.
+      {"causal multi-block T=70 S=75 D=66", {1, 1, 70, 66}, {1, 1, 75, 66}, {1, 1, 75, 5}, Attrs{}},
+      {"full multi-block T=67 S=130 Dv=67",
+       {1, 1, 67, 4},
+       {1, 1, 130, 4},
+       {1, 1, 130, 67},
+       Attrs{{"causal", false}, {"scale", 2.0}}},
+  };
+  std::vector<OpSample> s;
+  for (const Case& c : cases) {
+    OpSample o;
+    o.label = c.label;
+    o.inputs = {{c.q, DType::f64}, {c.k, DType::f64}, {c.v, DType::f64}};
+    o.attrs = c.attrs;
+    o.reference = sdpa_reference;
+    s.push_back(o);
+  }
+  return s;
+}
+
+}  // namespace
+
+void register_attention_ops(OpRegistry& r) {
+  OpDef d;
+  d.name = "sdpa";
+  d.doc =
+      "scaled-dot-product attention softmax(scale * q k^T [+ causal mask]) v over q (B,H,T,D), k (B,H,S,D), "
+      "v (B,H,S,Dv) -> out (B,H,T,Dv), lse (B,H,T) (log-sum-exp of each scaled score row, saved for the "
+      "backward); attrs causal (bool, default true; query i sees keys j <= i + S - T), scale (default "
+      "1/sqrt(D))";
+  d.num_inputs = 3;
+  d.num_outputs = [](const Attrs&) { return 2; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
+    return {{{s.b, s.h, s.t, s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, in[0].dtype}};
+  };
+  d.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const auto g = c.b.op("sdpa_grad", {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)}, c.attrs());
+    return {g[0], g[1], g[2]};
+  };
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {
+    const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
+    const double pairs = attended_pairs(s, causal_of(a));
+    // q k^T and p v, plus ~4 flops per score for scaling, max, exp and sum.
+    return {pairs * (2.0 * static_cast<double>(s.d + s.dv) + 4.0), bytes_of(in) + bytes_of(out)};
+  };
+  // scale * k^T, one (D x S) slice per (batch, head).
+  d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                   const Attrs&) -> size_t {
+    return static_cast<size_t>(numel(in[1].shape)) * dtype_size(in[1].dtype);
+  };
+  d.nondiff_outputs = {1};
+  d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa}};
+  d.samples = sdpa_samples;
+  r.add(d);
+
+  OpDef g;
+  g.name = "sdpa_grad";
+  g.doc =
+      "gradient of sdpa: (dout, q, k, v, out, lse) -> (dq, dk, dv), probabilities recomputed from lse "
+      "(FlashAttention-2 backward); attrs as sdpa";
+  g.num_inputs = 6;
+  g.num_outputs = [](const Attrs&) { return 3; };
+  g.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const SdpaDims s = check_qkv(in[1], in[2], in[3], a);
+    const Shape out_shape{s.b, s.h, s.t, s.dv}, lse_shape{s.b, s.h, s.t};
+    if (in[0].shape != out_shape || in[4].shape != out_shape)
+      throw input_error(cat("dout ", shape_str(in[0].shape), " and out ", shape_str(in[4].shape),
+                            " must both be ", shape_str(out_shape)));
+    if (in[5].shape != lse_shape)
+      throw input_error(cat("lse ", shape_str(in[5].shape), " must be ", shape_str(lse_shape)));
+    for (int i : {0, 4, 5})
+      if (in[static_cast<size_t>(i)].dtype != in[1].dtype)
+        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
+                              ", expected ", dtype_name(in[1].dtype)));
+    return {in[1], in[2], in[3]};
+  };
+  g.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {
+    const SdpaDims s = check_qkv(in[1], in[2], in[3], a);
+    const double pairs = attended_pairs(s, causal_of(a));
+    // Recomputed q k^T, dout v^T, p^T dout, ds^T q and ds k.
+    return {pairs * (2.0 * static_cast<double>(3 * s.d + 2 * s.dv) + 5.0), bytes_of(in) + bytes_of(out)};
+  };
+  // scale * k^T and v^T, one slice each per (batch, head).
+  g.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                   const Attrs&) -> size_t {
+    return static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype);
+  };
+  g.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_grad}};
+  g.covered_by = {"sdpa"};
+  r.add(g);
+}
+
 }  // namespace flowrun

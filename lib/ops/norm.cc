@@ -1,5 +1,399 @@
-// Placeholder registration, replaced by the op family's real definitions.
+// Normalisation ops: layernorm, rmsnorm and batchnorm (running statistics updated in place), with their
+// backward ops. CPU kernels are in ops/cpu/norm.cc.
+#include "ops/cpu/norm.h"
+
+#include <cmath>
+
+#include "graph/builder.h"
 #include "ops/registry.h"
+
 namespace flowrun {
-void register_norm_ops(OpRegistry&) {}
+
+namespace {
+
+const std::vector<DType> kF = {DType::f32, DType::f64};
+
+double sz(DType t) {
+  return static_cast<double>(dtype_size(t));
+}
+double count(const Shape& s) {
+  return static_cast<double>(numel(s));
+}
+
+void check_same_dtype(const std::string& op, const std::vector<TensorType>& in) {
+  if (!is_floating(in[0].dtype))
+    throw input_error(cat(op, ": x must be floating, got ", dtype_name(in[0].dtype)));
+  for (size_t i = 1; i < in.size(); ++i)
+    if (in[i].dtype != in[0].dtype)
+      throw input_error(
+          cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but x is ", dtype_name(in[0].dtype)));
+}
+
+void check_eps(const std::string& op, const Attrs& a, double dflt) {
+  const double eps = a.f("eps", dflt);
+  if (!(eps >= 0)) throw input_error(cat(op, ": eps must be >= 0, got ", eps));
+}
+
+void check_vector(const std::string& op, const char* what, const Shape& s, int64_t n) {
+  if (s != Shape{n}) throw input_error(cat(op, ": ", what, " is ", shape_str(s), ", expected [", n, "]"));
+}
+
+// x (..., D) with per-feature parameters (D) after it.
+int64_t row_norm_features(const std::string& op, const std::vector<TensorType>& in, int num_params,
+                          const Attrs& a, double eps) {
+  check_same_dtype(op, in);
+  const Shape& x = in[0].shape;
+  if (x.empty() || x.back() < 1)
+    throw input_error(cat(op, ": x needs a non-empty last dimension, got ", shape_str(x)));
+  const char* names[] = {"gamma", "beta"};
+  for (int i = 0; i < num_params; ++i)
+    check_vector(op, names[i], in[static_cast<size_t>(1 + i)].shape, x.back());
+  check_eps(op, a, eps);
+  return x.back();
+}
+
+// mean / rstd of a row norm: one per row.
+TensorType row_stat(const TensorType& x) {
+  return {Shape(x.shape.begin(), x.shape.end() - 1), x.dtype};
+}
+
+// Forward of a row norm: reads x and the parameters, writes y and the statistics.
+Cost row_norm_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+  const double n = count(in[0].shape);
+  double bytes = 0;
+  for (const auto& t : in) bytes += count(t.shape) * sz(t.dtype);
+  for (const auto& t : out) bytes += count(t.shape) * sz(t.dtype);
+  return {8 * n, bytes};
+}
+
+Cost row_norm_grad_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+  const double n = count(in[1].shape);
+  double bytes = 0;
+  for (const auto& t : in) bytes += count(t.shape) * sz(t.dtype);
+  for (const auto& t : out) bytes += count(t.shape) * sz(t.dtype);
+  return {14 * n, bytes};
+}
+
+// Per-block partial sums of the parameter gradients (cpu::norm_row_blocks), `parts` vectors of D each.
+size_t row_norm_grad_workspace(const std::vector<TensorType>& in, int parts) {
+  const int64_t d = in[1].shape.back(), rows = numel(in[1].shape) / d;
+  const int64_t blocks = cpu::norm_row_blocks(rows);
+  return blocks == 1 ? 0 : static_cast<size_t>(blocks * parts * d) * dtype_size(in[1].dtype);
+}
+
+// Fills every input uniform in [-1, 1], except input `positive` (-1: none) in [0.5, 1.5).
+std::function<void(int, Tensor&, uint64_t)> fill_with_positive(int positive) {
+  return [positive](int i, Tensor& t, uint64_t seed) {
+    const RngStream r{seed, 100 + static_cast<uint64_t>(i)};
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = i == positive ? 0.5 + r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+    t.fill_from(v);
+  };
+}
+
+// Plain f64 layernorm / rmsnorm over rows.
+std::vector<Tensor> row_norm_reference(const std::vector<Tensor>& in, const Attrs& a, bool centered) {
+  const Shape& xs = in[0].shape();
+  const int64_t d = xs.back(), rows = in[0].numel() / d;
+  const double eps = a.f("eps", centered ? 1e-5 : 1e-6);
+  const Shape ss(xs.begin(), xs.end() - 1);
+  Tensor y = Tensor::empty(xs, DType::f64), mean = Tensor::empty(ss, DType::f64),
+         rstd = Tensor::empty(ss, DType::f64);
+  const double *x = in[0].data<double>(), *g = in[1].data<double>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    if (centered) {
+      for (int64_t j = 0; j < d; ++j) mu += x[r * d + j];
+      mu /= static_cast<double>(d);
+    }
+    for (int64_t j = 0; j < d; ++j) var += (x[r * d + j] - mu) * (x[r * d + j] - mu);
+    var /= static_cast<double>(d);
+    const double rs = 1.0 / std::sqrt(var + eps);
+    for (int64_t j = 0; j < d; ++j)
+      y.data<double>()[r * d + j] =
+          (x[r * d + j] - mu) * rs * g[j] + (centered ? in[2].data<double>()[j] : 0.0);
+    mean.data<double>()[r] = mu;
+    rstd.data<double>()[r] = rs;
+  }
+  if (centered) return {y, mean, rstd};
+  return {y, rstd};
+}
+
+std::vector<OpSample> row_norm_samples(bool centered) {
+  std::vector<OpSample> s;
+  struct Case {
+    Shape x;
+    double eps;  // < 0: the default
+  };
+  // Odd widths; 70 runs the vector main loop and a tail; 67 rows exceed the 64 gradient blocks (uneven).
+  for (const Case& k :
+       std::vector<Case>{{{3, 7}, -1}, {{2, 3, 7}, 1e-3}, {{7}, -1}, {{2, 70}, -1}, {{67, 5}, 0.1}}) {
+    OpSample o;
+    o.label = shape_str(k.x) + (k.eps < 0 ? "" : cat(" eps ", k.eps));
+    o.inputs = {{k.x, DType::f64}, {{k.x.back()}, DType::f64}};
+    if (centered) o.inputs.push_back({{k.x.back()}, DType::f64});
+    if (k.eps >= 0) o.attrs.set("eps", k.eps);
+    o.reference = [centered](const std::vector<Tensor>& in, const Attrs& a) {
+      return row_norm_reference(in, a, centered);
+    };
+    s.push_back(o);
+  }
+  return s;
+}
+
+// x (N, C, spatial...): N, C and the number of values per channel.
+struct BatchDims {
+  int64_t n, c, per_channel;
+};
+BatchDims batch_dims(const Shape& x) {
+  const int64_t n = x[0], c = x[1];
+  return {n, c, n * c == 0 ? 0 : numel(x) / c};
+}
+
+size_t batchnorm_workspace_bytes(const TensorType& x, int64_t sums) {
+  const BatchDims d = batch_dims(x.shape);
+  const int64_t s = d.n == 0 ? 0 : d.per_channel / d.n;
+  return static_cast<size_t>(cpu::batchnorm_workspace_elems(d.n, d.c, s, sums)) * dtype_size(x.dtype);
+}
+
+std::vector<Tensor> batchnorm_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const Shape& xs = in[0].shape();
+  const int64_t n = xs[0], c = xs[1], s = in[0].numel() / (n * c), m = n * s;
+  const double eps = a.f("eps", 1e-5), momentum = a.f("momentum", 0.1);
+  const bool training = a.b("training", true);
+  Tensor y = Tensor::empty(xs, DType::f64), mean = Tensor::empty({c}, DType::f64),
+         rstd = Tensor::empty({c}, DType::f64);
+  Tensor rm = in[3].clone(), rv = in[4].clone();
+  const double *x = in[0].data<double>(), *g = in[1].data<double>(), *b = in[2].data<double>();
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double mu = 0, ss = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) mu += x[(i * c + ch) * s + k];
+    mu /= static_cast<double>(m);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) ss += (x[(i * c + ch) * s + k] - mu) * (x[(i * c + ch) * s + k] - mu);
+    double var = ss / static_cast<double>(m);
+    if (training) {
+      rm.data<double>()[ch] = (1 - momentum) * rm.data<double>()[ch] + momentum * mu;
+      rv.data<double>()[ch] =
+          (1 - momentum) * rv.data<double>()[ch] + momentum * ss / static_cast<double>(m - 1);
+    } else {
+      mu = in[3].data<double>()[ch];
+      var = in[4].data<double>()[ch];
+    }
+    const double r = 1.0 / std::sqrt(var + eps);
+    mean.data<double>()[ch] = mu;
+    rstd.data<double>()[ch] = r;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < s; ++k) {
+        const int64_t j = (i * c + ch) * s + k;
+        y.data<double>()[j] = (x[j] - mu) * r * g[ch] + b[ch];
+      }
+  }
+  return {y, mean, rstd, rm, rv};  // outputs, then the mutated running statistics
+}
+
+std::vector<OpSample> batchnorm_samples() {
+  std::vector<OpSample> s;
+  struct Case {
+    Shape x;
+    bool training;
+    double momentum;  // < 0: the default
+  };
+  // (N, C) and (N, C, H, W) in both modes; (N, C, L); 260 channels run the vector loops with a tail; 67 rows
+  // exceed the 64 row blocks of the (N, C) channel sums (uneven blocks).
+  for (const Case& k : std::vector<Case>{{{5, 3}, true, -1},
+                                         {{5, 3}, false, -1},
+                                         {{3, 4, 5, 3}, true, -1},
+                                         {{3, 4, 5, 3}, false, -1},
+                                         {{2, 3, 4}, true, 0.3},
+                                         {{4, 260}, true, -1},
+                                         {{4, 260}, false, -1},
+                                         {{67, 3}, true, -1},
+                                         {{67, 3}, false, -1}}) {
+    OpSample o;
+    o.label = shape_str(k.x) + (k.training ? " training" : " inference") +
+              (k.momentum < 0 ? "" : cat(" momentum ", k.momentum));
+    const Shape c = {k.x[1]};
+    o.inputs = {{k.x, DType::f64}, {c, DType::f64}, {c, DType::f64}, {c, DType::f64}, {c, DType::f64}};
+    o.attrs.set("training", k.training);
+    if (k.momentum >= 0) o.attrs.set("momentum", k.momentum);
+    o.fill = fill_with_positive(4);  // running_var
+    o.reference = batchnorm_reference;
+    s.push_back(o);
+  }
+  return s;
+}
+
+}  // namespace
+
+void register_norm_ops(OpRegistry& r) {
+  OpDef ln;
+  ln.name = "layernorm";
+  ln.doc =
+      "layer normalisation over the last dim: y = (x - mean) * rstd * gamma + beta, "
+      "rstd = 1/sqrt(biased var + eps); inputs (x (..., D), gamma (D), beta (D)), attr eps (1e-5); "
+      "outputs (y, mean (...), rstd (...))";
+  ln.num_inputs = 3;
+  ln.num_outputs = [](const Attrs&) { return 3; };
+  ln.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    row_norm_features("layernorm", in, 2, a, 1e-5);
+    return {in[0], row_stat(in[0]), row_stat(in[0])};
+  };
+  ln.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const auto g = c.b.op("layernorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)});
+    return {g[0], g[1], g[2]};
+  };
+  ln.cost = row_norm_cost;
+  ln.nondiff_outputs = {1, 2};
+  ln.kernels = {{DeviceKind::cpu, kF, cpu::layernorm}};
+  ln.samples = [] { return row_norm_samples(true); };
+  r.add(ln);
+
+  OpDef lng;
+  lng.name = "layernorm_grad";
+  lng.doc = "gradient of layernorm: inputs (dy, x, gamma, mean, rstd), outputs (dx, dgamma, dbeta)";
+  lng.num_inputs = 5;
+  lng.num_outputs = [](const Attrs&) { return 3; };
+  lng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    check_same_dtype("layernorm_grad", in);
+    if (in[0].shape != in[1].shape || in[1].shape.empty())
+      throw input_error(
+          cat("layernorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(in[1].shape)));
+    check_vector("layernorm_grad", "gamma", in[2].shape, in[1].shape.back());
+    const TensorType st = row_stat(in[1]);
+    if (in[3].shape != st.shape || in[4].shape != st.shape)
+      throw input_error(cat("layernorm_grad: mean/rstd should be ", shape_str(st.shape)));
+    return {in[1], in[2], in[2]};
+  };
+  lng.cost = row_norm_grad_cost;
+  lng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return row_norm_grad_workspace(in, 2);
+  };
+  lng.kernels = {{DeviceKind::cpu, kF, cpu::layernorm_grad}};
+  lng.covered_by = {"layernorm"};
+  r.add(lng);
+
+  OpDef rms;
+  rms.name = "rmsnorm";
+  rms.doc =
+      "RMS normalisation over the last dim: y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps); "
+      "inputs (x (..., D), gamma (D)), attr eps (1e-6); outputs (y, rstd (...))";
+  rms.num_inputs = 2;
+  rms.num_outputs = [](const Attrs&) { return 2; };
+  rms.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    row_norm_features("rmsnorm", in, 1, a, 1e-6);
+    return {in[0], row_stat(in[0])};
+  };
+  rms.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const auto g = c.b.op("rmsnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)});
+    return {g[0], g[1]};
+  };
+  rms.cost = row_norm_cost;
+  rms.nondiff_outputs = {1};
+  rms.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm}};
+  rms.samples = [] { return row_norm_samples(false); };
+  r.add(rms);
+
+  OpDef rmsg;
+  rmsg.name = "rmsnorm_grad";
+  rmsg.doc = "gradient of rmsnorm: inputs (dy, x, gamma, rstd), outputs (dx, dgamma)";
+  rmsg.num_inputs = 4;
+  rmsg.num_outputs = [](const Attrs&) { return 2; };
+  rmsg.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    check_same_dtype("rmsnorm_grad", in);
+    if (in[0].shape != in[1].shape || in[1].shape.empty())
+      throw input_error(
+          cat("rmsnorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(in[1].shape)));
+    check_vector("rmsnorm_grad", "gamma", in[2].shape, in[1].shape.back());
+    if (in[3].shape != row_stat(in[1]).shape)
+      throw input_error(cat("rmsnorm_grad: rstd should be ", shape_str(row_stat(in[1]).shape)));
+    return {in[1], in[2]};
+  };
+  rmsg.cost = row_norm_grad_cost;
+  rmsg.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return row_norm_grad_workspace(in, 1);
+  };
+  rmsg.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm_grad}};
+  rmsg.covered_by = {"rmsnorm"};
+  r.add(rmsg);
+
+  OpDef bn;
+  bn.name = "batchnorm";
+  bn.doc =
+      "batch normalisation per channel (dim 1): inputs (x (N, C, ...), gamma, beta, running_mean, "
+      "running_var (C)), attrs eps (1e-5), momentum (0.1), training (true); outputs (y, save_mean, "
+      "save_rstd (C)). Training normalises by the batch mean and biased variance and updates the running "
+      "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
+      "inference normalises by the running statistics";
+  bn.num_inputs = 5;
+  bn.num_outputs = [](const Attrs&) { return 3; };
+  bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    check_same_dtype("batchnorm", in);
+    const Shape& x = in[0].shape;
+    if (x.size() < 2) throw input_error(cat("batchnorm: x must be (N, C, ...), got ", shape_str(x)));
+    const char* names[] = {"gamma", "beta", "running_mean", "running_var"};
+    for (size_t i = 1; i < 5; ++i) check_vector("batchnorm", names[i - 1], in[i].shape, x[1]);
+    check_eps("batchnorm", a, 1e-5);
+    const double momentum = a.f("momentum", 0.1);
+    if (!(momentum >= 0 && momentum <= 1))
+      throw input_error(cat("batchnorm: momentum must be in [0, 1], got ", momentum));
+    if (a.b("training", true) && batch_dims(x).per_channel < 2)
+      throw input_error(
+          cat("batchnorm: training needs more than one value per channel, x is ", shape_str(x)));
+    const TensorType stat{{x[1]}, in[0].dtype};
+    return {in[0], stat, stat};
+  };
+  bn.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const auto g = c.b.op("batchnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)},
+                          Attrs{{"training", c.attrs().b("training", true)}});
+    return {g[0], g[1], g[2], kNoValue, kNoValue};
+  };
+  bn.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+    const double n = count(in[0].shape), c = count(in[1].shape), e = sz(in[0].dtype);
+    // Training reads x three times (mean, variance, normalise).
+    return a.b("training", true) ? Cost{8 * n, (4 * n + 9 * c) * e} : Cost{4 * n, (2 * n + 6 * c) * e};
+  };
+  bn.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                    const Attrs& a) -> size_t {
+    // The mean and variance passes reuse one buffer.
+    return a.b("training", true) ? batchnorm_workspace_bytes(in[0], 1) : 0;
+  };
+  bn.nondiff_inputs = {3, 4};
+  bn.nondiff_outputs = {1, 2};
+  bn.mutates = {3, 4};
+  bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm}};
+  bn.samples = batchnorm_samples;
+  r.add(bn);
+
+  OpDef bng;
+  bng.name = "batchnorm_grad";
+  bng.doc =
+      "gradient of batchnorm: inputs (dy, x, gamma, save_mean, save_rstd), attr training (true: the "
+      "batch statistics depend on x); outputs (dx, dgamma, dbeta)";
+  bng.num_inputs = 5;
+  bng.num_outputs = [](const Attrs&) { return 3; };
+  bng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    check_same_dtype("batchnorm_grad", in);
+    const Shape& x = in[1].shape;
+    if (in[0].shape != x || x.size() < 2)
+      throw input_error(
+          cat("batchnorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(x)));
+    const char* names[] = {"gamma", "save_mean", "save_rstd"};
+    for (size_t i = 2; i < 5; ++i) check_vector("batchnorm_grad", names[i - 2], in[i].shape, x[1]);
+    return {in[1], in[2], in[2]};
+  };
+  bng.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    const double n = count(in[1].shape), c = count(in[2].shape), e = sz(in[1].dtype);
+    return Cost{10 * n, (5 * n + 5 * c) * e};
+  };
+  bng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return batchnorm_workspace_bytes(in[1], 2);  // dbeta and dgamma sums in one pass
+  };
+  bng.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm_grad}};
+  bng.covered_by = {"batchnorm"};
+  r.add(bng);
+}
+
 }  // namespace flowrun

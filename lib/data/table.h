@@ -1,0 +1,24 @@
+// Tabular datasets: scikit-learn's bundled CSV files (first line "n_samples,n_features,class names...", then
+// one row of features plus an integer class per line), read into tensors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace flowrun {
+
+struct Table {
+  Tensor x;  // (N, F) f32
+  Tensor y;  // (N) i64 class index
+  std::vector<std::string> class_names;
+};
+
+// Throws input_error naming file:line for anything malformed.
+Table load_sklearn_csv(const std::string& path);
+
+// Where Debian's python3-sklearn keeps those files.
+std::string sklearn_data_dir();
+
+}  // namespace flowrun

@@ -1,0 +1,401 @@
+// CPU flash attention: sdpa forward (online softmax over key blocks) and its FlashAttention-2 backward.
+//
+// Scratch: the OpDef workspace holds a transposed copy of K (pre-multiplied by the scale) and, in the
+// backward, of V: one (D x S) slice per (batch, head), sized from the shapes alone, so score products read
+// contiguous key columns and each head is transposed once rather than once per query block. The tiles
+// (scores/probabilities and dP/dS, kBQ x kBK elements: 32 KiB each in f64) have a fixed size and live on
+// the stack of the thread running the task: exactly one set per running task whatever the OpenMP thread
+// count is, never on the heap.
+//
+// Parallelism and determinism: the forward splits (batch, head, query block) tasks over threads; each task
+// writes only its own rows of out and lse. The backward gives each thread whole (batch, head) slices, so the
+// sums over query rows in dk and dv (and over key blocks in dq) run in one fixed order in one thread.
+// Nothing depends on the thread count. The block products are small register-blocked loops, not BLAS:
+// they run inside the OpenMP region, where OpenBLAS (itself OpenMP-threaded) nests badly.
+#include "ops/cpu/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+constexpr int64_t kBQ = 64;  // query rows per block
+constexpr int64_t kBK = 64;  // key rows per block
+
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+
+// One SIMD register of T (GCC/Clang vector extension: element-wise arithmetic, scalars broadcast).
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> {
+  typedef float type __attribute__((vector_size(kVecBytes)));
+};
+template <>
+struct Vec<double> {
+  typedef double type __attribute__((vector_size(kVecBytes)));
+};
+
+template <typename V, typename T>
+inline V vload(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V, typename T>
+inline void vstore(T* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// C[R x n] (+)= A[R x kd] B[kd x n]; A element (r, p) at a[r * ars + p * acs] (so A may be a transposed
+// view), B and C row-major. R rows x NV registers of C stay in registers across the whole kd loop: each
+// B load feeds R fused multiply-adds.
+template <typename T, int R>
+inline void gemm_rows(int64_t n, int64_t kd, const T* a, int64_t ars, int64_t acs, const T* b, int64_t ldb,
+                      T* c, int64_t ldc, bool acc) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kVecBytes / static_cast<int64_t>(sizeof(T));
+  constexpr int NV = 4;
+  int64_t j = 0;
+  for (; j + NV * L <= n; j += NV * L) {
+    V cr[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) cr[r][u] = acc ? vload<V>(c + r * ldc + j + u * L) : V{};
+    for (int64_t p = 0; p < kd; ++p) {
+      V br[NV];
+      for (int u = 0; u < NV; ++u) br[u] = vload<V>(b + p * ldb + j + u * L);
+      for (int r = 0; r < R; ++r) {
+        const T av = a[r * ars + p * acs];
+        for (int u = 0; u < NV; ++u) cr[r][u] += av * br[u];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) vstore(c + r * ldc + j + u * L, cr[r][u]);
+  }
+  for (; j + L <= n; j += L) {
+    V cr[R];
+    for (int r = 0; r < R; ++r) cr[r] = acc ? vload<V>(c + r * ldc + j) : V{};
+    for (int64_t p = 0; p < kd; ++p) {
+      const V br = vload<V>(b + p * ldb + j);
+      for (int r = 0; r < R; ++r) cr[r] += a[r * ars + p * acs] * br;
+    }
+    for (int r = 0; r < R; ++r) vstore(c + r * ldc + j, cr[r]);
+  }
+  for (; j < n; ++j)
+    for (int r = 0; r < R; ++r) {
+      T s = acc ? c[r * ldc + j] : T(0);
+      for (int64_t p = 0; p < kd; ++p) s += a[r * ars + p * acs] * b[p * ldb + j];
+      c[r * ldc + j] = s;
+    }
+}
+
+// C[m x n] (+)= A[m x kd] B[kd x n], strides as in gemm_rows. Under a causal mask only a staircase of a
+// diagonal tile is live, so three optional per-row limits (each non-decreasing down the rows) trim the
+// work: `ncols` limits the columns computed (the rest of that C row is left unwritten) and [kbeg, kend) the
+// inner range (the rest of that A row must be zero). A group of rows takes the widest range any of its rows
+// needs; the inner terms skipped are exact zeros, so the computed values do not depend on the grouping.
+template <typename T>
+void gemm_nn(int64_t m, int64_t n, int64_t kd, const T* a, int64_t ars, int64_t acs, const T* b, int64_t ldb,
+             T* c, int64_t ldc, bool acc, const int64_t* ncols = nullptr, const int64_t* kbeg = nullptr,
+             const int64_t* kend = nullptr) {
+  constexpr int64_t L = kVecBytes / static_cast<int64_t>(sizeof(T));
+  auto run = [&]<int R>(int64_t i) {
+    const int64_t last = i + R - 1;
+    const int64_t nc = ncols ? std::min(n, (ncols[last] + L - 1) / L * L) : n;
+    const int64_t k0 = kbeg ? kbeg[i] : 0, k1 = kend ? kend[last] : kd;
+    gemm_rows<T, R>(nc, std::max<int64_t>(k1 - k0, 0), a + i * ars + k0 * acs, ars, acs, b + k0 * ldb, ldb,
+                    c + i * ldc, ldc, acc);
+  };
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) run.template operator()<6>(i);
+  for (; i + 4 <= m; i += 4) run.template operator()<4>(i);
+  for (; i < m; ++i) run.template operator()<1>(i);
+}
+
+// dst[c * rows + r] = scale * src[r * d + c] for r < rows, c < d: one head's K or V as (d x rows).
+template <typename T>
+void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
+  constexpr int64_t kB = 16;  // rows per pass, so each destination row is written in short contiguous runs
+  for (int64_t r0 = 0; r0 < rows; r0 += kB) {
+    const int64_t r1 = std::min(rows, r0 + kB);
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * d + c];
+  }
+}
+
+template <typename T>
+constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
+
+// exp of one register, in place. f32: Cephes' expf (range reduction by ln 2, degree-6 polynomial, exponent
+// bits built directly), branch-free; about 1 ulp, and exactly 0 below the f32 range (so -inf gives 0).
+// f64 keeps std::exp per lane: that kernel is the accuracy reference, and speed matters in f32.
+inline void exp_inplace(Vec<float>::type& x) {
+  using V = Vec<float>::type;
+  typedef int32_t VI __attribute__((vector_size(kVecBytes)));
+  const V lo = V{} - 87.0f, hi = V{} + 88.0f, zero = V{};
+  const V xc = x < lo ? lo : (x > hi ? hi : x);
+  const V n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // +- 1.5 * 2^23 rounds to an integer
+  V r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  V y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const V pow2n = std::bit_cast<V>((__builtin_convertvector(n, VI) + 127) << 23);
+  x = x < lo ? zero : y * pow2n;
+}
+inline void exp_inplace(Vec<double>::type& x) {
+  for (int64_t l = 0; l < kLanes<double>; ++l) x[l] = std::exp(x[l]);
+}
+
+// max(init, s[0..n)).
+template <typename T>
+T row_max(const T* s, int64_t n, T init) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  V vm = V{} + init;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    const V x = vload<V>(s + j);
+    vm = x > vm ? x : vm;
+  }
+  T mx = init;
+  for (int64_t l = 0; l < L; ++l) mx = std::max(mx, T(vm[l]));
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  return mx;
+}
+
+// s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then lanes in order).
+template <typename T>
+T exp_sum(T* s, int64_t n, T sub) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  V acc = V{};
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    V x = vload<V>(s + j) - sub;
+    exp_inplace(x);
+    vstore(s + j, x);
+    acc += x;
+  }
+  if (j < n) {  // the tail as one padded register: exp(-inf) = 0 adds nothing
+    V x{};
+    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? s[j + l] - sub : -std::numeric_limits<T>::infinity();
+    exp_inplace(x);
+    for (int64_t l = 0; j + l < n; ++l) s[j + l] = x[l];
+    acc += x;
+  }
+  T sum = 0;
+  for (int64_t l = 0; l < L; ++l) sum += acc[l];
+  return sum;
+}
+
+// Backward row: p[j] = exp(p[j] - lse), ds[j] = p[j] * (ds[j] - di) * sc for j < n.
+template <typename T>
+void probs_and_ds(T* p, T* ds, int64_t n, T lse, T di, T sc) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    V x = vload<V>(p + j) - lse;
+    exp_inplace(x);
+    vstore(p + j, x);
+    vstore(ds + j, x * (vload<V>(ds + j) - di) * sc);
+  }
+  if (j < n) {
+    V x{};
+    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? p[j + l] - lse : -std::numeric_limits<T>::infinity();
+    exp_inplace(x);
+    for (int64_t l = 0; j + l < n; ++l) {
+      p[j + l] = x[l];
+      ds[j + l] = x[l] * (ds[j + l] - di) * sc;
+    }
+  }
+}
+
+struct Geometry {
+  int64_t bh, t, s, d, dv;
+  int64_t off;  // S - T: query i sees keys j <= i + off under the causal mask (bottom-right aligned)
+  bool causal;
+  double scale;
+  // One past the last key that query row i attends to.
+  int64_t kv_end(int64_t i) const { return causal ? std::min(s, i + off + 1) : s; }
+  // Keys of block [kb, kb + n) that each of the m rows from i0 attends to (non-decreasing down the rows).
+  void limits(int64_t i0, int64_t m, int64_t kb, int64_t n, int64_t* lim) const {
+    for (int64_t r = 0; r < m; ++r) lim[r] = std::clamp<int64_t>(kv_end(i0 + r) - kb, 0, n);
+  }
+};
+
+Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v) {
+  Geometry g;
+  g.bh = q.dim(0) * q.dim(1);
+  g.t = q.dim(2);
+  g.d = q.dim(3);
+  g.s = k.dim(2);
+  g.dv = v.dim(3);
+  g.off = g.s - g.t;
+  g.causal = c.attrs().b("causal", true);
+  g.scale = c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
+  return g;
+}
+
+// Rows [i0, i0 + m) of one (batch, head): q (T x D), kt = scale * k^T (D x S), v (S x Dv), o (T x Dv),
+// lse (T) of that head. The output rows accumulate unnormalised in place, rescaled whenever a row's running
+// maximum grows.
+template <typename T>
+void forward_block(const Geometry& g, const T* q, const T* kt, const T* v, T* o, T* lse, int64_t i0,
+                   int64_t m) {
+  alignas(64) T st[kBQ * kBK];  // scores, then probabilities
+  T mrow[kBQ], lrow[kBQ];
+  int64_t lim[kBQ];
+  const int64_t d = g.d, dv = g.dv;
+  const T* qb = q + i0 * d;
+  T* ob = o + i0 * dv;
+  const int64_t kend = g.kv_end(i0 + m - 1);  // blocks wholly above the causal diagonal are never visited
+  for (int64_t kb = 0; kb < kend; kb += kBK) {
+    const int64_t n = std::min(kBK, kend - kb);
+    g.limits(i0, m, kb, n, lim);
+    gemm_nn(m, n, d, qb, d, 1, kt + kb, g.s, st, kBK, false, lim);
+    for (int64_t r = 0; r < m; ++r) {
+      T* srow = st + r * kBK;
+      // Every row sees key 0 (off >= 0), so the first block leaves each running maximum finite.
+      const T mprev = kb > 0 ? mrow[r] : -std::numeric_limits<T>::infinity();
+      const T mx = row_max(srow, lim[r], mprev);
+      const T sum = exp_sum(srow, lim[r], mx);
+      std::fill(srow + lim[r], srow + n, T(0));
+      if (kb > 0) {
+        const T alpha = std::exp(mprev - mx);
+        lrow[r] = lrow[r] * alpha + sum;
+        if (alpha != T(1)) {
+          T* orow = ob + r * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) orow[j] *= alpha;
+        }
+      } else {
+        lrow[r] = sum;
+      }
+      mrow[r] = mx;
+    }
+    gemm_nn(m, dv, n, st, kBK, 1, v + kb * dv, dv, ob, dv, /*acc=*/kb > 0, nullptr, nullptr, lim);
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    const T inv = T(1) / lrow[r];
+    T* orow = ob + r * dv;
+#pragma omp simd
+    for (int64_t j = 0; j < dv; ++j) orow[j] *= inv;
+    lse[i0 + r] = mrow[r] + std::log(lrow[r]);
+  }
+}
+
+// Gradients of one (batch, head); the calling thread owns its dq, dk, dv slices and its kt, vt scratch.
+template <typename T>
+void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, const T* v, const T* o,
+                   const T* lse, T* dq, T* dk, T* dv, T* kt, T* vt) {
+  alignas(64) T pt[kBQ * kBK];  // scores, then P
+  alignas(64) T ds[kBQ * kBK];  // dP, then dS
+  T di[kBQ];
+  int64_t lim[kBQ];    // keys of the current block each query row attends to
+  int64_t first[kBK];  // first query row of the current block that attends to each key
+  const T sc = static_cast<T>(g.scale);
+  const int64_t d = g.d, dvn = g.dv;
+  transpose_scaled(g.s, d, k, kt, sc);
+  transpose_scaled(g.s, dvn, v, vt, T(1));
+  std::fill(dk, dk + g.s * d, T(0));
+  std::fill(dv, dv + g.s * dvn, T(0));
+  for (int64_t i0 = 0; i0 < g.t; i0 += kBQ) {
+    const int64_t m = std::min(kBQ, g.t - i0);
+    const T *qb = q + i0 * d, *dob = dout + i0 * dvn, *ob = o + i0 * dvn, *lb = lse + i0;
+    T* dqb = dq + i0 * d;
+    for (int64_t r = 0; r < m; ++r) {
+      T acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < dvn; ++j) acc += dob[r * dvn + j] * ob[r * dvn + j];
+      di[r] = acc;
+    }
+    const int64_t kend = g.kv_end(i0 + m - 1);
+    for (int64_t kb = 0; kb < kend; kb += kBK) {
+      const int64_t n = std::min(kBK, kend - kb);
+      g.limits(i0, m, kb, n, lim);
+      for (int64_t j = 0, r = 0; j < n; ++j) {
+        while (r < m && lim[r] <= j) ++r;
+        first[j] = r;
+      }
+      gemm_nn(m, n, d, qb, d, 1, kt + kb, g.s, pt, kBK, false, lim);       // S = scale q k^T
+      gemm_nn(m, n, dvn, dob, dvn, 1, vt + kb, g.s, ds, kBK, false, lim);  // dP = dout v^T
+      for (int64_t r = 0; r < m; ++r) {
+        T *prow = pt + r * kBK, *dsrow = ds + r * kBK;
+        probs_and_ds(prow, dsrow, lim[r], lb[r], di[r], sc);
+        std::fill(prow + lim[r], prow + n, T(0));
+        std::fill(dsrow + lim[r], dsrow + n, T(0));
+      }
+      // P and dS read transposed (A strides 1, kBK): dv += P^T dout, dk += dS^T q, then dq += dS k.
+      gemm_nn(n, dvn, m, pt, 1, kBK, dob, dvn, dv + kb * dvn, dvn, true, nullptr, first);
+      gemm_nn(n, d, m, ds, 1, kBK, qb, d, dk + kb * d, d, true, nullptr, first);
+      gemm_nn(m, d, n, ds, kBK, 1, k + kb * d, d, dqb, d, /*acc=*/kb > 0, nullptr, nullptr, lim);
+    }
+  }
+}
+
+}  // namespace
+
+void sdpa(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2]);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
+    T *o = c.out[0].as<T>(), *lse = c.out[1].as<T>();
+    T* kt = static_cast<T*>(c.workspace);
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T),
+             "sdpa workspace too small");
+    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+      for (int64_t h = s; h < e; ++h)
+        transpose_scaled(g.s, g.d, k + h * g.s * g.d, kt + h * g.s * g.d, static_cast<T>(g.scale));
+    });
+    const int64_t nqb = (g.t + kBQ - 1) / kBQ;
+    parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+      for (int64_t task = s; task < e; ++task) {
+        const int64_t h = task / nqb, i0 = (task % nqb) * kBQ;
+        forward_block(g, q + h * g.t * g.d, kt + h * g.s * g.d, v + h * g.s * g.dv, o + h * g.t * g.dv,
+                      lse + h * g.t, i0, std::min(kBQ, g.t - i0));
+      }
+    });
+  });
+}
+
+void sdpa_grad(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3]);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
+    const T *o = c.in[4].as<T>(), *lse = c.in[5].as<T>();
+    T *dq = c.out[0].as<T>(), *dk = c.out[1].as<T>(), *dv = c.out[2].as<T>();
+    T* kt = static_cast<T*>(c.workspace);
+    T* vt = kt + g.bh * g.s * g.d;
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * (g.d + g.dv)) * sizeof(T),
+             "sdpa_grad workspace too small");
+    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+      for (int64_t h = s; h < e; ++h) {
+        const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
+        backward_head(g, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo,
+                      kt + ko, vt + vo);
+      }
+    });
+  });
+}
+
+}  // namespace flowrun::cpu

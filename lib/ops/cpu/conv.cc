@@ -1,0 +1,391 @@
+// CPU conv2d (im2col + BLAS GEMM) and pooling kernels. GEMMs run outside any OpenMP region of ours (OpenBLAS
+// threads them itself); im2col, col2im and pooling are parallel over rows/channels/planes with static chunks,
+// and every accumulation runs in a fixed order, so results are bitwise reproducible for a thread count.
+#include "ops/cpu/conv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+#include "ops/cpu/matmul.h"
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+constexpr int64_t kWork = 1 << 14;  // elements of work below which a loop is not worth a parallel region
+
+// Rows of `total` units of `per_row` elements each that make one parallel chunk worth starting.
+int64_t grain_for(int64_t per_row) {
+  return std::max<int64_t>(1, kWork / std::max<int64_t>(1, per_row));
+}
+
+// Output positions o in [0, out_n) whose input position o * stride + off falls inside [0, in_n): [lo, hi).
+// Computing the range once keeps the inner copy loops free of bounds branches.
+void valid_range(int64_t out_n, int64_t in_n, int64_t stride, int64_t off, int64_t& lo, int64_t& hi) {
+  lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+  hi = in_n - 1 - off < 0 ? 0 : std::min(out_n, (in_n - 1 - off) / stride + 1);
+  lo = std::min(lo, hi);
+}
+
+// col[(ci * kh + ki) * kw + kj, oy * ow + ox] = x[ci, oy * sh - ph + ki * dh, ox * sw - pw + kj * dw], zero
+// in the padding; x is one image of all c channels, col is (c * kh * kw, oh * ow).
+template <typename T>
+void im2col(const ConvGeom& g, const T* x, T* col) {
+  const int64_t rows = g.c * g.kh * g.kw, p = g.plane();
+  parallel_for(rows, grain_for(p), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      const int64_t ci = r / (g.kh * g.kw), ki = (r / g.kw) % g.kh, kj = r % g.kw;
+      const int64_t off = kj * g.dw - g.pw;
+      int64_t lo, hi;
+      valid_range(g.ow, g.w, g.sw, off, lo, hi);
+      const T* xc = x + ci * g.h * g.w;
+      T* dst = col + r * p;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        T* d = dst + oy * g.ow;
+        const int64_t iy = oy * g.sh - g.ph + ki * g.dh;
+        if (iy < 0 || iy >= g.h) {
+          std::fill(d, d + g.ow, T(0));
+          continue;
+        }
+        const T* src = xc + iy * g.w;
+        std::fill(d, d + lo, T(0));
+        if (g.sw == 1)
+          for (int64_t ox = lo; ox < hi; ++ox) d[ox] = src[ox + off];
+        else
+          for (int64_t ox = lo; ox < hi; ++ox) d[ox] = src[ox * g.sw + off];
+        std::fill(d + hi, d + g.ow, T(0));
+      }
+    }
+  });
+}
+
+// The adjoint of im2col: dx = sum of col entries over every window position that read each input element.
+// Parallel over channels, each channel summing its (ki, kj) rows in order: deterministic.
+template <typename T>
+void col2im(const ConvGeom& g, const T* col, T* dx) {
+  const int64_t p = g.plane();
+  parallel_for(g.c, grain_for(g.kh * g.kw * p), [&](int64_t s, int64_t e) {
+    for (int64_t ci = s; ci < e; ++ci) {
+      T* xc = dx + ci * g.h * g.w;
+      std::fill(xc, xc + g.h * g.w, T(0));
+      for (int64_t ki = 0; ki < g.kh; ++ki)
+        for (int64_t kj = 0; kj < g.kw; ++kj) {
+          const int64_t off = kj * g.dw - g.pw;
+          int64_t lo, hi;
+          valid_range(g.ow, g.w, g.sw, off, lo, hi);
+          const T* src = col + ((ci * g.kh + ki) * g.kw + kj) * p;
+          for (int64_t oy = 0; oy < g.oh; ++oy) {
+            const int64_t iy = oy * g.sh - g.ph + ki * g.dh;
+            if (iy < 0 || iy >= g.h) continue;
+            T* d = xc + iy * g.w;
+            const T* sr = src + oy * g.ow;
+            if (g.sw == 1)
+              for (int64_t ox = lo; ox < hi; ++ox) d[ox + off] += sr[ox];
+            else
+              for (int64_t ox = lo; ox < hi; ++ox) d[ox * g.sw + off] += sr[ox];
+          }
+        }
+    }
+  });
+}
+
+template <typename T>
+T* workspace_of(const KernelCtx& c, const ConvGeom& g) {
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.col_elems()) * sizeof(T),
+           "conv workspace too small: ", c.workspace_bytes, " bytes");
+  return static_cast<T*>(c.workspace);
+}
+
+template <typename T>
+void conv2d_t(const KernelCtx& c) {
+  const ConvGeom g = conv_geom(*c.in[0].shape, *c.in[1].shape, c.attrs());
+  const T* x = c.in[0].as<T>();
+  const T* wt = c.in[1].as<T>();
+  T* y = c.out[0].as<T>();
+  T* col = workspace_of<T>(c, g);
+  const int64_t k = g.kdim(), p = g.plane(), og = g.og(), img = g.c * g.h * g.w;
+  for (int64_t n = 0; n < g.n; ++n) {
+    const T* src = x + n * img;
+    if (!g.pointwise()) {
+      im2col(g, src, col);
+      src = col;
+    }
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm<T>(false, false, og, p, k, T(1), wt + gi * og * k, src + gi * k * p, T(0),
+              y + (n * g.o + gi * og) * p);
+  }
+  if (c.num_in > 2) {
+    const T* bias = c.in[2].as<T>();
+    parallel_for(g.n * g.o, grain_for(p), [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) {
+        const T b = bias[r % g.o];
+        T* yr = y + r * p;
+        for (int64_t i = 0; i < p; ++i) yr[i] += b;
+      }
+    });
+  }
+}
+
+template <typename T>
+void conv2d_grad_input_t(const KernelCtx& c) {
+  const ConvGeom g = conv_geom(c.attrs().ints("in_shape"), *c.in[1].shape, c.attrs());
+  const T* dy = c.in[0].as<T>();
+  const T* wt = c.in[1].as<T>();
+  T* dx = c.out[0].as<T>();
+  T* col = workspace_of<T>(c, g);
+  const int64_t k = g.kdim(), p = g.plane(), og = g.og(), img = g.c * g.h * g.w;
+  for (int64_t n = 0; n < g.n; ++n) {
+    const T* dyn = dy + n * g.o * p;
+    T* dst = g.pointwise() ? dx + n * img : col;
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm<T>(true, false, k, p, og, T(1), wt + gi * og * k, dyn + gi * og * p, T(0), dst + gi * k * p);
+    if (!g.pointwise()) col2im(g, col, dx + n * img);
+  }
+}
+
+template <typename T>
+void conv2d_grad_weight_t(const KernelCtx& c) {
+  const ConvGeom g = conv_geom(*c.in[1].shape, c.attrs().ints("w_shape"), c.attrs());
+  const T* dy = c.in[0].as<T>();
+  const T* x = c.in[1].as<T>();
+  T* dw = c.out[0].as<T>();
+  T* col = workspace_of<T>(c, g);
+  const int64_t k = g.kdim(), p = g.plane(), og = g.og(), img = g.c * g.h * g.w;
+  if (g.n == 0) std::fill(dw, dw + g.o * k, T(0));
+  // Images accumulate into dw one after another (beta = 1 after the first): a fixed summation order.
+  for (int64_t n = 0; n < g.n; ++n) {
+    const T* src = x + n * img;
+    if (!g.pointwise()) {
+      im2col(g, src, col);
+      src = col;
+    }
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      gemm<T>(false, true, og, k, p, T(1), dy + (n * g.o + gi * og) * p, src + gi * k * p,
+              n == 0 ? T(0) : T(1), dw + gi * og * k);
+  }
+}
+
+template <typename T>
+void maxpool2d_t(const KernelCtx& c) {
+  const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
+  const T* x = c.in[0].as<T>();
+  T* y = c.out[0].as<T>();
+  int64_t* idx = c.out[1].as<int64_t>();
+  const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  parallel_for(g.n * g.c, grain_for(op * g.kh * g.kw), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      const T* xp = x + pl * ip;
+      T* yp = y + pl * op;
+      int64_t* id = idx + pl * op;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = ox * g.sw - g.pw;
+          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
+          // Padding is -inf, i.e. never chosen: start from the first real element of the window.
+          int64_t best_i = ya * g.w + xa;
+          T best = xp[best_i];
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = xa; ix < xb; ++ix) {
+              const T v = xp[iy * g.w + ix];
+              if (v > best || v != v) {  // first maximum wins; NaN propagates as in PyTorch
+                best = v;
+                best_i = iy * g.w + ix;
+              }
+            }
+          yp[oy * g.ow + ox] = best;
+          id[oy * g.ow + ox] = best_i;
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void maxpool2d_grad_t(const KernelCtx& c) {
+  const Shape& xs = c.attrs().ints("in_shape");
+  const T* dy = c.in[0].as<T>();
+  const int64_t* idx = c.in[1].as<int64_t>();
+  T* dx = c.out[0].as<T>();
+  const int64_t ip = xs[2] * xs[3], op = c.in[0].dim(2) * c.in[0].dim(3);
+  parallel_for(xs[0] * xs[1], grain_for(ip + op), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      T* dp = dx + pl * ip;
+      const T* gp = dy + pl * op;
+      const int64_t* id = idx + pl * op;
+      std::fill(dp, dp + ip, T(0));
+      for (int64_t j = 0; j < op; ++j) dp[id[j]] += gp[j];
+    }
+  });
+}
+
+// The averaging divisor of window (ya..yb, xa..xb) clipped to the image.
+inline int64_t avg_divisor(const PoolGeom& g, bool include_pad, int64_t ya, int64_t yb, int64_t xa,
+                           int64_t xb) {
+  return include_pad ? g.kh * g.kw : (yb - ya) * (xb - xa);
+}
+
+template <typename T>
+void avgpool2d_t(const KernelCtx& c) {
+  const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
+  const bool include_pad = c.attrs().b("count_include_pad", true);
+  const T* x = c.in[0].as<T>();
+  T* y = c.out[0].as<T>();
+  const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  parallel_for(g.n * g.c, grain_for(op * g.kh * g.kw), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      const T* xp = x + pl * ip;
+      T* yp = y + pl * op;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = ox * g.sw - g.pw;
+          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
+          T acc = T(0);
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = xa; ix < xb; ++ix) acc += xp[iy * g.w + ix];
+          yp[oy * g.ow + ox] = acc / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void avgpool2d_grad_t(const KernelCtx& c) {
+  const PoolGeom g = pool_geom(c.attrs().ints("in_shape"), c.attrs());
+  const bool include_pad = c.attrs().b("count_include_pad", true);
+  const T* dy = c.in[0].as<T>();
+  T* dx = c.out[0].as<T>();
+  const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  parallel_for(g.n * g.c, grain_for(op * g.kh * g.kw), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      T* dp = dx + pl * ip;
+      const T* gp = dy + pl * op;
+      std::fill(dp, dp + ip, T(0));
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = ox * g.sw - g.pw;
+          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
+          const T v = gp[oy * g.ow + ox] / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = xa; ix < xb; ++ix) dp[iy * g.w + ix] += v;
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void global_avgpool_t(const KernelCtx& c) {
+  const T* x = c.in[0].as<T>();
+  T* y = c.out[0].as<T>();
+  const int64_t planes = c.in[0].dim(0) * c.in[0].dim(1), hw = c.in[0].dim(2) * c.in[0].dim(3);
+  const T inv = T(1) / static_cast<T>(hw);
+  parallel_for(planes, grain_for(hw), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      const T* xp = x + pl * hw;
+      T acc = T(0);
+      for (int64_t i = 0; i < hw; ++i) acc += xp[i];
+      y[pl] = acc * inv;
+    }
+  });
+}
+
+}  // namespace
+
+bool attr_pair(const Attrs& a, std::string_view key, int64_t dflt, int64_t& h, int64_t& w) {
+  const auto& m = a.all();
+  const auto it = m.find(key);
+  h = w = dflt;
+  if (it == m.end()) return true;
+  if (const int64_t* v = std::get_if<int64_t>(&it->second)) {
+    h = w = *v;
+    return true;
+  }
+  if (const auto* v = std::get_if<std::vector<int64_t>>(&it->second)) {
+    if (v->size() == 1) {
+      h = w = (*v)[0];
+      return true;
+    }
+    if (v->size() == 2) {
+      h = (*v)[0];
+      w = (*v)[1];
+      return true;
+    }
+  }
+  return false;
+}
+
+ConvGeom conv_geom(const Shape& x, const Shape& w, const Attrs& a) {
+  FR_CHECK(x.size() == 4 && w.size() == 4, "conv2d needs rank-4 input and weight");
+  ConvGeom g;
+  g.n = x[0];
+  g.c = x[1];
+  g.h = x[2];
+  g.w = x[3];
+  g.o = w[0];
+  g.kh = w[2];
+  g.kw = w[3];
+  g.groups = a.i("groups", 1);
+  FR_CHECK(attr_pair(a, "stride", 1, g.sh, g.sw) && attr_pair(a, "padding", 0, g.ph, g.pw) &&
+               attr_pair(a, "dilation", 1, g.dh, g.dw),
+           "bad conv2d attributes ", a.str());
+  g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  return g;
+}
+
+PoolGeom pool_geom(const Shape& x, const Attrs& a) {
+  FR_CHECK(x.size() == 4, "pooling needs a rank-4 input");
+  PoolGeom g;
+  g.n = x[0];
+  g.c = x[1];
+  g.h = x[2];
+  g.w = x[3];
+  FR_CHECK(attr_pair(a, "kernel", 1, g.kh, g.kw) && attr_pair(a, "stride", 0, g.sh, g.sw) &&
+               attr_pair(a, "padding", 0, g.ph, g.pw),
+           "bad pooling attributes ", a.str());
+  if (!a.has("stride")) {
+    g.sh = g.kh;
+    g.sw = g.kw;
+  }
+  g.oh = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+void conv2d(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { conv2d_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void conv2d_grad_input(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { conv2d_grad_input_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void conv2d_grad_weight(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype,
+                 [&](auto* t) { conv2d_grad_weight_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void maxpool2d(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void maxpool2d_grad(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_grad_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void avgpool2d(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { avgpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void avgpool2d_grad(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { avgpool2d_grad_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void global_avgpool(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+
+}  // namespace flowrun::cpu

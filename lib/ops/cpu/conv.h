@@ -1,0 +1,53 @@
+// CPU kernels of the convolution and pooling ops (ops/conv.cc), and the geometry both sides share.
+#pragma once
+
+#include <string_view>
+
+#include "ops/registry.h"
+
+namespace flowrun::cpu {
+
+// Reads a 2-d attribute given as [h, w], [v] or a scalar v; `dflt` for both when absent. Returns false when
+// the attribute has another type or length (infer reports it). Never allocates, so kernels may call it.
+bool attr_pair(const Attrs& a, std::string_view key, int64_t dflt, int64_t& h, int64_t& w);
+
+// Everything a conv2d kernel needs: input (n, c, h, w), weight (o, c/groups, kh, kw), output (oh, ow).
+struct ConvGeom {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t o = 0, kh = 0, kw = 0;
+  int64_t oh = 0, ow = 0;
+  int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  int64_t groups = 1;
+  int64_t cg() const { return c / groups; }
+  int64_t og() const { return o / groups; }
+  int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group
+  int64_t plane() const { return oh * ow; }
+  // A 1x1, stride-1, unpadded convolution reads the input image as its own column matrix.
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+  // Elements of the im2col buffer for one image (all groups), 0 when pointwise.
+  int64_t col_elems() const { return pointwise() ? 0 : c * kh * kw * oh * ow; }
+};
+
+// Geometry from the input shape (n, c, h, w), weight shape (o, c/groups, kh, kw) and the op's attributes.
+// Only FR_CHECKs: the op's infer validates with user-facing messages first.
+ConvGeom conv_geom(const Shape& x, const Shape& w, const Attrs& a);
+
+// Pooling geometry: input (n, c, h, w), window (kh, kw), output (oh, ow).
+struct PoolGeom {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+  int64_t oh = 0, ow = 0;
+};
+
+PoolGeom pool_geom(const Shape& x, const Attrs& a);
+
+void conv2d(const KernelCtx& c);
+void conv2d_grad_input(const KernelCtx& c);
+void conv2d_grad_weight(const KernelCtx& c);
+void maxpool2d(const KernelCtx& c);
+void maxpool2d_grad(const KernelCtx& c);
+void avgpool2d(const KernelCtx& c);
+void avgpool2d_grad(const KernelCtx& c);
+void global_avgpool(const KernelCtx& c);
+
+}  // namespace flowrun::cpu

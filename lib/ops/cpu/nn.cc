@@ -1,0 +1,409 @@
+// CPU kernels of softmax/log_softmax, the losses, dropout and embedding: parallel over rows (or columns) with
+// static chunks, reductions in a fixed lane order, so results are bitwise reproducible for any thread count.
+#include "ops/cpu/nn.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;  // elements per task below which a loop runs inline
+constexpr int kLanes = 16;           // independent partial sums: vectorisable and still a fixed order
+
+// exp that the compiler can vectorise (std::exp is a scalar libm call without -ffast-math): Cody-Waite range
+// reduction x = n ln2 + r, |r| <= ln2/2, a Taylor polynomial for e^r and 2^n built from the exponent bits.
+// Within 2 ulp of std::exp; results below the smallest normal number are flushed to zero.
+struct ExpF64 {
+  static constexpr double lo = -708.0, hi = 709.0, log2e = 1.4426950408889634, shift = 0x1.8p52;
+  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+};
+struct ExpF32 {
+  static constexpr float lo = -87.0f, hi = 88.0f, log2e = 1.44269504f, shift = 0x1.8p23f;
+  static constexpr float ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187045e-06f;
+};
+
+inline double vexp(double x) {
+  using K = ExpF64;
+  const bool under = x < K::lo;
+  x = x < K::lo ? K::lo : x;
+  x = x > K::hi ? K::hi : x;
+  const double t = x * K::log2e + K::shift;  // n = round(x / ln2) sits in the low mantissa bits of t
+  const double n = t - K::shift;
+  const double r = (x - n * K::ln2_hi) - n * K::ln2_lo;
+  // 1/k! for k = 13..0: the remainder r^14/14! is below 1e-17 for |r| <= ln2/2.
+  double p = 1.6059043836821613e-10;
+  p = p * r + 2.0876756987868098e-09;
+  p = p * r + 2.5052108385441720e-08;
+  p = p * r + 2.7557319223985893e-07;
+  p = p * r + 2.7557319223985888e-06;
+  p = p * r + 2.4801587301587302e-05;
+  p = p * r + 1.9841269841269841e-04;
+  p = p * r + 1.3888888888888889e-03;
+  p = p * r + 8.3333333333333332e-03;
+  p = p * r + 4.1666666666666664e-02;
+  p = p * r + 1.6666666666666666e-01;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  const double scale = std::bit_cast<double>((std::bit_cast<uint64_t>(t) + 1023) << 52);
+  return under ? 0.0 : p * scale;
+}
+
+inline float vexp(float x) {
+  using K = ExpF32;
+  const bool under = x < K::lo;
+  x = x < K::lo ? K::lo : x;
+  x = x > K::hi ? K::hi : x;
+  const float t = x * K::log2e + K::shift;
+  const float n = t - K::shift;
+  const float r = (x - n * K::ln2_hi) - n * K::ln2_lo;
+  float p = 1.98412698e-04f;  // 1/7!: the remainder r^8/8! is below 6e-9 for |r| <= ln2/2
+  p = p * r + 1.38888889e-03f;
+  p = p * r + 8.33333333e-03f;
+  p = p * r + 4.16666667e-02f;
+  p = p * r + 1.66666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float scale = std::bit_cast<float>((std::bit_cast<uint32_t>(t) + 127u) << 23);
+  return under ? 0.0f : p * scale;
+}
+
+// sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
+// only.
+template <typename A, typename F>
+inline A lane_sum(int64_t n, F f) {
+  A acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(j + k);
+  for (int k = 0; j + k < n; ++k) acc[k] += f(j + k);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+template <typename T>
+inline T row_max(const T* x, int64_t n) {
+  T acc[kLanes];
+  std::fill_n(acc, kLanes, x[0]);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+  for (int k = 0; j + k < n; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+  T m = acc[0];
+  for (int k = 1; k < kLanes; ++k) m = acc[k] > m ? acc[k] : m;
+  return m;
+}
+
+// log(sum(exp(x))) of one row, max-subtracted. Not inlined: log_softmax and cross_entropy run this very
+// code, so a fused log_softmax + nll_loss gives bitwise the same loss as the unfused pair.
+template <typename T>
+[[gnu::noinline]] T row_lse(const T* x, int64_t n) {
+  const T m = row_max(x, n);
+  const T s = lane_sum<T>(n, [&](int64_t j) { return vexp(x[j] - m); });
+  return m + std::log(s);
+}
+
+// f(r) for every row r of `rows` rows of `cols` elements, parallel over rows.
+template <typename F>
+void for_rows(int64_t rows, int64_t cols, F f) {
+  parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) f(r);
+  });
+}
+
+// Row count and length of a (..., C) tensor viewed as (rows, C); rows = 0 when there is nothing to do.
+struct Rows {
+  int64_t rows, cols;
+};
+Rows rows_of(const TensorView& t) {
+  const int64_t cols = t.rank() == 0 ? 1 : t.dim(-1);
+  return {cols == 0 ? 0 : t.numel() / cols, cols};
+}
+
+bool in_range(int64_t label, int64_t classes) {
+  return static_cast<uint64_t>(label) < static_cast<uint64_t>(classes);
+}
+
+// Positions that enter the mean: every label except ignore_index (out-of-range labels count, contributing 0).
+int64_t count_targets(const int64_t* labels, int64_t rows, int64_t ignore) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r) n += labels[r] != ignore;
+  return n;
+}
+
+int64_t ignore_index(const KernelCtx& c) {
+  return c.attrs().i("ignore_index", -100);
+}
+
+template <typename F>
+void each_float(const KernelCtx& c, int input, F f) {
+  dispatch_float(c.in[input].dtype, [&](auto* tag) { f(tag); });
+}
+
+}  // namespace
+
+void softmax(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T* x = c.in[0].as<T>();
+    T* y = c.out[0].as<T>();
+    for_rows(rows, C, [&](int64_t r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      const T m = row_max(xr, C);
+      for (int64_t j = 0; j < C; ++j) yr[j] = vexp(xr[j] - m);
+      const T inv = T(1) / lane_sum<T>(C, [&](int64_t j) { return yr[j]; });
+      for (int64_t j = 0; j < C; ++j) yr[j] *= inv;
+    });
+  });
+}
+
+void softmax_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T *dy = c.in[0].as<T>(), *y = c.in[1].as<T>();
+    T* dx = c.out[0].as<T>();
+    for_rows(rows, C, [&](int64_t r) {
+      const T *dyr = dy + r * C, *yr = y + r * C;
+      T* dxr = dx + r * C;
+      const T s = lane_sum<T>(C, [&](int64_t j) { return dyr[j] * yr[j]; });
+      for (int64_t j = 0; j < C; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+    });
+  });
+}
+
+void log_softmax(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T* x = c.in[0].as<T>();
+    T* y = c.out[0].as<T>();
+    for_rows(rows, C, [&](int64_t r) {
+      const T* xr = x + r * C;
+      T* yr = y + r * C;
+      const T lse = row_lse(xr, C);
+      for (int64_t j = 0; j < C; ++j) yr[j] = xr[j] - lse;
+    });
+  });
+}
+
+void log_softmax_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T *dy = c.in[0].as<T>(), *y = c.in[1].as<T>();
+    T* dx = c.out[0].as<T>();
+    for_rows(rows, C, [&](int64_t r) {
+      const T *dyr = dy + r * C, *yr = y + r * C;
+      T* dxr = dx + r * C;
+      const T s = lane_sum<T>(C, [&](int64_t j) { return dyr[j]; });
+      for (int64_t j = 0; j < C; ++j) dxr[j] = dyr[j] - vexp(yr[j]) * s;
+    });
+  });
+}
+
+// Loss terms are lse - x[label] (cross_entropy) and -(x[label] - lse) (nll_loss of log_softmax): the same
+// rounded value. Both sum them in row order in double, so the fused and unfused losses agree bitwise.
+void cross_entropy(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T* x = c.in[0].as<T>();
+    const int64_t* labels = c.in[1].as<int64_t>();
+    T* lse = c.out[1].as<T>();
+    for_rows(rows, C, [&](int64_t r) { lse[r] = row_lse(x + r * C, C); });
+    const int64_t ignore = ignore_index(c);
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t l = labels[r];
+      if (l != ignore && in_range(l, C)) sum += static_cast<double>(lse[r] - x[r * C + l]);
+    }
+    const int64_t n = count_targets(labels, rows, ignore);
+    c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(sum / static_cast<double>(n)) : T(0);
+  });
+}
+
+void cross_entropy_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[1]);
+    const T* x = c.in[1].as<T>();
+    const int64_t* labels = c.in[2].as<int64_t>();
+    const T* lse = c.in[3].as<T>();
+    T* dx = c.out[0].as<T>();
+    const int64_t ignore = ignore_index(c);
+    const int64_t n = count_targets(labels, rows, ignore);
+    const T g = n > 0 ? c.in[0].as<T>()[0] / static_cast<T>(n) : T(0);
+    for_rows(rows, C, [&](int64_t r) {
+      const int64_t l = labels[r];
+      T* dxr = dx + r * C;
+      if (l == ignore || !in_range(l, C) || n == 0) {
+        std::fill_n(dxr, C, T(0));
+        return;
+      }
+      const T* xr = x + r * C;
+      const T m = lse[r];
+      for (int64_t j = 0; j < C; ++j) dxr[j] = g * vexp(xr[j] - m);
+      dxr[l] -= g;
+    });
+  });
+}
+
+void nll_loss(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[0]);
+    const T* logp = c.in[0].as<T>();
+    const int64_t* labels = c.in[1].as<int64_t>();
+    const int64_t ignore = ignore_index(c);
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t l = labels[r];
+      if (l != ignore && in_range(l, C)) sum -= static_cast<double>(logp[r * C + l]);
+    }
+    const int64_t n = count_targets(labels, rows, ignore);
+    c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(sum / static_cast<double>(n)) : T(0);
+  });
+}
+
+void nll_loss_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto [rows, C] = rows_of(c.in[1]);
+    const int64_t* labels = c.in[2].as<int64_t>();
+    T* dx = c.out[0].as<T>();
+    const int64_t ignore = ignore_index(c);
+    const int64_t n = count_targets(labels, rows, ignore);
+    const T g = n > 0 ? c.in[0].as<T>()[0] / static_cast<T>(n) : T(0);
+    for_rows(rows, C, [&](int64_t r) {
+      T* dxr = dx + r * C;
+      std::fill_n(dxr, C, T(0));
+      const int64_t l = labels[r];
+      if (l != ignore && in_range(l, C)) dxr[l] = -g;
+    });
+  });
+}
+
+void mse_loss(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *p = c.in[0].as<T>(), *t = c.in[1].as<T>();
+    const int64_t n = c.in[0].numel();
+    const int64_t chunks = (n + kMseChunk - 1) / kMseChunk;
+    // Fixed-size chunks (not per-thread ones) keep the summation order independent of the thread count.
+    double* partial = static_cast<double*>(c.workspace);
+    parallel_for(chunks, 4, [&](int64_t s, int64_t e) {
+      for (int64_t k = s; k < e; ++k) {
+        const T *pk = p + k * kMseChunk, *tk = t + k * kMseChunk;
+        partial[k] = lane_sum<double>(std::min(kMseChunk, n - k * kMseChunk), [&](int64_t j) {
+          const double d = static_cast<double>(pk[j]) - static_cast<double>(tk[j]);
+          return d * d;
+        });
+      }
+    });
+    double sum = 0;
+    for (int64_t k = 0; k < chunks; ++k) sum += partial[k];
+    c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(sum / static_cast<double>(n)) : T(0);
+  });
+}
+
+// Element i is kept when uniform(i) >= p, uniform(i) being RngStream::uniform's value (24 bits of word i % 4
+// of Philox block i / 4); one block serves four elements, and the mask depends on i only, never on threads.
+void dropout(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const double p = c.attrs().f("p", 0.5);
+    const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+    const T* x = c.in[0].as<T>();
+    T* y = c.out[0].as<T>();
+    uint8_t* mask = c.out[1].as<uint8_t>();
+    const int64_t n = c.in[0].numel();
+    if (p <= 0.0) {
+      if (y != x) std::copy(x, x + n, y);
+      std::fill_n(mask, n, uint8_t{1});
+      return;
+    }
+    const RngStream rng = c.rng;
+    parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t s, int64_t e) {
+      for (int64_t b = s; b < e; ++b) {
+        const std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(b));
+        const int64_t i0 = 4 * b, len = std::min<int64_t>(4, n - i0);
+        for (int64_t k = 0; k < len; ++k) {
+          const float u = static_cast<float>(w[static_cast<size_t>(k)] >> 8) * (1.0f / 16777216.0f);
+          const bool keep = static_cast<double>(u) >= p;
+          mask[i0 + k] = keep;
+          y[i0 + k] = keep ? x[i0 + k] * scale : T(0);
+        }
+      }
+    });
+  });
+}
+
+void dropout_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const double p = c.attrs().f("p", 0.5);
+    const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+    const T* dy = c.in[0].as<T>();
+    const uint8_t* mask = c.in[1].as<uint8_t>();
+    T* dx = c.out[0].as<T>();
+    parallel_for(c.in[0].numel(), kGrain, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) dx[i] = mask[i] ? dy[i] * scale : T(0);
+    });
+  });
+}
+
+// Ids outside [0, V) read nothing: their rows of the output are zeros.
+void embedding(const KernelCtx& c) {
+  each_float(c, 1, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t* ids = c.in[0].as<int64_t>();
+    const T* table = c.in[1].as<T>();
+    const int64_t V = c.in[1].dim(0), D = c.in[1].dim(1), n = c.in[0].numel();
+    T* y = c.out[0].as<T>();
+    for_rows(n, D, [&](int64_t i) {
+      const int64_t id = ids[i];
+      if (in_range(id, V))
+        std::copy(table + id * D, table + (id + 1) * D, y + i * D);
+      else
+        std::fill_n(y + i * D, D, T(0));
+    });
+  });
+}
+
+// Scatter-add without atomics: each thread owns a contiguous block of the D columns of every table row and
+// walks all ids in order, so every sum is accumulated in id order whatever the thread count. Ids outside
+// [0, V) are skipped.
+void embedding_grad(const KernelCtx& c) {
+  each_float(c, 0, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* dy = c.in[0].as<T>();
+    const int64_t* ids = c.in[1].as<int64_t>();
+    T* dt = c.out[0].as<T>();
+    const int64_t V = c.out[0].dim(0), D = c.out[0].dim(1), n = c.in[1].numel();
+    const bool small = (V + n) * D <= kGrain;
+    parallel_for(D, small ? D : 8, [&](int64_t d0, int64_t d1) {
+      for (int64_t v = 0; v < V; ++v) std::fill(dt + v * D + d0, dt + v * D + d1, T(0));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = ids[i];
+        if (!in_range(id, V)) continue;
+        T* dst = dt + id * D;
+        const T* src = dy + i * D;
+        for (int64_t d = d0; d < d1; ++d) dst[d] += src[d];
+      }
+    });
+  });
+}
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,378 @@
+// CPU normalisation kernels: layernorm and rmsnorm one contiguous row at a time (rows in parallel, the row
+// re-read from cache), batchnorm per channel. Every reduction runs in a fixed order, independent of the
+// thread count, so results are bitwise reproducible.
+#include "ops/cpu/norm.h"
+
+#include <cmath>
+#include <cstddef>
+#include <type_traits>
+
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+// The elementwise loops carry `omp simd`: outputs never alias inputs (no in-place reuse is declared), and
+// without it GCC's runtime alias checks send some of them to scalar code.
+
+// Elements of work below which a parallel loop runs inline.
+constexpr int64_t kGrain = 1 << 14;
+
+// Adds the lanes of acc in a fixed pairwise order.
+template <typename T, int L>
+inline T fold(T (&acc)[L]) {
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// sum_{i<n} f(i) into independent lanes (four vector registers): the loop vectorises and pipelines
+// without -ffast-math, and the fixed fold keeps the result deterministic.
+template <typename T, typename F>
+inline T lane_sum(int64_t n, F f) {
+  constexpr int L = 4 * 64 / static_cast<int>(sizeof(T));
+  T acc[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int k = 0; k < L; ++k) acc[k] += f(i + k);
+  for (int k = 0; i + k < n; ++k) acc[k] += f(i + k);
+  return fold(acc);
+}
+
+// Two sums in one pass over the data (the grads need sum(g dy) and sum(g dy xhat) of the same row).
+template <typename T, typename F, typename G>
+inline void lane_sum2(int64_t n, F f, G g, T& sf, T& sg) {
+  constexpr int L = 2 * 64 / static_cast<int>(sizeof(T));
+  T a[L] = {}, b[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int k = 0; k < L; ++k) {
+      a[k] += f(i + k);
+      b[k] += g(i + k);
+    }
+  for (int k = 0; i + k < n; ++k) {
+    a[k] += f(i + k);
+    b[k] += g(i + k);
+  }
+  sf = fold(a);
+  sg = fold(b);
+}
+
+// Rows of at least ~kGrain elements per thread.
+int64_t row_grain(int64_t d) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(d, 1));
+}
+
+template <typename T>
+T eps_of(const KernelCtx& c, double dflt) {
+  return static_cast<T>(c.attrs().f("eps", dflt));
+}
+
+// y = (x - mean) * rstd * gamma (+ beta); kCentered: layernorm, else rmsnorm (mean 0, no beta).
+template <typename T, bool kCentered>
+void row_norm(const KernelCtx& c) {
+  const int64_t d = c.in[0].dim(-1), rows = c.in[0].numel() / std::max<int64_t>(d, 1);
+  const T* x = c.in[0].as<T>();
+  const T* g = c.in[1].as<T>();
+  const T* b = kCentered ? c.in[2].as<T>() : nullptr;
+  T* __restrict y = c.out[0].as<T>();
+  T* __restrict mean = kCentered ? c.out[1].as<T>() : nullptr;
+  T* __restrict rstd = c.out[kCentered ? 2 : 1].as<T>();
+  const T eps = eps_of<T>(c, kCentered ? 1e-5 : 1e-6), inv_d = T(1) / static_cast<T>(d);
+  parallel_for(rows, row_grain(d), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r) {
+      const T* xr = x + r * d;
+      T* __restrict yr = y + r * d;
+      T mu = T(0);
+      if constexpr (kCentered) mu = lane_sum<T>(d, [xr](int64_t j) { return xr[j]; }) * inv_d;
+      // Variance of the centred values: no cancellation when |mean| >> std.
+      const T var = lane_sum<T>(d,
+                                [xr, mu](int64_t j) {
+                                  const T v = xr[j] - mu;
+                                  return v * v;
+                                }) *
+                    inv_d;
+      const T rs = T(1) / std::sqrt(var + eps);
+      if constexpr (kCentered) {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) yr[j] = (xr[j] - mu) * rs * g[j] + b[j];
+        mean[r] = mu;
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * rs * g[j];
+      }
+      rstd[r] = rs;
+    }
+  });
+}
+
+// dx = rstd * (g dy - mean(g dy) - xhat mean(g dy xhat)) (rmsnorm: without the mean(g dy) term);
+// dgamma = sum_rows dy xhat, dbeta = sum_rows dy, through per-block partials (see norm_row_blocks).
+template <typename T, bool kCentered>
+void row_norm_grad(const KernelCtx& c) {
+  const int64_t d = c.in[1].dim(-1), rows = c.in[1].numel() / std::max<int64_t>(d, 1);
+  const T* dy = c.in[0].as<T>();
+  const T* x = c.in[1].as<T>();
+  const T* g = c.in[2].as<T>();
+  const T* mean = kCentered ? c.in[3].as<T>() : nullptr;
+  const T* rstd = c.in[kCentered ? 4 : 3].as<T>();
+  T* dx = c.out[0].as<T>();
+  T* dgamma = c.out[1].as<T>();
+  T* dbeta = kCentered ? c.out[2].as<T>() : nullptr;
+  const int64_t blocks = norm_row_blocks(rows), parts = kCentered ? 2 : 1;
+  T* ws = static_cast<T*>(c.workspace);
+  // One block accumulates straight into the outputs; otherwise block k owns ws[(k * parts + p) * d, +d).
+  auto part = [&](int64_t k, int64_t p) {
+    return blocks == 1 ? (p == 0 ? dgamma : dbeta) : ws + (k * parts + p) * d;
+  };
+  const T inv_d = T(1) / static_cast<T>(d);
+  const int64_t block_elems = std::max<int64_t>(1, rows / blocks * d);
+  parallel_for(blocks, std::max<int64_t>(1, kGrain / block_elems), [&](int64_t s, int64_t e) {
+    for (int64_t k = s; k < e; ++k) {
+      T* __restrict pg = part(k, 0);
+      T* __restrict pb = kCentered ? part(k, 1) : nullptr;
+      for (int64_t j = 0; j < d; ++j) pg[j] = T(0);
+      if constexpr (kCentered)
+        for (int64_t j = 0; j < d; ++j) pb[j] = T(0);
+      const int64_t r0 = k * rows / blocks, r1 = (k + 1) * rows / blocks;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* dyr = dy + r * d;
+        const T* xr = x + r * d;
+        T* __restrict dxr = dx + r * d;
+        const T mu = kCentered ? mean[r] : T(0), rs = rstd[r];
+        auto gdy = [dyr, g](int64_t j) { return g[j] * dyr[j]; };
+        auto gdy_xhat = [dyr, g, xr, mu, rs](int64_t j) { return g[j] * dyr[j] * ((xr[j] - mu) * rs); };
+        T sum_gdy = T(0), sum_gdy_xhat;
+        if constexpr (kCentered)
+          lane_sum2<T>(d, gdy, gdy_xhat, sum_gdy, sum_gdy_xhat);
+        else
+          sum_gdy_xhat = lane_sum<T>(d, gdy_xhat);
+        const T a = sum_gdy * inv_d, bb = sum_gdy_xhat * inv_d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) {
+          const T xh = (xr[j] - mu) * rs;
+          dxr[j] = rs * (g[j] * dyr[j] - a - xh * bb);
+          pg[j] += dyr[j] * xh;
+          if constexpr (kCentered) pb[j] += dyr[j];
+        }
+      }
+    }
+  });
+  if (blocks == 1) return;
+  // Blocks added in index order for every column.
+  parallel_for(d, std::max<int64_t>(1, kGrain / blocks), [&](int64_t s, int64_t e) {
+    for (int64_t p = 0; p < parts; ++p) {
+      T* __restrict out = p == 0 ? dgamma : dbeta;
+      for (int64_t j = s; j < e; ++j) out[j] = part(0, p)[j];
+      for (int64_t k = 1; k < blocks; ++k) {
+        const T* src = part(k, p);
+#pragma omp simd
+        for (int64_t j = s; j < e; ++j) out[j] += src[j];
+      }
+    }
+  });
+}
+
+// x viewed as (n, c, s): s = product of the spatial dims (1 for (N, C)).
+struct NCS {
+  int64_t n, c, s;
+};
+NCS ncs_of(const TensorView& x) {
+  const int64_t n = x.dim(0), c = x.dim(1);
+  return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+}
+
+// Per-channel sums of f0(k, ch) (and f1) over the elements k of each channel, into out0[ch] (out1[ch]).
+// (N, C): blocks of rows (norm_row_blocks) sum into partials in ws, added in block order; with spatial
+// dims: one sum per (n, ch) plane into ws, added over n in order. Either way independent of the thread count.
+template <typename T, typename F0, typename F1 = std::nullptr_t>
+void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
+  constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
+  constexpr int64_t kSums = kTwo ? 2 : 1;
+  if (v.s == 1) {
+    const int64_t blocks = norm_row_blocks(v.n), c = v.c;
+    auto part = [&](int64_t k, int64_t q) {
+      return blocks == 1 ? (q == 0 ? out0 : out1) : ws + (k * kSums + q) * c;
+    };
+    const int64_t block_elems = std::max<int64_t>(1, v.n / blocks * c);
+    parallel_for(blocks, std::max<int64_t>(1, kGrain / block_elems), [&](int64_t s, int64_t e) {
+      for (int64_t k = s; k < e; ++k) {
+        T* __restrict p0 = part(k, 0);
+        T* __restrict p1 = kTwo ? part(k, 1) : nullptr;
+        for (int64_t ch = 0; ch < c; ++ch) p0[ch] = T(0);
+        if constexpr (kTwo)
+          for (int64_t ch = 0; ch < c; ++ch) p1[ch] = T(0);
+        for (int64_t n = k * v.n / blocks, n1 = (k + 1) * v.n / blocks; n < n1; ++n) {
+          const int64_t k0 = n * c;
+#pragma omp simd
+          for (int64_t ch = 0; ch < c; ++ch) {
+            p0[ch] += f0(k0 + ch, ch);
+            if constexpr (kTwo) p1[ch] += f1(k0 + ch, ch);
+          }
+        }
+      }
+    });
+    if (blocks == 1) return;
+    for (int64_t q = 0; q < kSums; ++q) {
+      T* __restrict out = q == 0 ? out0 : out1;
+      for (int64_t ch = 0; ch < c; ++ch) out[ch] = part(0, q)[ch];
+      for (int64_t k = 1; k < blocks; ++k) {
+        const T* src = part(k, q);
+#pragma omp simd
+        for (int64_t ch = 0; ch < c; ++ch) out[ch] += src[ch];
+      }
+    }
+    return;
+  }
+  parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t s, int64_t e) {
+    for (int64_t p = s; p < e; ++p) {
+      const int64_t ch = p % v.c, k0 = p * v.s;
+      auto g0 = [&f0, k0, ch](int64_t i) { return f0(k0 + i, ch); };
+      if constexpr (kTwo)
+        lane_sum2<T>(
+            v.s, g0, [&f1, k0, ch](int64_t i) { return f1(k0 + i, ch); }, ws[2 * p], ws[2 * p + 1]);
+      else
+        ws[p] = lane_sum<T>(v.s, g0);
+    }
+  });
+  for (int64_t q = 0; q < kSums; ++q) {
+    T* out = q == 0 ? out0 : out1;
+    for (int64_t ch = 0; ch < v.c; ++ch) out[ch] = T(0);
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t ch = 0; ch < v.c; ++ch) out[ch] += ws[(n * v.c + ch) * kSums + q];
+  }
+}
+
+// Runs row(k0) for each row of an (N, C) tensor (the caller vectorises over its channels), or
+// plane(k0, ch) for each (n, ch) plane of s elements; k0 is the first element's index.
+template <typename Row, typename Plane>
+void for_each_ncs(const NCS& v, Row row, Plane plane) {
+  if (v.s == 1) {
+    parallel_for(v.n, row_grain(v.c), [&](int64_t s, int64_t e) {
+      for (int64_t n = s; n < e; ++n) row(n * v.c);
+    });
+    return;
+  }
+  parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t s, int64_t e) {
+    for (int64_t p = s; p < e; ++p) plane(p * v.s, p % v.c);
+  });
+}
+
+template <typename T>
+void batchnorm_kernel(const KernelCtx& c) {
+  const NCS v = ncs_of(c.in[0]);
+  const T* x = c.in[0].as<T>();
+  const T* g = c.in[1].as<T>();
+  const T* b = c.in[2].as<T>();
+  T* running_mean = c.in[3].as<T>();
+  T* running_var = c.in[4].as<T>();
+  T* y = c.out[0].as<T>();
+  T* mean = c.out[1].as<T>();
+  T* rstd = c.out[2].as<T>();
+  const T eps = eps_of<T>(c, 1e-5), momentum = static_cast<T>(c.attrs().f("momentum", 0.1));
+  if (c.attrs().b("training", true)) {
+    const int64_t m = v.n * v.s;
+    T* ws = static_cast<T*>(c.workspace);
+    channel_sums<T>(v, ws, mean, [x](int64_t k, int64_t) { return x[k]; });
+    for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
+    // Sum of squared centred values (no cancellation), through rstd's buffer.
+    channel_sums<T>(v, ws, rstd, [x, mean](int64_t k, int64_t ch) {
+      const T d = x[k] - mean[ch];
+      return d * d;
+    });
+    for (int64_t ch = 0; ch < v.c; ++ch) {
+      const T ss = rstd[ch];
+      // PyTorch's update; the running variance is the unbiased estimate (infer rejects m == 1).
+      running_mean[ch] = (T(1) - momentum) * running_mean[ch] + momentum * mean[ch];
+      running_var[ch] = (T(1) - momentum) * running_var[ch] + momentum * (ss / static_cast<T>(m - 1));
+      rstd[ch] = T(1) / std::sqrt(ss / static_cast<T>(m) + eps);
+    }
+  } else {
+    for (int64_t ch = 0; ch < v.c; ++ch) {
+      mean[ch] = running_mean[ch];
+      rstd[ch] = T(1) / std::sqrt(running_var[ch] + eps);
+    }
+  }
+  for_each_ncs(
+      v,
+      [&](int64_t k0) {
+        const T* xr = x + k0;
+        T* __restrict yr = y + k0;
+#pragma omp simd
+        for (int64_t ch = 0; ch < v.c; ++ch) yr[ch] = (xr[ch] - mean[ch]) * (rstd[ch] * g[ch]) + b[ch];
+      },
+      [&](int64_t k0, int64_t ch) {
+        const T mu = mean[ch], a = rstd[ch] * g[ch], bb = b[ch];
+        const T* xp = x + k0;
+        T* __restrict yp = y + k0;
+#pragma omp simd
+        for (int64_t i = 0; i < v.s; ++i) yp[i] = (xp[i] - mu) * a + bb;
+      });
+}
+
+// dgamma = sum dy xhat, dbeta = sum dy per channel; dx = g rstd (dy - dbeta/m - xhat dgamma/m) in training
+// (the batch statistics depend on x), g rstd dy in inference.
+template <typename T>
+void batchnorm_grad_kernel(const KernelCtx& c) {
+  const NCS v = ncs_of(c.in[1]);
+  const T* dy = c.in[0].as<T>();
+  const T* x = c.in[1].as<T>();
+  const T* g = c.in[2].as<T>();
+  const T* mean = c.in[3].as<T>();
+  const T* rstd = c.in[4].as<T>();
+  T* dx = c.out[0].as<T>();
+  T* dgamma = c.out[1].as<T>();
+  T* dbeta = c.out[2].as<T>();
+  T* ws = static_cast<T*>(c.workspace);
+  channel_sums<T>(
+      v, ws, dbeta, [dy](int64_t k, int64_t) { return dy[k]; }, dgamma,
+      [dy, x, mean](int64_t k, int64_t ch) { return dy[k] * (x[k] - mean[ch]); });
+  for (int64_t ch = 0; ch < v.c; ++ch) dgamma[ch] *= rstd[ch];
+  // dx = g rstd (dy - t dbeta - t (x - mean) rstd dgamma): t = 1/m in training, 0 in inference.
+  const T t = c.attrs().b("training", true) ? T(1) / static_cast<T>(std::max<int64_t>(1, v.n * v.s)) : T(0);
+  for_each_ncs(
+      v,
+      [&](int64_t k0) {
+        const T* dyr = dy + k0;
+        const T* xr = x + k0;
+        T* __restrict dxr = dx + k0;
+#pragma omp simd
+        for (int64_t ch = 0; ch < v.c; ++ch)
+          dxr[ch] = g[ch] * rstd[ch] *
+                    (dyr[ch] - t * dbeta[ch] - (xr[ch] - mean[ch]) * (t * rstd[ch] * dgamma[ch]));
+      },
+      [&](int64_t k0, int64_t ch) {
+        const T p = g[ch] * rstd[ch], mu = mean[ch], bt = t * dbeta[ch], gt = t * rstd[ch] * dgamma[ch];
+        const T* dyp = dy + k0;
+        const T* xp = x + k0;
+        T* __restrict dxp = dx + k0;
+#pragma omp simd
+        for (int64_t i = 0; i < v.s; ++i) dxp[i] = p * (dyp[i] - bt - (xp[i] - mu) * gt);
+      });
+}
+
+}  // namespace
+
+void layernorm(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, true>(c); });
+}
+void layernorm_grad(const KernelCtx& c) {
+  dispatch_float(c.in[1].dtype, [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, true>(c); });
+}
+void rmsnorm(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, false>(c); });
+}
+void rmsnorm_grad(const KernelCtx& c) {
+  dispatch_float(c.in[1].dtype,
+                 [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, false>(c); });
+}
+void batchnorm(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* t) { batchnorm_kernel<std::remove_pointer_t<decltype(t)>>(c); });
+}
+void batchnorm_grad(const KernelCtx& c) {
+  dispatch_float(c.in[1].dtype,
+                 [&](auto* t) { batchnorm_grad_kernel<std::remove_pointer_t<decltype(t)>>(c); });
+}
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,42 @@
+// `flowrun ops`: the registry as a table.
+#include "ops/listing.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ops/registry.h"
+
+namespace flowrun {
+
+namespace {
+// Left-justified in a column of `width` (at least one space after).
+std::string pad(std::string s, size_t width) {
+  s.resize(std::max(width, s.size() + 1), ' ');
+  return s;
+}
+}  // namespace
+
+std::string list_ops(const std::string& filter) {
+  std::ostringstream os;
+  size_t width = 4;
+  for (const auto& [name, def] : OpRegistry::get().all()) width = std::max(width, name.size() + 2);
+  os << pad("op", width) << pad("kernels", 32) << pad("grad", 10) << "doc\n";
+  int count = 0;
+  for (const auto& [name, def] : OpRegistry::get().all()) {
+    if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+    std::ostringstream kernels;
+    for (size_t k = 0; k < def.kernels.size(); ++k) {
+      kernels << (k ? " " : "") << device_kind_name(def.kernels[k].device) << ":";
+      for (size_t i = 0; i < def.kernels[k].dtypes.size(); ++i)
+        kernels << (i ? "," : "") << dtype_name(def.kernels[k].dtypes[i]);
+    }
+    // "backward": a helper used only inside gradients; "update": an optimizer step that mutates state.
+    const char* grad = def.grad ? "yes" : (def.mutates.empty() ? "backward" : "update");
+    os << pad(name, width) << pad(kernels.str(), 32) << pad(grad, 10) << def.doc << "\n";
+    ++count;
+  }
+  os << count << " ops\n";
+  return os.str();
+}
+
+}  // namespace flowrun

@@ -1,0 +1,114 @@
+// Kernel benchmarks: single-op programs run through the executor (so what is timed is what training runs),
+// reporting GFLOP/s from each op's registered cost, beside the machine's sgemm ceiling measured in the same
+// process. Run: build/tests/flowrun_bench (scripts/bench_kernels.sh formats the table for the README).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <vector>
+
+#include "graph/builder.h"
+#include "runtime/executor.h"
+
+namespace flowrun {
+namespace {
+
+struct OpCase {
+  std::string op;
+  std::vector<TensorType> inputs;
+  Attrs attrs;
+  bool backward = false;  // time forward + backward (the op's gradient graph) instead of forward only
+};
+
+void run_case(benchmark::State& state, const OpCase& c) {
+  Graph g;
+  GraphBuilder b(g);
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const std::string name = cat("x", i);
+    ins.push_back(c.backward && is_floating(c.inputs[i].dtype) ? b.param(name, c.inputs[i].shape, c.inputs[i].dtype)
+                                                               : b.input(name, c.inputs[i].shape, c.inputs[i].dtype));
+  }
+  const auto outs = b.op(c.op, ins, c.attrs);
+  CompileOptions opts;
+  if (c.backward) {
+    g.mark_output("loss", b.reduce_sum(outs[0], {}));
+  } else {
+    opts.loss = "";
+    g.mark_output("y", outs[0]);
+  }
+  std::vector<TensorType> in_t, out_t;
+  for (ValueId v : ins) in_t.push_back(g.value(v).type);
+  for (ValueId v : outs) out_t.push_back(g.value(v).type);
+  const Cost cost = OpRegistry::get().at(c.op).cost(in_t, out_t, c.attrs);
+  Executor ex(compile(std::move(g), opts));
+  for (auto& [name, t] : ex.persistent()) {
+    if (!is_floating(t.dtype())) continue;
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7919) % 997) / 997.0 - 0.5;
+    ex.tensor(name).fill_from(v);
+  }
+  ex.run();
+  for (auto _ : state) ex.run();
+  // Backward costs about twice the forward for the ops here (two products per forward product).
+  const double flops = cost.flops * (c.backward ? 3.0 : 1.0);
+  state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_sgemm_ceiling(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(static_cast<size_t>(n) * n, 0.25f), c(static_cast<size_t>(n) * n);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2.0 * n * n * static_cast<double>(n) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_sgemm_ceiling)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+const DType f32 = DType::f32;
+
+void register_cases() {
+  const std::vector<std::pair<std::string, OpCase>> cases = {
+      {"matmul/mlp_128x784x512", {"matmul", {{{128, 784}, f32}, {{784, 512}, f32}}, {}}},
+      {"matmul/1024^3", {"matmul", {{{1024, 1024}, f32}, {{1024, 1024}, f32}}, {}}},
+      {"matmul/gpt_2048x256x1024", {"matmul", {{{2048, 256}, f32}, {{256, 1024}, f32}}, {}}},
+      {"matmul/bf16_1024^3", {"matmul", {{{1024, 1024}, DType::bf16}, {{1024, 1024}, DType::bf16}}, {}}},
+      {"linear/fwd+bwd_2048x256->1024",
+       {"linear", {{{2048, 256}, f32}, {{1024, 256}, f32}, {{1024}, f32}}, {}, true}},
+      {"conv2d/cnn_64x32x14x14_k3x64",
+       {"conv2d",
+        {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}, {{64}, f32}},
+        {{"padding", std::vector<int64_t>{1, 1}}}}},
+      {"conv2d/resnet_64x16x32x32_k3x16",
+       {"conv2d",
+        {{{64, 16, 32, 32}, f32}, {{16, 16, 3, 3}, f32}},
+        {{"padding", std::vector<int64_t>{1, 1}}}}},
+      {"conv2d/fwd+bwd_64x32x14x14_k3x64",
+       {"conv2d", {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}}, {{"padding", std::vector<int64_t>{1, 1}}}, true}},
+      {"layernorm/2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}}},
+      {"layernorm/fwd+bwd_2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}, true}},
+      {"sdpa/causal_B16_H4_T128_D64",
+       {"sdpa", {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}}, {{"causal", true}}}},
+      {"sdpa/fwd+bwd_causal_B16_H4_T128_D64",
+       {"sdpa", {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}}, {{"causal", true}}, true}},
+      {"sdpa/causal_B1_H12_T1024_D64",
+       {"sdpa", {{{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}}, {{"causal", true}}}},
+  };
+  for (const auto& [name, c] : cases)
+    benchmark::RegisterBenchmark(name.c_str(), [c](benchmark::State& s) { run_case(s, c); })
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(0.5);
+}
+
+}  // namespace
+}  // namespace flowrun
+
+int main(int argc, char** argv) {
+  flowrun::register_cases();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,207 @@
+// Core types: dtype conversions, shapes, the counter-based RNG, graph dumps, registry errors, autodiff
+// fan-out, and bitwise determinism of a training step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "models.h"
+
+namespace flowrun::testing {
+namespace {
+
+TEST(DType, F16RoundTripsEveryValue) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const f16 h{static_cast<uint16_t>(b)};
+    const float f = f16_to_float(h);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(f))));
+      continue;
+    }
+    EXPECT_EQ(float_to_f16(f).bits, h.bits) << "bits " << b;
+  }
+}
+
+TEST(DType, F16RoundsToNearestEven) {
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);
+  // 1 + 3 * 2^-11 is halfway between 1 + 2^-10 (odd) and 1 + 2^-9 (even).
+  EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);
+  EXPECT_EQ(float_to_f16(65504.0f).bits, 0x7bff);   // max finite
+  EXPECT_EQ(float_to_f16(65520.0f).bits, 0x7c00);   // rounds up to inf
+  EXPECT_EQ(float_to_f16(5.9604645e-8f).bits, 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(2.9802322e-8f).bits, 0x0000);  // half of it: tie to even (zero)
+  EXPECT_EQ(float_to_f16(-0.0f).bits, 0x8000);
+}
+
+TEST(DType, Bf16RoundTripsAndRoundsToNearestEven) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = bf16_to_float(bf16{static_cast<uint16_t>(b)});
+    if (!std::isnan(f)) {
+      EXPECT_EQ(float_to_bf16(f).bits, b);
+    }
+  }
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);      // tie -> even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+TEST(DType, ParseNames) {
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_EQ(parse_dtype("float16"), DType::f16);
+  EXPECT_FALSE(parse_dtype("f8").has_value());
+}
+
+TEST(Shape, Broadcasting) {
+  EXPECT_EQ(*broadcast_shapes({4, 1, 3}, {5, 1}), (Shape{4, 5, 3}));
+  EXPECT_EQ(*broadcast_shapes({}, {2, 3}), (Shape{2, 3}));
+  EXPECT_FALSE(broadcast_shapes({2, 3}, {4, 3}).has_value());
+}
+
+TEST(Rng, CounterBasedAndReproducible) {
+  const RngStream a{42, 7}, b{42, 7}, c{42, 8}, d{43, 7};
+  int same_c = 0, same_d = 0;
+  double mean = 0;
+  for (uint64_t i = 0; i < 10000; ++i) {
+    EXPECT_EQ(a.uniform(i), b.uniform(i));
+    same_c += a.uniform(i) == c.uniform(i);
+    same_d += a.uniform(i) == d.uniform(i);
+    mean += a.uniform(i) / 10000.0;
+    ASSERT_GE(a.uniform(i), 0.0f);
+    ASSERT_LT(a.uniform(i), 1.0f);
+  }
+  EXPECT_LT(same_c, 5);
+  EXPECT_LT(same_d, 5);
+  EXPECT_NEAR(mean, 0.5, 0.01);
+  // Known-answer test from the Random123 distribution (philox4x32-10, all-ones counter and key... zero case).
+  const auto z = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(z[0], 0x6627e8d5u);
+  EXPECT_EQ(z[1], 0xe169c58du);
+  EXPECT_EQ(z[2], 0xbc57ac4cu);
+  EXPECT_EQ(z[3], 0x9b00dbd8u);
+}
+
+TEST(Registry, UnknownOpSuggestsClosest) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {2, 3});
+  try {
+    b.op1("rellu", {x});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    EXPECT_NE(std::string(e.what()).find("did you mean 'relu'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Graph, ShapeErrorsNameTheNode) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {2, 3}), w = b.param("w", {4, 5});
+  try {
+    b.op1("matmul", {x, w}, {}, "fc1");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2,3]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Graph, TextAndDotDumps) {
+  Graph g;
+  build_mlp(g, 4, {6, 5, 3}, true);
+  const std::string text = g.to_text(), dot = g.to_dot();
+  EXPECT_NE(text.find("param %"), std::string::npos);
+  EXPECT_NE(text.find("= linear("), std::string::npos);
+  EXPECT_NE(text.find("output loss"), std::string::npos);
+  EXPECT_EQ(dot.rfind("digraph flowrun {", 0), 0u);
+  EXPECT_NE(dot.find("->"), std::string::npos);
+}
+
+TEST(Autodiff, FanOutAccumulatesAndStopGradientBlocks) {
+  // loss = sum(x*w + x*w + stop_gradient(x*w)) -> d/dw = 2 * x
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {3}, DType::f64), w = b.param("w", {3}, DType::f64);
+  const ValueId xw = b.mul(x, w);
+  const ValueId s = b.add(b.add(xw, xw), b.op1("stop_gradient", {xw}));
+  g.mark_output("loss", b.reduce_sum(s, {}));
+  Executor ex(compile(std::move(g), {}));
+  ex.tensor("x").fill_from({1.0, -2.0, 0.5});
+  ex.tensor("w").fill_from({3.0, 4.0, 5.0});
+  ex.run();
+  EXPECT_EQ(ex.output("loss").to_f64()[0], 3.0 * (3.0 - 8.0 + 2.5));
+  EXPECT_EQ(ex.output("grad/w").to_f64(), (std::vector<double>{2.0, -4.0, 1.0}));
+}
+
+TEST(Autodiff, InputsGetNoGradientAndUnusedParamsAreSkipped) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {3}), w = b.param("w", {3});
+  b.param("unused", {2});
+  g.mark_output("loss", b.reduce_sum(b.mul(x, w), {}));
+  const Program p = compile(std::move(g), {});
+  EXPECT_TRUE(p.graph.outputs().count("grad/w"));
+  EXPECT_FALSE(p.graph.outputs().count("grad/x"));
+  EXPECT_FALSE(p.graph.outputs().count("grad/unused"));
+}
+
+TEST(Autodiff, LossMustBeAScalar) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId w = b.param("w", {3});
+  g.mark_output("loss", b.mul_scalar(w, 2.0));
+  EXPECT_THROW(compile(std::move(g), {}), Error);
+}
+
+TEST(Matmul, Bf16MatchesF32OfRoundedInputs) {
+  const int64_t m = 37, k = 64, n = 29;
+  auto run = [&](DType t, const std::vector<double>& a, const std::vector<double>& bv) {
+    Graph g;
+    GraphBuilder b(g);
+    g.mark_output("y", b.matmul(b.input("a", {m, k}, t), b.input("b", {k, n}, t)));
+    CompileOptions o;
+    o.loss = "";
+    Executor ex(compile(std::move(g), o));
+    ex.tensor("a").fill_from(a);
+    ex.tensor("b").fill_from(bv);
+    ex.run();
+    return ex.output("y").to_f64();
+  };
+  std::vector<double> a(static_cast<size_t>(m * k)), bv(static_cast<size_t>(k * n));
+  const RngStream r{1, 2};
+  for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_to_float(float_to_bf16(2 * r.uniform(i) - 1));
+  for (size_t i = 0; i < bv.size(); ++i) bv[i] = bf16_to_float(float_to_bf16(2 * r.uniform(i + 9999) - 1));
+  const auto y16 = run(DType::bf16, a, bv), y32 = run(DType::f32, a, bv);
+  for (size_t i = 0; i < y32.size(); ++i)
+    EXPECT_NEAR(y16[i], y32[i], std::fabs(y32[i]) * 1.0 / 128 + 1e-3) << i;  // one bf16 rounding of the output
+}
+
+TEST(Determinism, TrainingStepsAreBitwiseReproducible) {
+  auto train = [] {
+    Graph g;
+    build_transformer_block(g, 2, 8, 16, 2);
+    CompileOptions opts;
+    opts.optimizer.type = "sgd";
+    opts.optimizer.momentum = 0.9;
+    Executor ex(compile(std::move(g), opts), kCpu, 11);
+    init_params(ex, 4);
+    ex.tensor("lr").data<float>()[0] = 0.05f;
+    std::vector<double> x(static_cast<size_t>(ex.tensor("x").numel()));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<double>(i));
+    ex.tensor("x").fill_from(x);
+    std::vector<float> losses;
+    for (int s = 0; s < 5; ++s) {
+      ex.run();
+      losses.push_back(static_cast<float>(ex.output("loss").to_f64()[0]));
+    }
+    return std::make_pair(losses, ex.tensor("fc/weight").to_f64());
+  };
+  const auto a = train(), b = train();
+  EXPECT_EQ(std::memcmp(a.first.data(), b.first.data(), a.first.size() * sizeof(float)), 0);
+  EXPECT_EQ(a.second, b.second);
+  EXPECT_LT(a.first.back(), a.first.front());
+}
+
+}  // namespace
+}  // namespace flowrun::testing
