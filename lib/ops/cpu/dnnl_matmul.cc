@@ -29,7 +29,9 @@ dnnl::memory::desc desc(int64_t batch, int64_t rows, int64_t cols, bool trans, b
   using dt = dnnl::memory::data_type;
   // Logical (batch, rows, cols); a transposed operand is stored (cols, rows); a shared one has batch stride 0.
   const dnnl::memory::dims dims = {batch, rows, cols};
-  const dnnl::memory::dims strides = {shared ? 0 : rows * cols, trans ? 1 : cols, trans ? rows : 1};
+  // A zero batch stride only where it matters (batch > 1): oneDNN falls back to its slow reference kernel
+  // for a zero stride even on a single matrix.
+  const dnnl::memory::dims strides = {shared && batch > 1 ? 0 : rows * cols, trans ? 1 : cols, trans ? rows : 1};
   return dnnl::memory::desc(dims, dt::bf16, strides);
 }
 
