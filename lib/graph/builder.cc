@@ -14,8 +14,8 @@ std::vector<ValueId> GraphBuilder::op(const std::string& type, const std::vector
   return g_.add_node(type, in, std::move(attrs), scoped(name.empty() ? type : name));
 }
 
-ValueId GraphBuilder::reduce_to_shape(ValueId grad, const Shape& target) {
-  const Shape& s = shape(grad);
+ValueId GraphBuilder::reduce_to_shape(ValueId grad, Shape target) {
+  const Shape s = shape(grad);
   if (s == target) return grad;
   const size_t lead = s.size() - target.size();
   std::vector<int64_t> axes;

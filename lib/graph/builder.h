@@ -12,7 +12,8 @@ class GraphBuilder {
  public:
   explicit GraphBuilder(Graph& g) : g_(g) {}
   Graph& graph() { return g_; }
-  const Shape& shape(ValueId v) const { return g_.value(v).shape(); }
+  // A copy: adding nodes may reallocate the value list, so references would dangle across builder calls.
+  Shape shape(ValueId v) const { return g_.value(v).shape(); }
   DType dtype(ValueId v) const { return g_.value(v).dtype(); }
 
   // Scope prefix for node names ("block0/attn/..."), so dumps and profiles read like the model.
@@ -54,7 +55,7 @@ class GraphBuilder {
   ValueId zeros_like(ValueId a) { return op1("fill_like", {a}, {{"value", 0.0}}); }
   ValueId cast(ValueId a, DType t) { return op1("cast", {a}, {{"dtype", std::string(dtype_name(t))}}); }
   // Sum `grad` over broadcast dimensions so that it has `target` shape (gradients of broadcasting ops).
-  ValueId reduce_to_shape(ValueId grad, const Shape& target);
+  ValueId reduce_to_shape(ValueId grad, Shape target);
 
  private:
   Graph& g_;
