@@ -104,6 +104,9 @@ struct Node {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   bool dead = false;
+  // 0: runs every step; 1 ("apply"): runs only on the last micro-step of a gradient-accumulation window
+  // (optimizer updates), see Executor::run.
+  int phase = 0;
 };
 
 class Graph {

@@ -12,12 +12,22 @@
 
 namespace flowrun {
 
+// What the optimizer pass appends. Graph inputs it uses: "lr" (f32 scalar, fed each step by the trainer
+// from the schedule); "opt/step" (i64 scalar, 1-based count of updates, for Adam's bias correction);
+// "opt/micro" (i64 scalar, index of the micro-batch within an accumulation window, when accumulation > 1).
+// With clip_grad_norm > 0 it also outputs "grad_norm" (f32 scalar, the global L2 norm before clipping).
 struct OptimizerSpec {
-  std::string type = "none";  // none | sgd | adamw ...
-  double momentum = 0.0;
-  double dampening = 0.0;
-  bool nesterov = false;
-  double weight_decay = 0.0;
+  std::string type = "none";  // none | sgd | adam | adamw
+  double momentum = 0.0;      // sgd
+  double dampening = 0.0;     // sgd
+  bool nesterov = false;      // sgd
+  double weight_decay = 0.0;  // sgd, adam: L2 term added to the gradient; adamw: decoupled
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
+  bool decay_1d = true;       // false: no weight decay on 1-d parameters (biases, norm scales)
+  double clip_grad_norm = 0.0;  // > 0: every gradient is scaled by min(1, clip / (norm + 1e-6))
+  // > 1: gradients are summed over this many micro-steps into state "opt/<param>/grad_acc"; the update
+  // nodes carry Node::phase == 1 and run only when Executor::run(apply = true).
+  int64_t accumulation = 1;
 };
 
 struct CompileOptions {

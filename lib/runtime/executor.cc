@@ -6,7 +6,7 @@
 
 namespace flowrun {
 
-Executor::Executor(Program program, Device device, uint64_t seed)
+Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared)
     : program_(std::move(program)), device_(device), seed_(seed) {
   const Graph& g = program_.graph;
   const MemoryPlan& mem = program_.memory;
@@ -19,7 +19,14 @@ Executor::Executor(Program program, Device device, uint64_t seed)
       if (mem.offset[static_cast<size_t>(v.id)] >= 0) addr[static_cast<size_t>(v.id)] = base + mem.offset[static_cast<size_t>(v.id)];
       continue;
     }
-    Tensor t = Tensor::zeros(v.shape(), v.dtype(), device_);
+    Tensor t;
+    if (auto it = shared.find(v.name); it != shared.end()) {
+      FR_CHECK(it->second.shape() == v.shape() && it->second.dtype() == v.dtype(), "shared tensor ", v.name,
+               " does not match the program's value");
+      t = it->second;
+    } else {
+      t = Tensor::zeros(v.shape(), v.dtype(), device_);
+    }
     addr[static_cast<size_t>(v.id)] = t.raw();
     persistent_.emplace(v.name, std::move(t));
   }
@@ -52,8 +59,9 @@ Executor::Executor(Program program, Device device, uint64_t seed)
   }
 }
 
-void Executor::run() {
+void Executor::run(bool apply) {
   for (Step& s : steps_) {
+    if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
     s.fn(s.ctx);
   }

@@ -16,10 +16,15 @@ namespace flowrun {
 
 class Executor {
  public:
-  Executor(Program program, Device device = kCpu, uint64_t seed = 0);
+  // `shared`: persistent tensors (by value name) to use instead of allocating new ones, so that an eval
+  // program reads the training program's parameters and running statistics in place. Shapes and dtypes
+  // must match the program's values.
+  Executor(Program program, Device device = kCpu, uint64_t seed = 0,
+           const std::map<std::string, Tensor>& shared = {});
 
-  // One step: every kernel in order, with dropout streams keyed by (seed, step, node).
-  void run();
+  // One step: every kernel in order, with dropout streams keyed by (seed, step, node). With apply = false
+  // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.
+  void run(bool apply = true);
   // As run(), calling `timer(node, seconds)` after each kernel (for `flowrun time`).
   void run_timed(const std::function<void(const Node&, double)>& timer);
 

@@ -1,0 +1,50 @@
+// HDF5 checkpoints: the parameters, optimizer/BN state, step, resolved config, RNG seed and data-loader
+// position of a run, written atomically (temporary name, fsync, rename, fsync of the directory) with a
+// CRC-32C per dataset, verified on load. Layout (h5dump shows it):
+//   /params/<param name>      one dataset per parameter (its graph name, '/' are groups)
+//   /state/<state name>       optimizer state ("opt/<param>/m") and running statistics
+//   attributes on the root:   format ("flowrun-checkpoint"), format_version, flowrun_version, step,
+//                             seed, config (resolved YAML), loader_epoch, loader_index, complete (=1, last)
+//   attribute "crc32c" on every dataset (of its raw bytes)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace flowrun {
+
+struct CheckpointData {
+  int64_t step = 0;
+  uint64_t seed = 0;
+  std::string config_yaml;                 // the resolved config
+  int64_t loader_epoch = 0;                // data-loader position: next batch is (epoch, index)
+  int64_t loader_index = 0;
+  std::map<std::string, Tensor> params;    // by graph value name
+  std::map<std::string, Tensor> state;     // by graph value name
+  std::map<std::string, double> scalars;   // extra numeric run state (e.g. loss scaler), stored as attributes "scalar/<name>"
+};
+
+// Writes `<dir>/step_<step zero-padded to 8>.h5` atomically; creates `dir`. Returns the final path.
+// Then deletes the oldest complete checkpoints beyond `keep` (0 = keep all) and stale *.tmp files.
+std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep);
+
+// Reads and verifies (format, complete flag, every crc32c). A missing, truncated, or damaged file is an
+// input_error naming the file (and dataset). `verify=false` skips the checksum pass (inspect uses true).
+CheckpointData load_checkpoint(const std::string& path, bool verify = true);
+
+// The newest checkpoint in `dir` that loads and verifies; skipped damaged/incomplete ones are logged
+// (spdlog warn). "" when there is none.
+std::string find_latest_checkpoint(const std::string& dir);
+
+// Complete checkpoints in `dir`, oldest first (by step in the file name; *.tmp never listed).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Human-readable report for `flowrun inspect`: step, config, every tensor (name, shape, dtype, crc ok),
+// integrity verdict. Throws input_error for a damaged file after printing what it could.
+std::string describe_checkpoint(const std::string& path);
+
+}  // namespace flowrun

@@ -1,0 +1,21 @@
+// Origins of config values, for "file:line:col: key: message" errors.
+#include "config/config.h"
+
+#include "core/error.h"
+
+namespace flowrun {
+
+std::string Origin::str() const {
+  if (!set.empty()) return cat("--set ", set);
+  if (line > 0) return cat(file, ":", line, ":", column);
+  return file;
+}
+
+std::string RunConfig::where(const std::string& key_path) const {
+  auto it = origins.find(key_path);
+  // A key that was defaulted has no origin of its own: name the file and the key.
+  const std::string at = it != origins.end() ? it->second.str() : file;
+  return cat(at, ": ", key_path, ": ");
+}
+
+}  // namespace flowrun

@@ -1,0 +1,56 @@
+// Datasets for training: real data converted to HDF5 by the project's own code, and the batches a model
+// sees. Two kinds: images (x (N, H, W) or (N, C, H, W) u8 + labels y (N) i64, normalised to f32 on load) and
+// byte-level text (a u8 stream; samples are seq_len+1 windows, input = first seq_len, target = shifted by 1).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/tensor.h"
+
+namespace flowrun {
+
+// ---- Conversion (what `flowrun data` and the first training run do) ----
+// Fashion-MNIST from Debian's dataset-fashion-mnist (gzipped IDX in `src_dir`, default
+// /usr/share/datasets/fashion-mnist) -> one HDF5 with /train/x (60000,28,28 u8), /train/y (60000 i64),
+// /test/x, /test/y, and attributes (source, classes). Written atomically (tmp + rename).
+void prepare_fashion_mnist(const std::string& out_path, const std::string& src_dir = "");
+// The King James Bible from Debian's bible-kjv (`bible -f gen1:1-rev22:21`, verse references stripped,
+// one verse per line) -> HDF5 with /train (first 90% of the bytes, u8) and /val (last 10%), attributes.
+void prepare_kjv(const std::string& out_path);
+// A CSV from sklearn's data folder (wine_data.csv, iris.csv, breast_cancer.csv) -> /train/x f32, /train/y,
+// /test/x, /test/y (last 20% of a seeded shuffle as test).
+void prepare_sklearn_table(const std::string& name, const std::string& out_path);
+// Builds `path` for a built-in dataset name when it does not exist yet (logging what it does).
+void ensure_dataset(const std::string& dataset, const std::string& path);
+
+// ---- Reading ----
+enum class Split { train, val };
+
+// What a model's input looks like, for building the graph before any batch is read.
+struct DataSpec {
+  bool text = false;
+  Shape sample_shape;       // per sample: (C, H, W) f32 for images, (seq_len) i64 for text
+  int64_t num_classes = 0;  // classes, or the vocabulary (256) for text
+  int64_t train_size = 0;   // samples per epoch in the train split
+  int64_t val_size = 0;     // samples in the validation split
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual const DataSpec& spec() const = 0;
+  virtual int64_t size(Split s) const = 0;
+  // Writes sample `i` of split `s` into row `row` of the batch tensors: x (B, sample_shape...) f32 or i64,
+  // y (B) i64 for images or (B, seq_len) i64 for text.
+  virtual void fill(Split s, int64_t i, Tensor& x, Tensor& y, int64_t row) const = 0;
+};
+
+// Opens the dataset a config names (building a built-in one first if its file is missing). Bad files,
+// missing datasets and wrong shapes are input_errors naming the file.
+std::unique_ptr<Dataset> open_dataset(const DataConfig& cfg);
+
+}  // namespace flowrun

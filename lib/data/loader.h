@@ -1,0 +1,46 @@
+// The data loader: batches of a split in a per-epoch order shuffled from (seed, epoch), prepared ahead by
+// one background thread. Its position (epoch, index of the next batch in the epoch) is the whole state:
+// a loader restored to a position yields exactly the batches the original would have.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "data/dataset.h"
+
+namespace flowrun {
+
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t index = 0;  // batches already taken in this epoch
+};
+
+struct Batch {
+  Tensor x, y;
+  int64_t valid = 0;  // rows holding real samples (eval: the last batch is padded; padded y = -100)
+  LoaderPosition position;  // the position *after* this batch
+};
+
+class Loader {
+ public:
+  // Train split: full batches only (an epoch has floor(size / batch) batches, the rest wait for the next
+  // epoch's order); shuffled when `shuffle`. Val split: in order, every sample once, last batch padded.
+  Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
+         LoaderPosition start = {});
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // The next batch (blocks until prefetched). Its tensors are the loader's ring buffers: valid until the
+  // next call to next(). The steady state allocates nothing. Train loaders never end; val loaders wrap to the start.
+  Batch next();
+  LoaderPosition position() const;  // of the next batch to be returned
+  int64_t batches_per_epoch() const;
+
+ private:
+  // implementation-defined members (thread, queue, mutex, permutation cache)
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,55 @@
+// Models from YAML: the zoo (models/<name>.yaml) and inline `model.layers`, built into graph nodes through
+// the GraphBuilder. A model file declares parameters with defaults, and a layer list; values written
+// `${expr}` are expressions over the parameters (+ - * / //, parentheses, integers/floats, names, and
+// len(list)), and `repeat` / `for` layers unroll sub-lists. See models/README.md for the layer reference.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "graph/builder.h"
+
+namespace flowrun {
+
+// How one parameter (or state) is initialised, resolved when the model is built.
+struct InitSpec {
+  std::string kind = "zeros";  // zeros | ones | normal | uniform | trunc_normal
+  double a = 0.0, b = 0.0;     // normal: mean a, std b; uniform: [a, b)
+};
+
+// The model's graph inputs, given by the data: images (B, C, H, W) f32 with labels (B) i64, or text
+// (B, T) i64 tokens with targets (B, T) i64.
+struct ModelInputs {
+  bool text = false;
+  Shape x_shape;             // with the batch
+  int64_t num_classes = 0;   // classes or vocabulary
+};
+
+struct BuiltModel {
+  ValueId x = kNoValue, y = kNoValue;  // graph inputs named "x" and "y"
+  ValueId logits = kNoValue;           // (B, classes) or (B, T, vocab)
+  ValueId loss = kNoValue;             // graph output "loss": mean cross-entropy over the batch (ignore -100)
+  std::map<std::string, InitSpec> init;  // param/state name -> how to initialise it
+  int64_t num_params = 0;              // total trainable elements (tied weights counted once)
+  std::string summary;                 // one line per layer: name, output shape, params (for `check`)
+};
+
+// Builds the forward graph of `cfg` (zoo or inline) for the given inputs. `training` selects dropout and
+// batch statistics (false for eval programs: dropout is identity, batchnorm uses running statistics).
+// Errors in a zoo file or in the config's model section are input_errors with file:line:col and the key
+// path ("models/gpt.yaml:12:7: layers[3].attention.heads: ...", or the config's origin for parameters).
+BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, bool training);
+
+// Fills every parameter/state tensor named in `init` from the run seed: the stream of a tensor is
+// RngStream{seed, hash of its name}, so a parameter's initial value does not depend on build order.
+void init_parameters(const std::map<std::string, InitSpec>& init, uint64_t seed,
+                     const std::function<Tensor&(const std::string&)>& tensor);
+
+// Names of the zoo models found in the zoo directory, with their one-line docs (for `flowrun models`).
+std::vector<std::pair<std::string, std::string>> list_zoo(const std::string& zoo_dir);
+
+}  // namespace flowrun
