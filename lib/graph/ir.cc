@@ -125,38 +125,48 @@ ValueId Graph::find_value(const std::string& name) const {
 void Graph::mark_output(const std::string& name, ValueId v) { outputs_[name] = v; }
 
 std::vector<NodeId> Graph::live_nodes_topological() const {
-  // Kahn's algorithm, always taking the lowest ready id so that the order follows construction where it can
-  // (passes that append replacement nodes still yield a valid order). Nodes that only mutate their inputs
-  // (optimizer updates) go last, so that every reader of the old value has run first.
-  std::vector<int> pending(nodes_.size(), 0);
-  std::vector<std::vector<NodeId>> readers(nodes_.size());
-  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
-  std::vector<NodeId> last;
-  for (const auto& n : nodes_) {
-    if (n.dead) continue;
-    const OpDef* def = OpRegistry::get().find(n.op);
-    if (def && !def->mutates.empty() && n.outputs.empty()) {
-      last.push_back(n.id);
-      continue;
-    }
-    for (ValueId v : n.inputs) {
-      const NodeId p = values_[static_cast<size_t>(v)].producer;
-      if (p >= 0 && !nodes_[static_cast<size_t>(p)].dead) {
+  // Phase by phase (the apply phase after the every-step phase, so that it reads the state the every-step
+  // mutations, e.g. gradient accumulation, left), Kahn's algorithm within a phase, always taking the lowest
+  // ready id so that the order follows construction where it can (passes that append replacement nodes
+  // still yield a valid order). Nodes that only mutate their inputs (optimizer updates) go last in their
+  // phase, so that every reader of the old value has run first.
+  int last_phase = 0;
+  for (const auto& n : nodes_)
+    if (!n.dead) last_phase = std::max(last_phase, n.phase);
+  std::vector<NodeId> order;
+  for (int phase = 0; phase <= last_phase; ++phase) {
+    std::vector<int> pending(nodes_.size(), 0);
+    std::vector<std::vector<NodeId>> readers(nodes_.size());
+    std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+    std::vector<NodeId> last;
+    for (const auto& n : nodes_) {
+      if (n.dead || n.phase != phase) continue;
+      const OpDef* def = OpRegistry::get().find(n.op);
+      if (def && !def->mutates.empty() && n.outputs.empty()) {
+        last.push_back(n.id);
+        continue;
+      }
+      for (ValueId v : n.inputs) {
+        const NodeId p = values_[static_cast<size_t>(v)].producer;
+        if (p < 0 || nodes_[static_cast<size_t>(p)].dead) continue;
+        const int producer_phase = nodes_[static_cast<size_t>(p)].phase;
+        FR_CHECK(producer_phase <= phase, "node ", n.name, " (phase ", phase, ") reads a value of phase ",
+                 producer_phase);
+        if (producer_phase < phase) continue;  // already scheduled
         ++pending[static_cast<size_t>(n.id)];
         readers[static_cast<size_t>(p)].push_back(n.id);
       }
+      if (pending[static_cast<size_t>(n.id)] == 0) ready.push(n.id);
     }
-    if (pending[static_cast<size_t>(n.id)] == 0) ready.push(n.id);
+    while (!ready.empty()) {
+      const NodeId id = ready.top();
+      ready.pop();
+      order.push_back(id);
+      for (NodeId r : readers[static_cast<size_t>(id)])
+        if (--pending[static_cast<size_t>(r)] == 0) ready.push(r);
+    }
+    order.insert(order.end(), last.begin(), last.end());
   }
-  std::vector<NodeId> order;
-  while (!ready.empty()) {
-    const NodeId id = ready.top();
-    ready.pop();
-    order.push_back(id);
-    for (NodeId r : readers[static_cast<size_t>(id)])
-      if (--pending[static_cast<size_t>(r)] == 0) ready.push(r);
-  }
-  order.insert(order.end(), last.begin(), last.end());
   return order;
 }
 

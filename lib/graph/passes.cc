@@ -56,23 +56,99 @@ void fuse_ops(Graph& g) {
   }
 }
 
-void add_optimizer(Graph& g, const OptimizerSpec& spec) {
-  if (spec.type == "none") return;
-  if (spec.type != "sgd") throw input_error(cat("optimizer '", spec.type, "' is not supported by the graph compiler"));
+namespace {
+
+ValueId scalar_input(Graph& g, const std::string& name, DType t) {
+  const ValueId v = g.find_value(name);
+  return v != kNoValue ? v : g.add_input(name, {}, t);
+}
+
+// Nodes added from index `first` on run only in the apply phase.
+void set_phase_from(Graph& g, size_t first, int phase) {
+  for (size_t i = first; i < g.nodes().size(); ++i) g.nodes()[i].phase = phase;
+}
+
+// Sums each gradient over the micro-steps of a window into "opt/<param>/grad_acc" (every step, phase 0);
+// returns param -> accumulator, the gradient sum the apply phase reads.
+std::map<ValueId, ValueId> accumulate_gradients(Graph& g, const std::map<ValueId, ValueId>& grads) {
   GraphBuilder b(g);
-  const ValueId lr = g.find_value("lr") != kNoValue ? g.find_value("lr") : g.add_input("lr", {}, DType::f32);
-  const std::map<ValueId, ValueId> grads = g.param_grads();
+  const ValueId micro = scalar_input(g, "opt/micro", DType::i64);
+  std::map<ValueId, ValueId> acc;
   for (const auto& [p, grad] : grads) {
     const Value pv = g.value(p);
-    const ValueId mom = spec.momentum != 0.0 ? g.add_state("opt/" + pv.name + "/momentum", pv.shape(), pv.dtype())
-                                             : g.add_state("opt/" + pv.name + "/unused", {0}, pv.dtype());
-    b.op("sgd_update", {p, grad, mom, lr},
-         {{"momentum", spec.momentum},
-          {"dampening", spec.dampening},
-          {"nesterov", spec.nesterov},
-          {"weight_decay", spec.weight_decay}},
-         "update/" + pv.name);
+    acc[p] = g.add_state(cat("opt/", pv.name, "/grad_acc"), g.value(grad).shape(), g.value(grad).dtype());
+    b.op("grad_accumulate", {acc[p], grad, micro}, {}, cat("accumulate/", pv.name));
   }
+  return acc;
+}
+
+// The scalar every gradient is multiplied by before its update: the clipping factor (with the "grad_norm"
+// output) and the 1/accumulation mean over micro-batches; kNoValue when it would be 1.
+ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueId, ValueId>& grads,
+                      ValueId lr) {
+  GraphBuilder b(g);
+  const double scale = 1.0 / static_cast<double>(spec.accumulation);
+  if (spec.clip_grad_norm > 0) {
+    std::vector<ValueId> all;
+    for (const auto& [p, grad] : grads) all.push_back(grad);
+    const ValueId norm = b.op1("global_norm", all, {{"scale", scale}}, "opt/grad_norm");
+    g.mark_output("grad_norm", norm);
+    return b.op1("clip_coef", {norm}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}}, "opt/clip_coef");
+  }
+  if (spec.accumulation > 1) return b.op1("fill_like", {lr}, {{"value", scale}}, "opt/grad_scale");
+  return kNoValue;
+}
+
+// One parameter's update node "update/<param>", with its state.
+void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, ValueId lr, ValueId step,
+                ValueId coef) {
+  GraphBuilder b(g);
+  const Value pv = g.value(p);
+  // Biases and norm scales (rank < 2) are left undecayed when decay_1d is off, as in common PyTorch recipes.
+  const double wd = !spec.decay_1d && pv.shape().size() < 2 ? 0.0 : spec.weight_decay;
+  std::vector<ValueId> in;
+  Attrs attrs;
+  if (spec.type == "sgd") {
+    const ValueId mom = spec.momentum != 0.0
+                            ? g.add_state(cat("opt/", pv.name, "/momentum"), pv.shape(), pv.dtype())
+                            : g.add_state(cat("opt/", pv.name, "/unused"), {0}, pv.dtype());
+    in = {p, grad, mom, lr};
+    attrs = {{"momentum", spec.momentum},
+             {"dampening", spec.dampening},
+             {"nesterov", spec.nesterov},
+             {"weight_decay", wd}};
+  } else {
+    const ValueId m = g.add_state(cat("opt/", pv.name, "/m"), pv.shape(), pv.dtype());
+    const ValueId v = g.add_state(cat("opt/", pv.name, "/v"), pv.shape(), pv.dtype());
+    in = {p, grad, m, v, lr, step};
+    attrs = {{"beta1", spec.beta1},
+             {"beta2", spec.beta2},
+             {"eps", spec.eps},
+             {"weight_decay", wd},
+             {"decoupled", spec.type == "adamw"}};
+  }
+  if (coef != kNoValue) in.push_back(coef);
+  b.op(spec.type == "sgd" ? "sgd_update" : "adamw_update", in, attrs, "update/" + pv.name);
+}
+
+}  // namespace
+
+void add_optimizer(Graph& g, const OptimizerSpec& spec) {
+  if (spec.type == "none") return;
+  if (spec.type != "sgd" && spec.type != "adam" && spec.type != "adamw")
+    throw input_error(
+        cat("optimizer '", spec.type, "' is not supported by the graph compiler (sgd, adam, adamw)"));
+  if (spec.accumulation < 1)
+    throw input_error(cat("gradient accumulation must be >= 1, got ", spec.accumulation));
+  const ValueId lr = scalar_input(g, "lr", DType::f32);
+  const ValueId step = spec.type == "sgd" ? kNoValue : scalar_input(g, "opt/step", DType::i64);
+  std::map<ValueId, ValueId> grads = g.param_grads();
+  if (spec.accumulation > 1) grads = accumulate_gradients(g, grads);
+  // Under accumulation everything from here reads the summed gradients and runs once per window.
+  const size_t first_apply_node = g.nodes().size();
+  const ValueId coef = gradient_coef(g, spec, grads, lr);
+  for (const auto& [p, grad] : grads) add_update(g, spec, p, grad, lr, step, coef);
+  if (spec.accumulation > 1) set_phase_from(g, first_apply_node, 1);
 }
 
 void eliminate_dead_nodes(Graph& g) {

@@ -1,43 +1,98 @@
-// Optimizer update ops: they mutate parameters and optimizer state in place, and run after every reader of
-// the old values (see Graph::live_nodes_topological).
+// Optimizer ops: updates that mutate parameters and optimizer state in place (they run after every reader
+// of the old values, see Graph::live_nodes_topological), the global gradient norm and clipping coefficient,
+// and gradient accumulation. None is differentiable.
 #include "ops/cpu/optim.h"
+
+#include <cmath>
+
 #include "ops/registry.h"
 
 namespace flowrun {
+namespace {
 
-void register_optim_ops(OpRegistry& r) {
+void check_scalar(const TensorType& t, const char* op, const char* what) {
+  if (numel(t.shape) != 1)
+    throw input_error(cat(op, ": ", what, " must be a scalar, got ", shape_str(t.shape)));
+}
+
+void check_i64_scalar(const TensorType& t, const char* op, const char* what) {
+  check_scalar(t, op, what);
+  if (t.dtype != DType::i64)
+    throw input_error(cat(op, ": ", what, " must be i64, got ", dtype_name(t.dtype)));
+}
+
+// Sample inputs: uniform [-1, 1] by default; `constants` (input -> value) for lr, step, micro and coef;
+// `nonnegative` gets [0, 1) (Adam's second moment).
+std::function<void(int, Tensor&, uint64_t)> sample_fill(std::map<int, double> constants,
+                                                        int nonnegative = -1) {
+  return [constants, nonnegative](int i, Tensor& t, uint64_t seed) {
+    const RngStream r{seed, 300 + static_cast<uint64_t>(i)};
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t k = 0; k < v.size(); ++k) {
+      if (auto it = constants.find(i); it != constants.end())
+        v[k] = it->second;
+      else
+        v[k] = i == nonnegative ? r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+    }
+    t.fill_from(v);
+  };
+}
+
+Tensor f32_scalar(double v) {
+  Tensor t = Tensor::empty({}, DType::f32);
+  t.fill_from({v});
+  return t;
+}
+
+// The optional trailing coef input of an update, 1 when absent.
+double sample_coef(const std::vector<Tensor>& in, size_t index) {
+  return in.size() > index ? in[index].to_f64()[0] : 1.0;
+}
+
+OpDef sgd_def() {
   OpDef d;
   d.name = "sgd_update";
-  d.doc = "p -= lr * (momentum/Nesterov of grad + weight_decay * p), PyTorch's SGD (buffer starts at zero); "
-          "inputs (param, grad, momentum buffer, lr scalar)";
-  d.num_inputs = 4;
+  d.doc =
+      "p -= lr * (momentum/Nesterov of coef * grad + weight_decay * p), PyTorch's SGD (buffer starts at "
+      "zero); inputs (param, grad, momentum buffer, lr scalar [, coef scalar])";
+  d.num_inputs = -1;
   d.num_outputs = [](const Attrs&) { return 0; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    if (in[0].shape != in[1].shape) throw input_error("sgd_update: gradient shape differs from the parameter");
-    if (a.f("momentum", 0) != 0 && in[2].shape != in[0].shape) throw input_error("sgd_update: momentum buffer shape");
-    if (numel(in[3].shape) != 1) throw input_error("sgd_update: lr must be a scalar");
+    if (in.size() != 4 && in.size() != 5)
+      throw input_error("sgd_update takes (param, grad, buffer, lr [, coef])");
+    if (in[0].shape != in[1].shape)
+      throw input_error("sgd_update: gradient shape differs from the parameter");
+    if (a.f("momentum", 0) != 0 && in[2].shape != in[0].shape)
+      throw input_error("sgd_update: momentum buffer shape");
+    check_scalar(in[3], "sgd_update", "lr");
+    if (in.size() == 5) check_scalar(in[4], "sgd_update", "coef");
     return {};
   };
   d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     const double n = static_cast<double>(numel(in[0].shape));
-    return Cost{4 * n, 5 * n * static_cast<double>(dtype_size(in[0].dtype))};
+    return Cost{5 * n, 5 * n * static_cast<double>(dtype_size(in[0].dtype))};
   };
-  d.nondiff_inputs = {0, 1, 2, 3};
+  d.nondiff_inputs = {0, 1, 2, 3, 4};
   d.mutates = {0, 2};
   d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_update}};
   d.samples = [] {
     std::vector<OpSample> s;
-    for (bool nesterov : {false, true}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool nesterov = variant == 1, with_coef = variant == 2;
       OpSample o;
-      o.label = nesterov ? "nesterov" : "momentum";
+      o.label = with_coef ? "momentum, coef" : nesterov ? "nesterov" : "momentum";
       o.inputs = {{{7}, DType::f64}, {{7}, DType::f64}, {{7}, DType::f64}, {{}, DType::f64}};
+      if (with_coef) {
+        o.inputs.push_back({{}, DType::f32});
+        o.fill = sample_fill({{4, 0.375}});
+      }
       o.attrs = Attrs{{"momentum", 0.9}, {"dampening", 0.1}, {"nesterov", nesterov}, {"weight_decay", 0.01}};
       o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
         Tensor p = in[0].clone(), buf = in[2].clone();
         const double lr = in[3].data<double>()[0], mom = a.f("momentum"), damp = a.f("dampening"),
-                     wd = a.f("weight_decay");
+                     wd = a.f("weight_decay"), coef = sample_coef(in, 4);
         for (int64_t i = 0; i < p.numel(); ++i) {
-          double g = in[1].data<double>()[i] + wd * p.data<double>()[i];
+          double g = coef * in[1].data<double>()[i] + wd * p.data<double>()[i];
           double& b = buf.data<double>()[i];
           b = mom * b + (1 - damp) * g;
           g = a.b("nesterov") ? g + mom * b : b;
@@ -49,7 +104,221 @@ void register_optim_ops(OpRegistry& r) {
     }
     return s;
   };
-  r.add(d);
+  return d;
+}
+
+// PyTorch's Adam/AdamW step in double, for the samples.
+std::vector<Tensor> adamw_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  Tensor p = in[0].clone(), m = in[2].clone(), v = in[3].clone();
+  const double lr = in[4].to_f64()[0], t = in[5].to_f64()[0], coef = sample_coef(in, 6);
+  const double b1 = a.f("beta1"), b2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay");
+  const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    double& pi = p.data<double>()[i];
+    double& mi = m.data<double>()[i];
+    double& vi = v.data<double>()[i];
+    double g = coef * in[1].data<double>()[i];
+    if (a.b("decoupled"))
+      pi *= 1 - lr * wd;
+    else
+      g += wd * pi;
+    mi = b1 * mi + (1 - b1) * g;
+    vi = b2 * vi + (1 - b2) * g * g;
+    pi -= lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + eps);
+  }
+  return {p, m, v};
+}
+
+OpDef adamw_def() {
+  OpDef d;
+  d.name = "adamw_update";
+  d.doc =
+      "PyTorch's Adam (decoupled=false: L2 term weight_decay * p added to the gradient) or AdamW "
+      "(decoupled=true: p *= 1 - lr * weight_decay), bias-corrected with the 1-based step; inputs (param, "
+      "grad, m, v, lr scalar, step i64 scalar [, coef scalar multiplying the gradient])";
+  d.num_inputs = -1;
+  d.num_outputs = [](const Attrs&) { return 0; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() != 6 && in.size() != 7)
+      throw input_error("adamw_update takes (param, grad, m, v, lr, step [, coef])");
+    for (int i = 1; i < 4; ++i)
+      if (in[static_cast<size_t>(i)].shape != in[0].shape)
+        throw input_error(cat("adamw_update: input ", i, " has shape ",
+                              shape_str(in[static_cast<size_t>(i)].shape), ", the parameter ",
+                              shape_str(in[0].shape)));
+    check_scalar(in[4], "adamw_update", "lr");
+    check_i64_scalar(in[5], "adamw_update", "step");
+    if (in.size() == 7) check_scalar(in[6], "adamw_update", "coef");
+    for (const char* beta : {"beta1", "beta2"})
+      if (!(a.f(beta) >= 0 && a.f(beta) < 1))
+        throw input_error(cat("adamw_update: ", beta, " must be in [0, 1)"));
+    return {};
+  };
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    const double n = static_cast<double>(numel(in[0].shape));
+    return Cost{12 * n, 7 * n * static_cast<double>(dtype_size(in[0].dtype))};
+  };
+  d.nondiff_inputs = {0, 1, 2, 3, 4, 5, 6};
+  d.mutates = {0, 2, 3};
+  d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::adamw_update}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    for (bool decoupled : {false, true}) {
+      OpSample o;
+      o.label = decoupled ? "adamw, coef" : "adam";
+      o.inputs = {{{9}, DType::f64}, {{9}, DType::f64}, {{9}, DType::f64},
+                  {{9}, DType::f64}, {{}, DType::f64},  {{}, DType::i64}};
+      if (decoupled) o.inputs.push_back({{}, DType::f32});
+      o.fill = sample_fill({{4, 0.01}, {5, 3}, {6, 0.5}}, 3);
+      o.attrs = Attrs{{"beta1", 0.9},
+                      {"beta2", 0.999},
+                      {"eps", 1e-8},
+                      {"weight_decay", decoupled ? 0.1 : 0.01},
+                      {"decoupled", decoupled}};
+      o.reference = adamw_reference;
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
+OpDef global_norm_def() {
+  OpDef d;
+  d.name = "global_norm";
+  d.doc =
+      "f32 scalar scale * sqrt(sum of squares of every input), accumulated in double over fixed blocks "
+      "(the same bits on any thread count); attr scale (default 1)";
+  d.num_inputs = -1;
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    for (const TensorType& t : in)
+      if (!is_floating(t.dtype))
+        throw input_error(cat("global_norm: inputs must be floating, got ", dtype_name(t.dtype)));
+    return {{{}, DType::f32}};
+  };
+  d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    int64_t blocks = 0;
+    for (const TensorType& t : in) blocks += (numel(t.shape) + cpu::kNormBlock - 1) / cpu::kNormBlock;
+    return static_cast<size_t>(blocks) * sizeof(double);
+  };
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    Cost c;
+    for (const TensorType& t : in) {
+      c.flops += 2 * static_cast<double>(numel(t.shape));
+      c.bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+    }
+    return c;
+  };
+  d.nondiff_outputs = {0};
+  d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::global_norm}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    OpSample o;
+    o.label = "three tensors";
+    o.inputs = {{{3, 5}, DType::f64}, {{7}, DType::f64}, {{}, DType::f64}};
+    o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
+      double sum = 0;
+      for (const Tensor& t : in)
+        for (double x : t.to_f64()) sum += x * x;
+      return std::vector<Tensor>{f32_scalar(a.f("scale", 1.0) * std::sqrt(sum))};
+    };
+    s.push_back(o);
+    o.label = "several blocks, scaled";
+    o.inputs = {{{3 * cpu::kNormBlock + 5}, DType::f64}, {{4, 3}, DType::f64}};
+    o.attrs = Attrs{{"scale", 0.25}};
+    s.push_back(o);
+    return s;
+  };
+  return d;
+}
+
+OpDef clip_coef_def() {
+  OpDef d;
+  d.name = "clip_coef";
+  d.doc =
+      "f32 scalar scale * min(1, max_norm / (norm + 1e-6)): the factor that clips gradients of global "
+      "norm `norm` to max_norm (PyTorch's clip_grad_norm_); attrs max_norm, scale (default 1)";
+  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    check_scalar(in[0], "clip_coef", "norm");
+    if (!(a.f("max_norm") > 0)) throw input_error("clip_coef: max_norm must be positive");
+    return {{{}, DType::f32}};
+  };
+  d.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{3, 8};
+  };
+  d.nondiff_inputs = {0};
+  d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::clip_coef}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    for (double max_norm : {0.5, 4.0}) {
+      OpSample o;
+      o.label = max_norm < 1 ? "clipping" : "no clipping";
+      o.inputs = {{{}, DType::f32}};
+      o.attrs = Attrs{{"max_norm", max_norm}, {"scale", 0.5}};
+      o.fill = sample_fill({{0, 1.5}});
+      o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
+        const double norm = in[0].to_f64()[0];
+        return std::vector<Tensor>{f32_scalar(a.f("scale") * std::min(1.0, a.f("max_norm") / (norm + 1e-6)))};
+      };
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
+OpDef grad_accumulate_def() {
+  OpDef d;
+  d.name = "grad_accumulate";
+  d.doc =
+      "acc = grad on micro-step 0 of an accumulation window, else acc += grad; inputs (acc, grad, micro "
+      "i64 scalar)";
+  d.num_inputs = 3;
+  d.num_outputs = [](const Attrs&) { return 0; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
+      throw input_error(cat("grad_accumulate: accumulator ", shape_str(in[0].shape), ":",
+                            dtype_name(in[0].dtype), " does not match the gradient ", shape_str(in[1].shape),
+                            ":", dtype_name(in[1].dtype)));
+    check_i64_scalar(in[2], "grad_accumulate", "micro");
+    return {};
+  };
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    const double n = static_cast<double>(numel(in[0].shape));
+    return Cost{n, 3 * n * static_cast<double>(dtype_size(in[0].dtype))};
+  };
+  d.nondiff_inputs = {0, 1, 2};
+  d.mutates = {0};
+  d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::grad_accumulate}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    for (int64_t micro : {0, 2}) {
+      OpSample o;
+      o.label = micro == 0 ? "first micro-step" : "later micro-step";
+      o.inputs = {{{2, 6}, DType::f64}, {{2, 6}, DType::f64}, {{}, DType::i64}};
+      o.fill = sample_fill({{2, static_cast<double>(micro)}});
+      o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+        Tensor acc = in[0].clone();
+        const bool first = in[2].data<int64_t>()[0] == 0;
+        for (int64_t i = 0; i < acc.numel(); ++i)
+          acc.data<double>()[i] = (first ? 0.0 : acc.data<double>()[i]) + in[1].data<double>()[i];
+        return std::vector<Tensor>{acc};
+      };
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
+}  // namespace
+
+void register_optim_ops(OpRegistry& r) {
+  r.add(sgd_def());
+  r.add(adamw_def());
+  r.add(global_norm_def());
+  r.add(clip_coef_def());
+  r.add(grad_accumulate_def());
 }
 
 }  // namespace flowrun

@@ -11,14 +11,16 @@
 namespace flowrun::testing {
 
 // MLP: dims[0] -> dims[1] -> ... -> dims.back() classes, ReLU between layers; outputs "logits" and, with
-// labels, "loss" (log_softmax + nll_loss, which the fusion pass turns into one cross_entropy).
-inline void build_mlp(Graph& g, int64_t batch, const std::vector<int64_t>& dims, bool with_loss) {
+// labels, "loss" (log_softmax + nll_loss, which the fusion pass turns into one cross_entropy). `dtype`: of
+// the input and the parameters.
+inline void build_mlp(Graph& g, int64_t batch, const std::vector<int64_t>& dims, bool with_loss,
+                      DType dtype = DType::f32) {
   GraphBuilder b(g);
-  ValueId h = b.input("x", {batch, dims[0]});
+  ValueId h = b.input("x", {batch, dims[0]}, dtype);
   for (size_t i = 1; i < dims.size(); ++i) {
     const std::string l = "fc" + std::to_string(i);
-    const ValueId w = b.param(l + "/weight", {dims[i], dims[i - 1]});
-    const ValueId bias = b.param(l + "/bias", {dims[i]});
+    const ValueId w = b.param(l + "/weight", {dims[i], dims[i - 1]}, dtype);
+    const ValueId bias = b.param(l + "/bias", {dims[i]}, dtype);
     h = b.op1("linear", {h, w, bias}, {}, l);
     if (i + 1 < dims.size()) h = b.op1("relu", {h});
   }
