@@ -30,8 +30,10 @@ std::string list_ops(const std::string& filter) {
       for (size_t i = 0; i < def.kernels[k].dtypes.size(); ++i)
         kernels << (i ? "," : "") << dtype_name(def.kernels[k].dtypes[i]);
     }
-    // "backward": a helper used only inside gradients; "update": an optimizer step that mutates state.
-    const char* grad = def.grad ? "yes" : (def.mutates.empty() ? "backward" : "update");
+    // "backward": a helper used only inside gradients; "update": an optimizer step that mutates state;
+    // "no": not differentiable (optimizer arithmetic such as norms of gradients).
+    const bool helper = name.size() > 5 && name.compare(name.size() - 5, 5, "_grad") == 0;
+    const char* grad = def.grad ? "yes" : !def.mutates.empty() ? "update" : helper ? "backward" : "no";
     os << pad(name, width) << pad(kernels.str(), 32) << pad(grad, 10) << def.doc << "\n";
     ++count;
   }
