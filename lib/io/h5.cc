@@ -377,6 +377,7 @@ void File::set_attr(const std::string& obj, const std::string& name, const std::
   const Handle type(H5Tcopy(H5T_C_S1), H5Tclose, Op::write, path_, what);
   check(H5Tset_size(type.get(), std::max<size_t>(value.size(), 1)), Op::write, path_, what);
   check(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), Op::write, path_, what);
+  check(H5Tset_cset(type.get(), H5T_CSET_UTF8), Op::write, path_, what);  // YAML text may hold any Unicode
   const std::string padded = value.empty() ? std::string(1, '\0') : value;
   write_attr(id_, path_, obj, name, type.get(), {}, padded.data());
 }
@@ -398,6 +399,19 @@ bool File::has_attr(const std::string& obj, const std::string& name) const {
   const htri_t e = H5Aexists(target.get(), name.c_str());
   if (e < 0) raise(Op::read, path_, cat("cannot look up attribute ", name, " on ", norm_obj(obj)));
   return e > 0;
+}
+
+std::vector<std::string> File::attrs(const std::string& obj) const {
+  const Handle target = open_object(id_, path_, obj, Op::read);
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+    static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  check(H5Aiterate2(target.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), Op::read, path_,
+        cat("cannot list attributes of ", norm_obj(obj)));
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string File::attr_string(const std::string& obj, const std::string& name) const {

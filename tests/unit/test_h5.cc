@@ -115,6 +115,7 @@ TEST_F(H5Test, AttributesOfEachKindRoundTrip) {
     EXPECT_TRUE(f.has_attr(obj, cat("s", obj)));
     EXPECT_FALSE(f.has_attr(obj, "absent"));
   }
+  EXPECT_EQ(f.attrs("d/x"), (std::vector<std::string>{"ed/x", "fd/x", "id/x", "sd/x", "vd/x", "ved/x"}));
   EXPECT_EQ(f.attr_string("", "big"), big);
   EXPECT_EQ(f.attr_double("", "tiny"), 1e-300);
   EXPECT_EQ(f.attr_int("", "n"), 2);
