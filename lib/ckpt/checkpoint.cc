@@ -107,7 +107,7 @@ void write_checkpoint(const std::string& path, const CheckpointData& d) {
   for (const auto& [name, v] : d.scalars) f.set_attr("", cat(kScalarPrefix, name), v);
   write_tensors(f, "params", d.params);
   write_tensors(f, "state", d.state);
-  f.flush();
+  f.flush();  // tensors and their metadata are in the file before the flag that vouches for them
   f.set_attr("", "complete", int64_t{1});
   f.close();
 }
@@ -136,6 +136,14 @@ void prune(const std::string& dir, int64_t keep) {
   }
 }
 
+// HDF5's own reason from an h5 error ("truncated file: eof = ...") without the file name repeated.
+std::string hdf5_reason(const Error& e) {
+  const std::string msg = e.what();
+  const size_t at = msg.find("(HDF5: ");
+  if (at == std::string::npos || msg.back() != ')') return msg;
+  return msg.substr(at + 1, msg.size() - at - 2);
+}
+
 // Opening fails as one clear input_error for missing, truncated or foreign files.
 h5::File open_checkpoint(const std::string& path) {
   if (!fs::exists(path)) throw CheckpointError(cat("checkpoint ", path, " does not exist"));
@@ -143,7 +151,7 @@ h5::File open_checkpoint(const std::string& path) {
     return h5::File(path, h5::File::Mode::read);
   } catch (const Error& e) {
     throw CheckpointError(
-        cat("checkpoint ", path, " is not a readable HDF5 file (damaged or incomplete): ", e.what()));
+        cat("checkpoint ", path, " is not a readable HDF5 file (damaged or incomplete): ", hdf5_reason(e)));
   }
 }
 
@@ -285,10 +293,6 @@ std::pair<int64_t, size_t> totals(const std::vector<TensorRow>& rows) {
 }
 
 void describe_header(std::ostream& os, const h5::File& f) {
-  const std::string& path = f.path();
-  os << "file:             " << path << "\n";
-  os << "size:             " << human_bytes(fs::file_size(path)) << " (" << fs::file_size(path)
-     << " bytes)\n";
   os << "format:           " << (f.has_attr("", "format") ? f.attr_string("", "format") : "(none)") << " v"
      << (f.has_attr("", "format_version") ? std::to_string(f.attr_int("", "format_version")) : "?") << "\n";
   os << "flowrun version:  "
@@ -322,13 +326,13 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
   try {
     write_checkpoint(tmp, data);
     fsync_path(tmp, false);
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+      throw_errno(cat("cannot rename ", tmp, " to"), final_path);
   } catch (...) {
     std::error_code rm;
-    fs::remove(tmp, rm);
+    fs::remove(tmp, rm);  // a failed save leaves nothing behind
     throw;
   }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0)
-    throw_errno(cat("cannot rename ", tmp, " to"), final_path);
   fsync_path(dir, true);
   spdlog::info("saved checkpoint {} (step {}, {} params, {} state tensors)", final_path, data.step,
                data.params.size(), data.state.size());
@@ -384,6 +388,10 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 
 std::string describe_checkpoint(const std::string& path) {
   std::ostringstream os;
+  os << "file:             " << path << "\n";
+  std::error_code ec;
+  if (const uintmax_t size = fs::file_size(path, ec); !ec)
+    os << "size:             " << human_bytes(size) << " (" << size << " bytes)\n";
   try {
     const h5::File f = open_checkpoint(path);
     guarded(path, [&] {

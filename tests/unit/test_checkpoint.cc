@@ -151,6 +151,18 @@ TEST_F(CheckpointTest, MissingDirectoryHasNoCheckpoints) {
                      {"step_00000001.h5", "does not exist"});
 }
 
+TEST_F(CheckpointTest, AnUnwritableDirectoryIsARuntimeError) {
+  fs::create_directories(dir_);
+  std::ofstream(at("file")) << "a file, not a directory";
+  try {
+    save_checkpoint(at("file"), sample(1), 0);
+    FAIL() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::runtime);
+    EXPECT_NE(std::string(e.what()).find(at("file")), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CheckpointTest, FindLatestSkipsATruncatedNewestFile) {
   for (int64_t s : {1, 2, 3}) save_checkpoint(dir(), sample(s, 4096), 0);
   const std::string newest = at("step_00000003.h5");
