@@ -5,7 +5,9 @@
 //   /state/<state name>       optimizer state ("opt/<param>/m") and running statistics
 //   attributes on the root:   format ("flowrun-checkpoint"), format_version, flowrun_version, step,
 //                             seed, config (resolved YAML), loader_epoch, loader_index, complete (=1, last)
-//   attribute "crc32c" on every dataset (of its raw bytes)
+//   attribute "crc32c" on every dataset (CRC-32C of its raw little-endian bytes, as int64)
+//   root attributes "scalar/<name>" (f64) for CheckpointData::scalars; seed is stored as the int64 with the
+//   same bit pattern. Writing: `<final name>.tmp.<pid>` until complete; one saver per directory at a time.
 #pragma once
 
 #include <cstdint>
@@ -20,12 +22,13 @@ namespace flowrun {
 struct CheckpointData {
   int64_t step = 0;
   uint64_t seed = 0;
-  std::string config_yaml;                 // the resolved config
-  int64_t loader_epoch = 0;                // data-loader position: next batch is (epoch, index)
+  std::string config_yaml;   // the resolved config
+  int64_t loader_epoch = 0;  // data-loader position: next batch is (epoch, index)
   int64_t loader_index = 0;
-  std::map<std::string, Tensor> params;    // by graph value name
-  std::map<std::string, Tensor> state;     // by graph value name
-  std::map<std::string, double> scalars;   // extra numeric run state (e.g. loss scaler), stored as attributes "scalar/<name>"
+  std::map<std::string, Tensor> params;  // by graph value name
+  std::map<std::string, Tensor> state;   // by graph value name
+  // Extra numeric run state (e.g. the loss scaler), stored as root attributes "scalar/<name>".
+  std::map<std::string, double> scalars;
 };
 
 // Writes `<dir>/step_<step zero-padded to 8>.h5` atomically; creates `dir`. Returns the final path.

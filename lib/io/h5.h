@@ -28,7 +28,9 @@ class File {
   void write(const std::string& path, const Tensor& t);
   // Raw bytes as a 1-d u8 dataset, chunked + deflate-compressed when `compress` (large text corpora).
   void write_bytes(const std::string& path, const uint8_t* data, size_t n, bool compress = false);
-  Tensor read(const std::string& path) const;  // full dataset as a CPU tensor of the stored dtype
+  // The full dataset as a CPU tensor of the stored dtype. Arrays from other tools: integers of other widths
+  // widen to i32 (i8/u8.. i32, u16) or i64 (u32, u64); floats to f32 (<= 4 bytes) or f64.
+  Tensor read(const std::string& path) const;
   // Reads elements [begin, begin+count) along dim 0 (hyperslab) into a tensor; for data loaders.
   Tensor read_rows(const std::string& path, int64_t begin, int64_t count) const;
   bool exists(const std::string& path) const;  // dataset or group
@@ -38,11 +40,14 @@ class File {
   std::vector<std::string> datasets(const std::string& group = "") const;
 
   // Attributes on an object (dataset or group path; "" or "/" = the root group).
+  // Setting an existing attribute replaces it. Strings are fixed-length UTF-8 (NUL-padded); reading accepts
+  // variable-length strings (h5py's default) too.
   void set_attr(const std::string& obj, const std::string& name, const std::string& value);
   void set_attr(const std::string& obj, const std::string& name, int64_t value);
   void set_attr(const std::string& obj, const std::string& name, double value);
   void set_attr(const std::string& obj, const std::string& name, const std::vector<int64_t>& value);
   bool has_attr(const std::string& obj, const std::string& name) const;
+  std::vector<std::string> attrs(const std::string& obj) const;  // attribute names on `obj`, sorted
   std::string attr_string(const std::string& obj, const std::string& name) const;
   int64_t attr_int(const std::string& obj, const std::string& name) const;
   double attr_double(const std::string& obj, const std::string& name) const;
