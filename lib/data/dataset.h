@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -26,6 +27,23 @@ void prepare_kjv(const std::string& out_path);
 void prepare_sklearn_table(const std::string& name, const std::string& out_path);
 // Builds `path` for a built-in dataset name when it does not exist yet (logging what it does).
 void ensure_dataset(const std::string& dataset, const std::string& path);
+// Where a dataset lives when data.path is empty: $FLOWRUN_DATA (else the build's data/cache) / NAME.h5.
+std::string default_dataset_path(const std::string& dataset);
+
+// ---- Conversion helpers (exposed for tests) ----
+// A gzipped IDX file of unsigned bytes (magic 0x0800 | rank) as a u8 tensor of its dimensions; anything
+// else (bad magic, rank, truncated or trailing data, broken gzip) is an input_error naming the file.
+Tensor read_idx_gz(const std::string& path, int rank);
+// The KJV from `bible -f gen1:1-rev22:21`: one verse per line, its leading reference removed.
+std::string kjv_text();
+// Per-channel mean and population standard deviation of x / 255 over a u8 (N, H, W) (one channel) or
+// (N, C, H, W) tensor: the default image normalisation.
+std::vector<std::pair<double, double>> pixel_stats(const Tensor& x);
+// Per-feature mean and population standard deviation of an (N, F) f32 table: its standardisation.
+struct FeatureStats {
+  std::vector<double> mean, std;
+};
+FeatureStats feature_stats(const Tensor& x);
 
 // ---- Reading ----
 enum class Split { train, val };

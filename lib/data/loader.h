@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "core/rng.h"
 #include "data/dataset.h"
 
 namespace flowrun {
@@ -17,7 +19,7 @@ struct LoaderPosition {
 
 struct Batch {
   Tensor x, y;
-  int64_t valid = 0;  // rows holding real samples (eval: the last batch is padded; padded y = -100)
+  int64_t valid = 0;        // rows holding real samples (eval: the last batch is padded; padded y = -100)
   LoaderPosition position;  // the position *after* this batch
 };
 
@@ -31,9 +33,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // The next batch (blocks until prefetched). Its tensors are the loader's ring buffers: valid until the
-  // next call to next(). The steady state allocates nothing. Train loaders never end; val loaders wrap to the start.
-  Batch next();
+  // The next batch (blocks until prefetched). It is one of the loader's ring buffers, returned by reference
+  // so that taking it allocates nothing: valid until the next call to next(). Train loaders never end; val
+  // loaders wrap to the start. An error of the background thread is rethrown here.
+  const Batch& next();
   LoaderPosition position() const;  // of the next batch to be returned
   int64_t batches_per_epoch() const;
 
@@ -42,5 +45,9 @@ class Loader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Overwrites `idx` with a uniformly random permutation of 0..size-1 (Fisher-Yates driven by `rng`): a pure
+// function of the stream and the size, allocating nothing.
+void shuffle_permutation(std::vector<int64_t>& idx, const RngStream& rng);
 
 }  // namespace flowrun

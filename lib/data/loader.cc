@@ -1,0 +1,206 @@
+// The data loader: per-epoch shuffled train order, padded in-order validation, a background prefetch ring.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace flowrun {
+
+namespace {
+
+// Mixed with the epoch into the stream id, so the loader's shuffles are independent of other uses of the
+// seed.
+constexpr uint64_t kLoaderStream = 0x10AD3Eull;
+// Targets of padded rows: the value cross-entropy ignores.
+constexpr int64_t kIgnoreIndex = -100;
+
+}  // namespace
+
+void shuffle_permutation(std::vector<int64_t>& idx, const RngStream& rng) {
+  const auto n = static_cast<int64_t>(idx.size());
+  for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i;
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto b = rng.block(static_cast<uint64_t>(i));
+    // 64 random bits: the modulo bias is below 2^-40 for any dataset size.
+    const uint64_t r = (uint64_t{b[0]} << 32) | b[1];
+    std::swap(idx[static_cast<size_t>(i)], idx[r % static_cast<uint64_t>(i + 1)]);
+  }
+}
+
+struct Loader::Impl {
+  const Dataset& data;
+  Split split;
+  int64_t batch;
+  bool shuffle;
+  uint64_t seed;
+  int64_t size = 0, per_epoch = 0;
+  std::vector<Batch> ring;  // prefetch + 1 slots (one when synchronous)
+
+  // Producer state: the worker thread's, or the caller's when synchronous.
+  LoaderPosition produce_at;
+  std::vector<int64_t> perm;  // this epoch's order (train with shuffle)
+  int64_t perm_epoch = -1;
+
+  LoaderPosition next_at;  // consumer: position of the next batch next() returns
+
+  // Ring state shared with the worker. Slots first_ready .. first_ready+ready-1 hold prepared batches; when
+  // `held`, the slot before first_ready is the caller's current batch and must not be overwritten.
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t first_ready = 0, ready = 0;
+  bool held = false, stop = false;
+  std::exception_ptr error;
+  std::thread worker;
+
+  Impl(const Dataset& d, Split s, int64_t b, bool sh, uint64_t sd)
+      : data(d), split(s), batch(b), shuffle(sh && s == Split::train), seed(sd) {}
+
+  void advance(LoaderPosition& p) const {
+    if (++p.index == per_epoch) {
+      ++p.epoch;
+      p.index = 0;
+    }
+  }
+
+  void fill_train(Batch& b, const LoaderPosition& at) {
+    if (shuffle && perm_epoch != at.epoch) {
+      shuffle_permutation(perm, RngStream{seed, mix_stream(static_cast<uint64_t>(at.epoch), kLoaderStream)});
+      perm_epoch = at.epoch;
+    }
+    for (int64_t r = 0; r < batch; ++r) {
+      const int64_t k = at.index * batch + r;
+      data.fill(split, shuffle ? perm[static_cast<size_t>(k)] : k, b.x, b.y, r);
+    }
+    b.valid = batch;
+  }
+
+  // In order; rows past the end of the split are zeros with ignored targets.
+  void fill_val(Batch& b, const LoaderPosition& at) {
+    const int64_t first = at.index * batch;
+    b.valid = std::min(batch, size - first);
+    for (int64_t r = 0; r < b.valid; ++r) data.fill(split, first + r, b.x, b.y, r);
+    const size_t x_row = b.x.nbytes() / static_cast<size_t>(batch);
+    std::memset(static_cast<char*>(b.x.raw()) + x_row * static_cast<size_t>(b.valid), 0,
+                x_row * static_cast<size_t>(batch - b.valid));
+    const int64_t y_row = b.y.numel() / batch;
+    std::fill(b.y.data<int64_t>() + y_row * b.valid, b.y.data<int64_t>() + b.y.numel(), kIgnoreIndex);
+  }
+
+  void produce(Batch& b) {
+    if (split == Split::train)
+      fill_train(b, produce_at);
+    else
+      fill_val(b, produce_at);
+    advance(produce_at);
+    b.position = produce_at;
+  }
+
+  // The worker: fills free slots in ring order until stopped; an exception ends it and is handed to next().
+  void run() {
+    try {
+      for (;;) {
+        size_t slot = 0;
+        {
+          std::unique_lock<std::mutex> lk(mu);
+          cv.wait(lk, [&] { return stop || ready + (held ? 1 : 0) < ring.size(); });
+          if (stop) return;
+          slot = (first_ready + ready) % ring.size();
+        }
+        produce(ring[slot]);
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          ++ready;
+        }
+        cv.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu);
+      error = std::current_exception();
+      cv.notify_all();
+    }
+  }
+
+  const Batch& take() {
+    std::unique_lock<std::mutex> lk(mu);
+    if (held) {
+      held = false;  // the caller's previous batch may be refilled now
+      cv.notify_all();
+    }
+    cv.wait(lk, [&] { return ready > 0 || error; });
+    // Batches prepared before a failure are still returned in order; then the failure.
+    if (ready == 0) std::rethrow_exception(error);
+    const Batch& b = ring[first_ready];
+    first_ready = (first_ready + 1) % ring.size();
+    --ready;
+    held = true;
+    return b;
+  }
+};
+
+Loader::Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
+               LoaderPosition start)
+    : impl_(std::make_unique<Impl>(data, split, batch, shuffle, seed)) {
+  Impl& m = *impl_;
+  const char* name = split == Split::train ? "train" : "validation";
+  m.size = data.size(split);
+  if (batch < 1) throw input_error(cat("batch size ", batch, " must be at least 1"));
+  if (prefetch < 0) throw input_error(cat("data.prefetch is ", prefetch, ", must be at least 0"));
+  if (m.size < 1) throw input_error(cat("the ", name, " split is empty"));
+  if (split == Split::train && batch > m.size)
+    throw input_error(cat("batch size ", batch, " is larger than the ", m.size,
+                          " samples of the train split: an epoch needs at least one full batch"));
+  m.per_epoch = split == Split::train ? m.size / batch : (m.size + batch - 1) / batch;
+  if (start.epoch < 0 || start.index < 0 || start.index >= m.per_epoch)
+    throw input_error(cat("loader position (epoch ", start.epoch, ", batch ", start.index,
+                          ") is outside the ", m.per_epoch, " batches per epoch of the ", name,
+                          " split (batch size ", batch, ")"));
+  m.produce_at = m.next_at = start;
+  if (m.shuffle) m.perm.resize(static_cast<size_t>(m.size));
+
+  const DataSpec& spec = data.spec();
+  Shape x_shape{batch};
+  x_shape.insert(x_shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+  const Shape y_shape = spec.text ? x_shape : Shape{batch};
+  m.ring.resize(static_cast<size_t>(prefetch) + 1);
+  for (Batch& b : m.ring) {
+    b.x = Tensor::zeros(x_shape, spec.text ? DType::i64 : DType::f32);
+    b.y = Tensor::zeros(y_shape, DType::i64);
+  }
+  if (prefetch > 0) m.worker = std::thread([&m] { m.run(); });
+}
+
+Loader::~Loader() {
+  if (!impl_->worker.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->worker.join();
+}
+
+const Batch& Loader::next() {
+  Impl& m = *impl_;
+  if (!m.worker.joinable()) {
+    m.produce(m.ring[0]);  // synchronous: one slot, refilled in place
+    m.next_at = m.ring[0].position;
+    return m.ring[0];
+  }
+  const Batch& b = m.take();
+  m.next_at = b.position;
+  return b;
+}
+
+LoaderPosition Loader::position() const {
+  return impl_->next_at;
+}
+
+int64_t Loader::batches_per_epoch() const {
+  return impl_->per_epoch;
+}
+
+}  // namespace flowrun
