@@ -26,12 +26,14 @@ struct Origin {
 // (with their marks) because the model loader (lib/nn) validates it against the layer registry.
 struct ModelConfig {
   std::string zoo;           // zoo model name, or "" for inline layers
-  std::string zoo_dir;       // where zoo models are looked up (default: "models" beside the config's
-                             // repository, see schema.cc: FLOWRUN_MODELS env, then <exe>/../../models, ./models)
+  std::string zoo_dir;       // where zoo models are looked up; "" in the config = $FLOWRUN_MODELS, else the
+                             // build's models/ directory (FLOWRUN_MODELS_DIR), filled in by load_config
   YAML::Node params;         // map: parameter overrides (zoo) or inline `params:`
   YAML::Node layers;         // inline layers (sequence), or null
   std::string init;          // "" = the model's own scheme; else pytorch | gpt2 | kaiming
-  std::map<std::string, Origin> origins;  // key path inside the model section ("n_layer", "layers[2].linear.out") -> origin
+  // Key path inside the model section -> origin: "zoo", a zoo parameter "n_layer" (written under `model`) or
+  // "params.n_layer", inline "layers[2].linear.out".
+  std::map<std::string, Origin> origins;
 };
 
 struct DataConfig {
@@ -106,7 +108,8 @@ struct RunConfig {
   ParallelConfig parallel;
   YAML::Node resolved;       // the whole config with every default filled in (what `check` prints and
                              // checkpoints store)
-  std::map<std::string, Origin> origins;  // key path ("optimizer.lr") -> where its value came from
+  // Key path ("optimizer.lr") -> where its value came from; also each section given ("train").
+  std::map<std::string, Origin> origins;
 
   // "cfg.yaml:14:9: optimizer.lr: " style prefix for an error about `key_path` (no origin -> "file: key: ").
   std::string where(const std::string& key_path) const;
