@@ -138,8 +138,8 @@ void bind_params(const ModelFile& m, const ModelConfig& cfg, Env& env,
       const MValue o = to_value(cfg.params[name], env, cs, name);
       if (o.v.index() != v.v.index() && !(v.is_float() && o.is_int()))
         fail(cs, cfg.params[name], name,
-             cat("expected a ", v.type_name(), " like the default ", v.repr(), ", got ", o.repr(), " (",
-                 o.type_name(), ")"));
+             cat("expected ", v.is_int() ? "an " : "a ", v.type_name(), " like the default ", v.repr(),
+                 ", got ", o.repr(), " (", o.type_name(), ")"));
       v = v.is_float() ? MValue(o.as_float()) : o;
       (*where)[name] = cat(cs.fixed.empty() ? "" : cat(cs.fixed, ": "), "model.", name);
     }

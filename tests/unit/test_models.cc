@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "nn/expr.h"
 #include "nn/model.h"
@@ -83,6 +85,7 @@ std::pair<double, double> overfit(Trainer& t, int steps) {
     last = t.step();
     EXPECT_TRUE(std::isfinite(last)) << "step " << s;
   }
+  std::printf("loss on one batch: %.4f -> %.4f after %d SGD steps\n", first, last, steps);
   return {first, last};
 }
 
@@ -123,6 +126,7 @@ TEST(ZooModels, Resnet20CountsAndFirstStep) {
   EXPECT_EQ(g.find_value("stage.0/block.0/shortcut/conv2d0/w"), kNoValue);  // identity: same shape
   EXPECT_NE(g.find_value("stage.2/block.2/batchnorm1/running_var"), kNoValue);
   const double loss = t.step();
+  std::printf("resnet20 first loss %.4f (log 10 = %.4f)\n", loss, std::log(10.0));
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_NEAR(loss, std::log(10.0), 0.5);
 }
@@ -151,6 +155,7 @@ TEST(ZooModels, GptDefaultFirstStep) {
   const double loss = t.step();
   EXPECT_NEAR(loss, std::log(64.0), 0.1);  // gpt2 init: logits near zero
   EXPECT_NE(t.model.summary.find("blocks"), std::string::npos);
+  std::printf("%s", t.model.summary.c_str());
 }
 
 TEST(ZooModels, TinyGptOverfitsOneBatch) {
@@ -412,6 +417,18 @@ TEST_F(ModelErrors, BadExpressionNamesFileLineColumnAndKeyPath) {
                 "(did you mean 'n_layer'?)");
 }
 
+TEST_F(ModelErrors, MisspelledNameInTheZooGpt) {
+  std::ifstream in(kZoo + "/gpt.yaml");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string yaml = buf.str();
+  yaml.replace(yaml.find("heads: ${n_head}"), 16, "heads: ${n_heads}");
+  EXPECT_EQ(build("gpt", yaml, "{}", text(1, 4, 16)),
+            file("gpt") +
+                ":12:38: layers[3].repeat.layers[0].transformer_block.heads: unknown name 'n_heads' "
+                "(did you mean 'n_head'?)");
+}
+
 TEST_F(ModelErrors, UnknownLayerTypeWithHint) {
   EXPECT_EQ(build("m", "layers:\n  - flatten\n  - linaer: {out: 10}\n"),
             file("m") + ":3:5: layers[1]: unknown layer type 'linaer' (did you mean 'linear'?)");
@@ -440,7 +457,7 @@ TEST_F(ModelErrors, UnknownParameterOverrideNamesTheConfigOrigin) {
   c.params = YAML::Load("{n_head: 2.5}");
   c.origins["n_head"] = Origin{"", 0, 0, "model.n_head=2.5"};
   EXPECT_EQ(message(c, text(1, 4, 16)),
-            "--set model.n_head=2.5: model.n_head: expected a integer like the default 2, got 2.5 (number)");
+            "--set model.n_head=2.5: model.n_head: expected an integer like the default 2, got 2.5 (number)");
 }
 
 TEST_F(ModelErrors, ResnetDepthNamesDepth) {
