@@ -1,9 +1,10 @@
 // Models from YAML: the zoo (models/<name>.yaml) and inline `model.layers`, built into graph nodes through
 // the GraphBuilder. A model file declares parameters with defaults, and a layer list; values written
-// `${expr}` are expressions over the parameters (+ - * / //, parentheses, integers/floats, names, and
-// len(list)), and `repeat` / `for` layers unroll sub-lists. See models/README.md for the layer reference.
+// `${expr}` are expressions over the parameters (see models/README.md), and `repeat` / `for` / `if`
+// layers unroll or select sub-lists. See models/README.md for the layer reference.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,8 +26,8 @@ struct InitSpec {
 // (B, T) i64 tokens with targets (B, T) i64.
 struct ModelInputs {
   bool text = false;
-  Shape x_shape;             // with the batch
-  int64_t num_classes = 0;   // classes or vocabulary
+  Shape x_shape;            // with the batch
+  int64_t num_classes = 0;  // classes or vocabulary
 };
 
 struct BuiltModel {
@@ -34,8 +35,8 @@ struct BuiltModel {
   ValueId logits = kNoValue;           // (B, classes) or (B, T, vocab)
   ValueId loss = kNoValue;             // graph output "loss": mean cross-entropy over the batch (ignore -100)
   std::map<std::string, InitSpec> init;  // param/state name -> how to initialise it
-  int64_t num_params = 0;              // total trainable elements (tied weights counted once)
-  std::string summary;                 // one line per layer: name, output shape, params (for `check`)
+  int64_t num_params = 0;                // total trainable elements (tied weights counted once)
+  std::string summary;                   // one line per layer: name, output shape, params (for `check`)
 };
 
 // Builds the forward graph of `cfg` (zoo or inline) for the given inputs. `training` selects dropout and
@@ -51,5 +52,13 @@ void init_parameters(const std::map<std::string, InitSpec>& init, uint64_t seed,
 
 // Names of the zoo models found in the zoo directory, with their one-line docs (for `flowrun models`).
 std::vector<std::pair<std::string, std::string>> list_zoo(const std::string& zoo_dir);
+
+// The zoo directory of `cfg`: cfg.zoo_dir, else $FLOWRUN_MODELS, else the build's FLOWRUN_MODELS_DIR.
+std::string zoo_directory(const ModelConfig& cfg);
+
+// YAML text with each whole-scalar `${expr}` quoted, so that `{dim: ${d_model}}` parses (flow collections
+// forbid '{', '}', '[', ']' and ',' in plain scalars). `inserted` (optional) receives, per 0-based line,
+// the 0-based columns of the inserted quotes, to map parser positions back to the text as written.
+std::string quote_expressions(const std::string& text, std::map<int, std::vector<int>>* inserted = nullptr);
 
 }  // namespace flowrun

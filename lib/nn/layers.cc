@@ -1,0 +1,487 @@
+// The layer registry of model files: each layer type, its options and the graph nodes it adds; plus the
+// generic layer-entry parsing and scoping (build_layer / build_layers).
+#include <cmath>
+
+#include "nn/loader.h"
+
+namespace flowrun::nn {
+
+namespace {
+
+// Pushes a name scope (and a fresh counter frame) for the lifetime of the object.
+class Scope {
+ public:
+  Scope(Ctx& c, const std::string& s) : c_(c), active_(!s.empty()) {
+    if (active_) c_.push_scope(s);
+  }
+  ~Scope() {
+    if (active_) c_.pop_scope();
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Ctx& c_;
+  bool active_;
+};
+
+Shape shape_of(Ctx& c, ValueId x) {
+  return c.b.shape(x);
+}
+
+void need_rank(Ctx& c, ValueId x, size_t rank, const std::string& layer, const std::string& what) {
+  if (shape_of(c, x).size() != rank)
+    c.fail(cat(layer, " needs a ", what, " input, got shape ", shape_str(shape_of(c, x))));
+}
+
+void need_float(Ctx& c, ValueId x, const std::string& layer) {
+  if (c.b.dtype(x) != DType::f32 && c.b.dtype(x) != DType::f64)
+    c.fail(cat(layer, " needs a floating-point input, got ", dtype_name(c.b.dtype(x)),
+               " (integer token ids go through an embedding first)"));
+}
+
+// y = x W^T + b over the last dim, with parameters "w" (out, in) and "b" (out) in the current scope.
+ValueId dense(Ctx& c, ValueId x, int64_t out, bool bias, bool residual, std::optional<InitSpec> init) {
+  need_float(c, x, "linear");
+  const Shape s = shape_of(c, x);
+  if (s.empty()) c.fail("linear needs an input of rank >= 1");
+  const int64_t in = s.back();
+  ParamInfo w{ParamInfo::weight, in, out, false, residual, init};
+  std::vector<ValueId> inputs{x, c.param("w", {out, in}, w)};
+  if (bias) inputs.push_back(c.param("b", {out}, ParamInfo::of(ParamInfo::bias, in, out)));
+  return c.b.op1("linear", inputs);
+}
+
+ValueId dense_in(Ctx& c, const std::string& scope, ValueId x, int64_t out, bool bias, bool residual) {
+  Scope s(c, scope);
+  return dense(c, x, out, bias, residual, std::nullopt);
+}
+
+ValueId layernorm(Ctx& c, ValueId x, double eps) {
+  need_float(c, x, "layernorm");
+  const int64_t d = shape_of(c, x).back();
+  const ValueId g = c.param("gamma", {d}, ParamInfo::of(ParamInfo::gamma));
+  const ValueId b = c.param("beta", {d}, ParamInfo::of(ParamInfo::beta));
+  return c.b.op("layernorm", {x, g, b}, {{"eps", eps}})[0];
+}
+
+ValueId dropout(Ctx& c, ValueId x, double p) {
+  // Identity when it could not drop anything, so eval programs and p = 0 models carry no dropout node.
+  if (p == 0.0 || !c.training) return x;
+  return c.b.op("dropout", {x}, {{"p", p}})[0];
+}
+
+ValueId activation(Ctx& c, ValueId x, const std::string& type) {
+  if (type == "none") return x;
+  need_float(c, x, type);
+  if (type == "gelu_tanh") return c.b.op1("gelu", {x}, {{"approximate", std::string("tanh")}});
+  return c.b.op1(type, {x});
+}
+
+const std::vector<std::string> kActivations = {"none", "relu", "gelu", "tanh", "sigmoid", "silu"};
+
+ValueId transpose12(Ctx& c, ValueId x) {
+  return c.b.op1("transpose", {x}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}});
+}
+
+// Multi-head self-attention on (B, T, C): qkv projection, heads (B, H, T, D), fused sdpa, merge, output
+// projection, residual dropout.
+ValueId attention(Ctx& c, ValueId x, int64_t heads, bool causal, double p, bool bias, bool residual) {
+  need_rank(c, x, 3, "attention", "(B, T, C)");
+  const Shape s = shape_of(c, x);
+  const int64_t B = s[0], T = s[1], C = s[2];
+  if (C % heads != 0) c.fail(cat("the model width ", C, " is not divisible by heads ", heads));
+  const ValueId qkv = dense_in(c, "qkv", x, 3 * C, bias, false);
+  const std::vector<ValueId> parts =
+      c.b.op("split", {qkv}, {{"axis", int64_t{-1}}, {"sizes", std::vector<int64_t>{C, C, C}}});
+  auto split_heads = [&](ValueId v) { return transpose12(c, c.b.reshape(v, {B, T, heads, C / heads})); };
+  const ValueId att = c.b.op("sdpa", {split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2])},
+                             {{"causal", causal}})[0];
+  const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
+  return dropout(c, dense_in(c, "proj", merged, C, bias, residual), p);
+}
+
+// ---- layers ----
+
+ValueId linear_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return dense(c, x, o.integer("out"), o.flag("bias", true), false, o.init());
+}
+
+ValueId conv2d_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 4, "conv2d", "(N, C, H, W)");
+  need_float(c, x, "conv2d");
+  const int64_t out = o.integer("out"), groups = o.integer("groups", 1), in = shape_of(c, x)[1];
+  const std::vector<int64_t> k = o.pair("kernel", std::nullopt, 1);
+  if (in % groups != 0 || out % groups != 0)
+    o.fail("groups",
+           cat("input channels ", in, " and out ", out, " must both be divisible by groups ", groups));
+  const int64_t fan_in = in / groups * k[0] * k[1], fan_out = out * k[0] * k[1];
+  std::vector<ValueId> inputs{
+      x, c.param("w", {out, in / groups, k[0], k[1]},
+                 ParamInfo::of(ParamInfo::weight, fan_in, fan_out, true, false, o.init()))};
+  if (o.flag("bias", true))
+    inputs.push_back(c.param("b", {out}, ParamInfo::of(ParamInfo::bias, fan_in, fan_out, true)));
+  return c.b.op1(
+      "conv2d", inputs,
+      {{"stride", o.pair("stride", 1, 1)}, {"padding", o.pair("padding", 0, 0)}, {"groups", groups}});
+}
+
+ValueId batchnorm_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_float(c, x, "batchnorm");
+  if (shape_of(c, x).size() < 2) c.fail("batchnorm needs an (N, C, ...) input");
+  const int64_t ch = shape_of(c, x)[1];
+  const double eps = o.number("eps", 1e-5), momentum = o.number("momentum", 0.1);
+  if (eps <= 0) o.fail("eps", "must be > 0");
+  if (momentum < 0 || momentum > 1) o.fail("momentum", "must be in [0, 1]");
+  const ValueId g = c.param("gamma", {ch}, ParamInfo::of(ParamInfo::gamma));
+  const ValueId b = c.param("beta", {ch}, ParamInfo::of(ParamInfo::beta));
+  const ValueId mean = c.state("running_mean", {ch}, ParamInfo::of(ParamInfo::running_mean));
+  const ValueId var = c.state("running_var", {ch}, ParamInfo::of(ParamInfo::running_var));
+  return c.b.op("batchnorm", {x, g, b, mean, var},
+                {{"eps", eps}, {"momentum", momentum}, {"training", c.training}})[0];
+}
+
+double positive_eps(const Opts& o, double dflt) {
+  const double eps = o.number("eps", dflt);
+  if (eps <= 0) o.fail("eps", "must be > 0");
+  return eps;
+}
+
+ValueId layernorm_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return layernorm(c, x, positive_eps(o, 1e-5));
+}
+
+ValueId rmsnorm_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_float(c, x, "rmsnorm");
+  const ValueId g = c.param("gamma", {shape_of(c, x).back()}, ParamInfo::of(ParamInfo::gamma));
+  return c.b.op("rmsnorm", {x, g}, {{"eps", positive_eps(o, 1e-6)}})[0];
+}
+
+ValueId pool(Ctx& c, const Opts& o, ValueId x, const std::string& op) {
+  need_rank(c, x, 4, op, "(N, C, H, W)");
+  need_float(c, x, op);
+  const std::vector<int64_t> k = o.pair("kernel", std::nullopt, 1);
+  Attrs a{{"kernel", k}, {"padding", o.pair("padding", 0, 0)}};
+  a.set("stride", o.has("stride") ? o.pair("stride", std::nullopt, 1) : k);
+  return c.b.op(op, {x}, a)[0];
+}
+
+ValueId maxpool_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return pool(c, o, x, "maxpool2d");
+}
+ValueId avgpool_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return pool(c, o, x, "avgpool2d");
+}
+
+ValueId global_avgpool_layer(Ctx& c, const Opts&, const std::string&, ValueId x) {
+  need_rank(c, x, 4, "global_avgpool", "(N, C, H, W)");
+  return c.b.op1("global_avgpool", {x});
+}
+
+ValueId flatten_layer(Ctx& c, const Opts&, const std::string&, ValueId x) {
+  const Shape s = shape_of(c, x);
+  if (s.size() <= 2) return x;
+  return c.b.reshape(x, {s[0], numel(s) / s[0]});
+}
+
+ValueId dropout_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return dropout(c, x, o.probability("p", 0.5));
+}
+
+ValueId gelu_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_float(c, x, "gelu");
+  return c.b.op1("gelu", {x}, {{"approximate", o.choice("approximate", "none", {"none", "tanh"})}});
+}
+
+ValueId activation_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const std::string kind = o.choice("kind", "", kActivations);
+  return activation(c, x, kind);
+}
+
+ValueId embedding_layer(Ctx& c, const Opts& o, const std::string& name, ValueId x) {
+  if (c.b.dtype(x) != DType::i64)
+    c.fail(cat("embedding needs integer token ids (text data), got ", dtype_name(c.b.dtype(x))));
+  const int64_t vocab = o.integer("vocab"), dim = o.integer("dim");
+  const ValueId table =
+      c.param("w", {vocab, dim}, ParamInfo::of(ParamInfo::embedding, dim, vocab, false, false, o.init()));
+  c.embeddings[name] = table;
+  return c.b.op1("embedding", {x, table});
+}
+
+ValueId pos_embedding_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 3, "pos_embedding", "(B, T, D)");
+  const Shape s = shape_of(c, x);
+  const int64_t max_len = o.integer("max_len"), dim = o.integer("dim");
+  if (s[1] > max_len) o.fail("max_len", cat("is ", max_len, " but the sequence has ", s[1], " positions"));
+  if (s[2] != dim) o.fail("dim", cat("is ", dim, " but the input has width ", s[2]));
+  ValueId pos =
+      c.param("w", {max_len, dim}, ParamInfo::of(ParamInfo::position, dim, max_len, false, false, o.init()));
+  if (s[1] < max_len)
+    pos = c.b.op1("slice", {pos}, {{"axis", int64_t{0}}, {"start", int64_t{0}}, {"end", s[1]}});
+  return c.b.add(x, pos);
+}
+
+ValueId attention_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  return attention(c, x, o.integer("heads"), o.flag("causal", true), o.probability("dropout", 0.0),
+                   o.flag("bias", true), false);
+}
+
+// GPT-2 pre-LayerNorm block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+ValueId transformer_block_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 3, "transformer_block", "(B, T, C)");
+  const int64_t heads = o.integer("heads"), C = shape_of(c, x)[2];
+  const double ratio = o.number("mlp_ratio", 4.0), p = o.probability("dropout", 0.0);
+  const bool causal = o.flag("causal", true);
+  if (ratio <= 0) o.fail("mlp_ratio", "must be > 0");
+  ++c.transformer_blocks;
+  ValueId a;
+  {
+    Scope s(c, "ln1");
+    a = layernorm(c, x, 1e-5);
+  }
+  {
+    Scope s(c, "attn");
+    a = attention(c, a, heads, causal, p, true, true);
+  }
+  x = c.b.add(x, a);
+  ValueId m;
+  {
+    Scope s(c, "ln2");
+    m = layernorm(c, x, 1e-5);
+  }
+  {
+    Scope s(c, "mlp");
+    m = activation(c, dense_in(c, "fc", m, std::llround(ratio * static_cast<double>(C)), true, false),
+                   "gelu_tanh");
+    m = dropout(c, dense_in(c, "proj", m, C, true, true), p);
+  }
+  return c.b.add(x, m);
+}
+
+ValueId residual_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const ValueId main = build_layers(c, o.layers("layers"), o.path("layers"), x, false);
+  ValueId shortcut = x;
+  if (o.has("shortcut")) {
+    Scope s(c, "shortcut");
+    shortcut = build_layers(c, o.layers("shortcut"), o.path("shortcut"), x, false);
+  }
+  if (shape_of(c, main) != shape_of(c, shortcut))
+    c.fail(cat("the layers give ", shape_str(shape_of(c, main)), " but the shortcut gives ",
+               shape_str(shape_of(c, shortcut)), ": add a `shortcut:` projection"));
+  return activation(c, c.b.add(main, shortcut), o.choice("activation", "none", kActivations));
+}
+
+// Iteration `i` of a repeat/for: scope "<name>.<i>", `i` bound (and `as` for `for`).
+ValueId iteration(Ctx& c, const Opts& o, const std::string& name, int64_t i, ValueId x,
+                  const std::string& var = "", const MValue& item = {}) {
+  c.env.push();
+  c.env.set("i", MValue(i));
+  if (!var.empty()) c.env.set(var, item);
+  ValueId out;
+  {
+    Scope s(c, name.empty() ? std::to_string(i) : cat(name, ".", i));
+    out = build_layers(c, o.layers("layers"), o.path("layers"), x, true);
+  }
+  c.env.pop();
+  return out;
+}
+
+ValueId repeat_layer(Ctx& c, const Opts& o, const std::string& name, ValueId x) {
+  const int64_t times = o.integer("times", std::nullopt, 0);
+  for (int64_t i = 0; i < times; ++i) x = iteration(c, o, name, i, x);
+  return x;
+}
+
+ValueId for_layer(Ctx& c, const Opts& o, const std::string& name, ValueId x) {
+  const MValue each = o.value("each");
+  if (!each.is_list()) o.fail("each", cat("expected a list, got ", each.repr()));
+  const std::string var = o.text("as");
+  if (var.empty() || !(std::isalpha(static_cast<unsigned char>(var[0])) || var[0] == '_'))
+    o.fail("as", cat("expected a variable name, got '", var, "'"));
+  for (size_t i = 0; i < each.as_list().size(); ++i)
+    x = iteration(c, o, name, static_cast<int64_t>(i), x, var, each.as_list()[i]);
+  return x;
+}
+
+ValueId if_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const MValue cond = o.value("cond");
+  if (!cond.is_bool()) o.fail("cond", cat("expected true or false, got ", cond.repr()));
+  const std::string branch = cond.as_bool() ? "then" : "else";
+  return build_layers(c, o.layers(branch, branch == "then"), o.path(branch), x, false);
+}
+
+ValueId save_layer(Ctx& c, const Opts& o, const std::string& name, ValueId x) {
+  if (!o.has("name")) o.fail("name", "save needs a name");
+  c.saved[name] = x;
+  return x;
+}
+
+ValueId saved(Ctx& c, const Opts& o) {
+  const std::string from = o.text("from");
+  auto it = c.saved.find(from);
+  if (it != c.saved.end()) return it->second;
+  std::vector<std::string> names;
+  std::string list;
+  for (const auto& [k, v] : c.saved) names.push_back(k), list += cat(list.empty() ? "" : ", ", k);
+  o.fail("from", cat("no saved value '", from, "'", did_you_mean(from, names),
+                     list.empty() ? "; save one with `- save: {name: ...}`" : cat("; saved: ", list)));
+}
+
+ValueId add_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const ValueId s = saved(c, o);
+  if (shape_of(c, s) != shape_of(c, x))
+    o.fail("from", cat("the saved value is ", shape_str(shape_of(c, s)), " but the input is ",
+                       shape_str(shape_of(c, x))));
+  return c.b.add(x, s);
+}
+
+ValueId concat_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const ValueId s = saved(c, o);
+  const MValue axis = o.has("axis") ? o.value("axis") : MValue(int64_t{1});
+  if (!axis.is_int()) o.fail("axis", cat("expected an integer, got ", axis.repr()));
+  return c.b.op1("concat", {x, s}, {{"axis", axis.as_int()}});
+}
+
+ValueId tied_head_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const std::string to = o.text("to");
+  auto it = c.embeddings.find(to);
+  if (it == c.embeddings.end()) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : c.embeddings) names.push_back(k);
+    o.fail("to", cat("no embedding layer named '", to, "'", did_you_mean(to, names)));
+  }
+  need_float(c, x, "tied_head");
+  if (shape_of(c, x).back() != c.b.shape(it->second)[1])
+    c.fail(cat("the input width ", shape_of(c, x).back(), " differs from the embedding width ",
+               c.b.shape(it->second)[1]));
+  return c.b.op1("linear", {x, it->second});
+}
+
+ValueId simple_activation(Ctx& c, const std::string& type, ValueId x) {
+  return activation(c, x, type);
+}
+
+std::map<std::string, LayerDef> make_registry() {
+  std::vector<LayerDef> defs = {
+      {"linear", {"out", "bias", "init"}, "y = x W^T + b over the last dim", true, linear_layer},
+      {"conv2d",
+       {"out", "kernel", "stride", "padding", "bias", "groups", "init"},
+       "2-d convolution, NCHW",
+       true,
+       conv2d_layer},
+      {"batchnorm", {"eps", "momentum"}, "batch normalisation over dim 1", true, batchnorm_layer},
+      {"layernorm", {"eps"}, "layer normalisation over the last dim", true, layernorm_layer},
+      {"rmsnorm", {"eps"}, "RMS normalisation over the last dim", true, rmsnorm_layer},
+      {"maxpool", {"kernel", "stride", "padding"}, "2-d max pooling", true, maxpool_layer},
+      {"avgpool", {"kernel", "stride", "padding"}, "2-d average pooling", true, avgpool_layer},
+      {"global_avgpool", {}, "mean over H and W", true, global_avgpool_layer},
+      {"flatten", {}, "(B, ...) -> (B, features)", true, flatten_layer},
+      {"dropout", {"p"}, "inverted dropout (training only)", true, dropout_layer},
+      {"gelu", {"approximate"}, "GELU activation", true, gelu_layer},
+      {"activation", {"kind"}, "an activation chosen by a parameter", true, activation_layer},
+      {"embedding", {"vocab", "dim", "init"}, "token ids -> vectors", true, embedding_layer},
+      {"pos_embedding",
+       {"max_len", "dim", "init"},
+       "learned positions added to (B, T, D)",
+       true,
+       pos_embedding_layer},
+      {"attention",
+       {"heads", "causal", "dropout", "bias"},
+       "multi-head self-attention",
+       true,
+       attention_layer},
+      {"transformer_block",
+       {"heads", "mlp_ratio", "dropout", "causal"},
+       "GPT-2 pre-LN block",
+       true,
+       transformer_block_layer},
+      {"residual", {"layers", "shortcut", "activation"}, "layers(x) + shortcut(x)", true, residual_layer},
+      {"repeat", {"times", "layers"}, "the layers `times` times", false, repeat_layer},
+      {"for", {"each", "as", "layers"}, "the layers once per list item", false, for_layer},
+      {"if", {"cond", "then", "else"}, "one branch of layers", false, if_layer},
+      {"save", {}, "remembers the current value", false, save_layer},
+      {"add", {"from"}, "adds a saved value", true, add_layer},
+      {"concat", {"from", "axis"}, "concatenates a saved value", true, concat_layer},
+      {"tied_head", {"to"}, "logits against an embedding table", true, tied_head_layer},
+  };
+  for (const std::string a : {"relu", "tanh", "sigmoid", "silu"})
+    defs.push_back({a, {}, a, true, [a](Ctx& c, const Opts&, const std::string&, ValueId x) {
+                      return simple_activation(c, a, x);
+                    }});
+  std::map<std::string, LayerDef> reg;
+  for (auto& d : defs) reg.emplace(d.type, std::move(d));
+  return reg;
+}
+
+struct Entry {
+  std::string type;
+  YAML::Node key, options;  // the type's node (for positions) and its options (null for a bare name)
+};
+
+Entry parse_entry(const Ctx& c, const YAML::Node& entry, const std::string& path) {
+  if (entry.IsScalar()) return Entry{entry.Scalar(), entry, YAML::Node()};
+  if (!entry.IsMap() || entry.size() != 1)
+    fail(c.src, entry, path,
+         "a layer is a map with one layer-type key (e.g. `- linear: {out: 10}`) or a bare name (`- relu`)");
+  return Entry{entry.begin()->first.Scalar(), entry.begin()->first, entry.begin()->second};
+}
+
+std::string layer_name(Ctx& c, const Opts& o, const std::string& type, bool anonymous) {
+  if (!o.has("name")) return anonymous ? "" : cat(type, c.counters.back()[type]++);
+  const std::string n = o.text("name");
+  if (n.empty() || n.find('/') != std::string::npos)
+    o.fail("name", cat("'", n, "' is not a valid name (no '/')"));
+  return n;
+}
+
+}  // namespace
+
+const std::map<std::string, LayerDef>& layer_registry() {
+  static const std::map<std::string, LayerDef> reg = make_registry();
+  return reg;
+}
+
+ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, ValueId x, bool anonymous,
+                    std::string* name_out) {
+  const Entry e = parse_entry(c, entry, path);
+  const std::string& type = e.type;
+  const auto& reg = layer_registry();
+  auto it = reg.find(type);
+  if (it == reg.end()) {
+    std::vector<std::string> types;
+    for (const auto& [k, v] : reg) types.push_back(k);
+    fail(c.src, e.key, path, cat("unknown layer type '", type, "'", did_you_mean(type, types)));
+  }
+  const LayerDef& def = it->second;
+  const std::string lpath = entry.IsScalar() ? path : cat(path, ".", type);
+  const YAML::Node* outer_node = c.cur_node;
+  const std::string outer_path = c.cur_path;
+  c.cur_node = &entry;
+  c.cur_path = lpath;
+  const Opts o(c, e.options, lpath, def);
+  const std::string name = layer_name(c, o, type, anonymous);
+  if (name_out) *name_out = name;
+  ValueId y;
+  try {
+    Scope s(c, def.own_scope ? name : "");
+    y = def.build(c, o, name, x);
+  } catch (const LocatedError&) {
+    throw;
+  } catch (const Error& err) {
+    if (err.code() != ExitCode::bad_input) throw;
+    fail(c.src, entry, lpath, err.what());  // a graph op rejected the wiring (shapes, dtypes)
+  }
+  c.cur_node = outer_node;
+  c.cur_path = outer_path;
+  return y;
+}
+
+ValueId build_layers(Ctx& c, const YAML::Node& list, const std::string& path, ValueId x,
+                     bool anonymous_single) {
+  if (!list.IsSequence()) fail(c.src, list, path, "expected a list of layers");
+  const bool single = anonymous_single && list.size() == 1;
+  for (size_t i = 0; i < list.size(); ++i) x = build_layer(c, list[i], cat(path, "[", i, "]"), x, single);
+  return x;
+}
+
+}  // namespace flowrun::nn
