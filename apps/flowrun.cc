@@ -4,17 +4,144 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ckpt/checkpoint.h"
+#include "config/config.h"
 #include "core/error.h"
+#include "data/dataset.h"
+#include "nn/model.h"
 #include "ops/listing.h"
+#include "train/trainer.h"
+
+namespace {
+
+struct Args {
+  std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter;
+  std::vector<std::string> set;
+  int64_t exit_at_step = 0;
+  bool schema = false, progress = false, no_progress = false;
+};
+
+// A config with --set overrides and the command line's --run-dir applied.
+flowrun::RunConfig load(const Args& a) {
+  flowrun::RunConfig cfg = flowrun::load_config(a.config, a.set);
+  if (!a.run_dir.empty()) cfg.train.run_dir = a.run_dir;
+  return cfg;
+}
+
+int run_train(const Args& a) {
+  flowrun::TrainOptions o;
+  o.resume = a.resume;
+  o.init_from = a.init_from;
+  o.exit_at_step = a.exit_at_step;
+  o.progress = a.progress ? 1 : a.no_progress ? 0 : -1;
+  flowrun::train(load(a), o);
+  return 0;
+}
+
+int run_eval(const Args& a) {
+  const flowrun::RunConfig cfg = load(a);
+  const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint);
+  std::cout << "eval " << a.checkpoint << ": " << flowrun::eval_summary(e) << " over " << e.count
+            << (e.text ? " tokens" : " samples") << "\n";
+  return 0;
+}
+
+int run_check(const Args& a) {
+  if (a.schema) {
+    std::cout << flowrun::schema_markdown();
+    return 0;
+  }
+  if (a.config.empty()) throw flowrun::input_error("check: a CONFIG file is required (or --schema)");
+  const flowrun::RunConfig cfg = load(a);
+  std::cout << flowrun::dump_config(cfg);
+  // Building the model validates the model section against the zoo and the data's shapes.
+  const auto data = flowrun::open_dataset(cfg.data);
+  flowrun::Graph g;
+  flowrun::ModelInputs in;
+  in.text = data->spec().text;
+  in.x_shape = {cfg.train.micro_batch_size};
+  in.x_shape.insert(in.x_shape.end(), data->spec().sample_shape.begin(), data->spec().sample_shape.end());
+  in.num_classes = data->spec().num_classes;
+  const flowrun::BuiltModel m = flowrun::build_model(g, cfg.model, in, true);
+  std::cout << "# model: " << m.num_params << " parameters\n";
+  std::istringstream lines(m.summary);
+  for (std::string line; std::getline(lines, line);) std::cout << "#   " << line << "\n";
+  return 0;
+}
+
+int run_data(const Args& a) {
+  std::string out = a.out;
+  if (out.empty()) {
+    const char* env = std::getenv("FLOWRUN_DATA");
+    out = std::string(env ? env : FLOWRUN_DATA_DIR) + "/" + a.dataset + ".h5";
+  }
+  if (a.dataset == "fashion_mnist")
+    flowrun::prepare_fashion_mnist(out);
+  else if (a.dataset == "kjv")
+    flowrun::prepare_kjv(out);
+  else
+    flowrun::prepare_sklearn_table(a.dataset, out);
+  std::cout << "wrote " << out << "\n";
+  return 0;
+}
+
+int run_models(const Args&) {
+  const char* env = std::getenv("FLOWRUN_MODELS");
+  for (const auto& [name, doc] : flowrun::list_zoo(env ? env : FLOWRUN_MODELS_DIR))
+    std::printf("%-12s %s\n", name.c_str(), doc.c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};
   app.require_subcommand(1);
+  Args a;
 
+  auto* train = app.add_subcommand("train", "Train the model of CONFIG; writes metrics.jsonl and checkpoints/ "
+                                            "to the run directory");
+  train->add_option("config", a.config, "YAML config file")->required();
+  train->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  train->add_option("--resume", a.resume,
+                    "Continue a run: 'auto' (newest complete checkpoint of the run directory, or a fresh start "
+                    "when there is none) or a checkpoint path");
+  train->add_option("--init-from", a.init_from, "Start a new run from the parameters of a checkpoint (fine-tuning)")
+      ->excludes("--resume");
+  train->add_option("--run-dir", a.run_dir, "Run directory (default: train.run_dir, else runs/<config name>)");
+  train->add_option("--exit-at-step", a.exit_at_step,
+                    "Save a checkpoint and exit cleanly after N steps (the schedule still follows train.steps)")
+      ->check(CLI::PositiveNumber);
+  train->add_flag("--progress", a.progress, "Always draw the live progress line");
+  train->add_flag("--no-progress", a.no_progress, "Plain log lines instead of the live progress line");
+
+  auto* eval = app.add_subcommand("eval", "Loss and accuracy (perplexity for text) of a checkpoint on the "
+                                          "validation split of CONFIG's data");
+  eval->add_option("config", a.config, "YAML config file")->required();
+  eval->add_option("--checkpoint", a.checkpoint, "Checkpoint (.h5) to evaluate")->required();
+  eval->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+
+  auto* check = app.add_subcommand("check", "Validate CONFIG and print it fully resolved (defaults filled in), "
+                                            "with the model's parameter count");
+  check->add_option("config", a.config, "YAML config file");
+  check->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  check->add_flag("--schema", a.schema, "Print the reference of every config key (markdown) instead");
+
+  auto* inspect = app.add_subcommand("inspect", "Show a checkpoint: step, config, tensors, optimizer state, "
+                                                "and verify its checksums");
+  inspect->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5)")->required();
+
+  auto* data = app.add_subcommand("data", "Convert a real dataset from its Debian package into HDF5 "
+                                          "(training does this on first use)");
+  data->add_option("dataset", a.dataset, "fashion_mnist | kjv | wine | iris | breast_cancer")
+      ->required()
+      ->check(CLI::IsMember({"fashion_mnist", "kjv", "wine", "iris", "breast_cancer"}));
+  data->add_option("--out", a.out, "Output file (default: the data cache, $FLOWRUN_DATA or data/cache)");
+
+  auto* models = app.add_subcommand("models", "List the model zoo");
   auto* version = app.add_subcommand("version", "Print the flowrun version");
   auto* ops = app.add_subcommand("ops", "List every registered op with the devices and dtypes its kernels cover");
-  std::string filter;
-  ops->add_option("filter", filter, "Only ops whose name contains this text");
+  ops->add_option("filter", a.filter, "Only ops whose name contains this text");
 
   try {
     app.parse(argc, argv);
@@ -25,13 +152,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (*train) return run_train(a);
+    if (*eval) return run_eval(a);
+    if (*check) return run_check(a);
+    if (*inspect) std::cout << flowrun::describe_checkpoint(a.checkpoint);
+    if (*data) return run_data(a);
+    if (*models) return run_models(a);
     if (*version) std::cout << "flowrun " << FLOWRUN_VERSION << "\n";
-    if (*ops) std::cout << flowrun::list_ops(filter);
+    if (*ops) std::cout << flowrun::list_ops(a.filter);
   } catch (const flowrun::Error& e) {
-    std::cerr << "flowrun: " << e.what() << "\n";
+    std::cerr << "flowrun: error: " << e.what() << "\n";
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    std::cerr << "flowrun: " << e.what() << "\n";
+    std::cerr << "flowrun: error: " << e.what() << "\n";
     return 1;
   }
   return 0;

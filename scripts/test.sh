@@ -12,7 +12,10 @@ Options:
   --jobs N           Parallel build/test jobs (default: nproc).
   --labels REGEX     Run only tests whose labels match REGEX (ctest -L).
                      Default: all tests except those labelled "gpu" (ctest -LE gpu).
+  --regex REGEX      Run only tests whose names match REGEX (ctest -R).
   --asan             AddressSanitizer build (-DFLOWRUN_SANITIZE=address) in build-asan, type Debug.
+  --no-asan          Skip the second pass. By default, after the full suite, the tests that parse user
+                     input (configs, checkpoints, data files) run again in an AddressSanitizer build.
   --help             Show this help and exit.
 
 Arguments after "--" are passed to the CMake configure step unchanged.
@@ -28,6 +31,8 @@ BUILD_TYPE=""
 JOBS="$(nproc)"
 LABELS=""
 ASAN=0
+NO_ASAN=0
+REGEX=""
 EXTRA_CMAKE_ARGS=()
 
 need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 2; }; }
@@ -38,7 +43,9 @@ while [[ $# -gt 0 ]]; do
     --type) need_value "$@"; BUILD_TYPE="$2"; shift 2 ;;
     --jobs) need_value "$@"; JOBS="$2"; shift 2 ;;
     --labels) need_value "$@"; LABELS="$2"; shift 2 ;;
+    --regex) need_value "$@"; REGEX="$2"; shift 2 ;;
     --asan) ASAN=1; shift ;;
+    --no-asan) NO_ASAN=1; shift ;;
     --help|-h) usage; exit 0 ;;
     --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
     *) echo "error: unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -64,8 +71,17 @@ else
   LABEL_ARGS=(-LE gpu)
 fi
 
+[[ -n "$REGEX" ]] && LABEL_ARGS+=(-R "$REGEX")
+
 rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "${LABEL_ARGS[@]}" || rc=$?
+
+# The input-parsing tests again under AddressSanitizer (a full ASan run of the numeric suite would not fit
+# CI's time budget on 2 cores).
+if [[ "$ASAN" -eq 0 && "$NO_ASAN" -eq 0 && -z "$LABELS" && -z "$REGEX" && "$rc" -eq 0 ]]; then
+  "$0" --asan --jobs "$JOBS" --regex '^(Config|H5|Checkpoint|Data|Zoo|Model|cli\.bad_configs|cli\.help)' \
+    -- -DFLOWRUN_BENCH=OFF || rc=$?
+fi
 
 echo "test.sh: finished in $((SECONDS - START))s (ctest exit status $rc)"
 exit "$rc"

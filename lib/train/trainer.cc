@@ -1,0 +1,421 @@
+// The training loop: programs, data, metrics, progress, evaluation, checkpoints and resume.
+#include "train/trainer.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/checkpoint.h"
+#include "data/loader.h"
+#include "nn/model.h"
+#include "optim/schedule.h"
+#include "runtime/executor.h"
+#include "train/metrics.h"
+
+namespace flowrun {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+ModelInputs model_inputs(const DataSpec& spec, int64_t batch) {
+  ModelInputs in;
+  in.text = spec.text;
+  in.x_shape = {batch};
+  in.x_shape.insert(in.x_shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+  in.num_classes = spec.num_classes;
+  return in;
+}
+
+OptimizerSpec optimizer_spec(const RunConfig& c) {
+  OptimizerSpec s;
+  s.type = c.optimizer.type;
+  s.momentum = c.optimizer.momentum;
+  s.dampening = c.optimizer.dampening;
+  s.nesterov = c.optimizer.nesterov;
+  s.weight_decay = c.optimizer.weight_decay;
+  s.beta1 = c.optimizer.beta1;
+  s.beta2 = c.optimizer.beta2;
+  s.eps = c.optimizer.eps;
+  s.decay_1d = c.optimizer.decay_1d;
+  s.clip_grad_norm = c.train.clip_grad_norm;
+  s.accumulation = c.train.grad_accumulation;
+  return s;
+}
+
+void check_device(const RunConfig& c) {
+  if (c.train.device != "cpu")
+    throw input_error(c.where("train.device") +
+                      "'cuda' is not available: this build of flowrun has no CUDA backend yet; use cpu");
+  if (c.train.threads > 0) omp_set_num_threads(static_cast<int>(c.train.threads));
+}
+
+// Names of the parameters and state values of a program (what checkpoints hold).
+std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
+  std::vector<std::string> names;
+  for (const Value& v : p.graph.values())
+    if (v.kind == kind) names.push_back(v.name);
+  return names;
+}
+
+// A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer) or evaluation.
+Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
+                      BuiltModel* built) {
+  Graph g;
+  *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
+  CompileOptions o;
+  if (training) {
+    o.optimizer = optimizer_spec(cfg);
+  } else {
+    o.loss = "";  // inference: no backward, no updates
+  }
+  return compile(std::move(g), o);
+}
+
+// Copies a batch into the program's input tensors.
+void feed(Executor& ex, const Batch& b) {
+  Tensor& x = ex.tensor("x");
+  Tensor& y = ex.tensor("y");
+  FR_CHECK(x.nbytes() == b.x.nbytes() && y.nbytes() == b.y.nbytes() && x.dtype() == b.x.dtype(),
+           "batch does not match the model's inputs");
+  std::memcpy(x.raw(), b.x.raw(), x.nbytes());
+  std::memcpy(y.raw(), b.y.raw(), y.nbytes());
+}
+
+template <typename T>
+void set_scalar(Executor& ex, const std::string& name, T v) {
+  if (ex.has_tensor(name)) ex.tensor(name).data<T>()[0] = v;
+}
+
+// Copies checkpoint tensors into the executor: every one of `names` must be present with the same type.
+void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std::vector<std::string>& names,
+             const std::string& path, const char* what) {
+  for (const std::string& name : names) {
+    auto it = from.find(name);
+    if (it == from.end())
+      throw input_error(cat("checkpoint ", path, ": ", what, " '", name,
+                            "' of the model is missing (was it saved from another model or config?)"));
+    Tensor& t = ex.tensor(name);
+    if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype())
+      throw input_error(cat("checkpoint ", path, ": ", what, " '", name, "' is ", dtype_name(it->second.dtype()),
+                            shape_str(it->second.shape()), " but the model has ", dtype_name(t.dtype()),
+                            shape_str(t.shape())));
+    std::memcpy(t.raw(), it->second.raw(), t.nbytes());
+  }
+}
+
+int64_t eval_batch_count(const RunConfig& cfg, const Dataset& data) {
+  const int64_t bs = cfg.train.eval_batch_size;
+  const int64_t all = (data.size(Split::val) + bs - 1) / bs;
+  return cfg.data.eval_batches > 0 ? std::min(cfg.data.eval_batches, all) : all;
+}
+
+// Loss and top-1 accuracy over the validation split, from the eval program's "loss" and "logits".
+EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
+  EvalResult r;
+  r.text = data.spec().text;
+  Loader loader(data, Split::val, cfg.train.eval_batch_size, false, cfg.train.seed, cfg.data.prefetch);
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  const int64_t batches = eval_batch_count(cfg, data);
+  for (int64_t b = 0; b < batches; ++b) {
+    const Batch& batch = loader.next();
+    feed(ex, batch);
+    ex.run();
+    const Tensor loss = ex.output("loss");
+    const Tensor logits = ex.output("logits");
+    const int64_t* y = batch.y.data<int64_t>();
+    const int64_t classes = logits.shape().back();
+    const float* l = logits.data<float>();
+    int64_t valid = 0;
+    for (int64_t i = 0; i < batch.y.numel(); ++i) {
+      if (y[i] < 0) continue;
+      ++valid;
+      const float* row = l + i * classes;
+      correct += std::max_element(row, row + classes) - row == y[i];
+    }
+    // The graph's loss is the mean over this batch's valid labels.
+    loss_sum += static_cast<double>(loss.data<float>()[0]) * static_cast<double>(valid);
+    r.count += valid;
+  }
+  r.loss = r.count > 0 ? loss_sum / static_cast<double>(r.count) : 0.0;
+  r.accuracy = r.count > 0 ? static_cast<double>(correct) / static_cast<double>(r.count) : 0.0;
+  return r;
+}
+
+std::string format_eta(double s) {
+  const auto t = static_cast<int64_t>(s + 0.5);
+  return t >= 3600 ? cat(t / 3600, "h", (t % 3600) / 60, "m") : cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
+}
+
+// Keeps metrics.jsonl consistent with a resumed run: lines of steps after the checkpoint are dropped.
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::ostringstream kept;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto k = line.find("\"step\": ");
+    if (k != std::string::npos && std::stoll(line.substr(k + 8)) > step) continue;
+    kept << line << '\n';
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << kept.str();
+  fs::rename(tmp, path);
+}
+
+class Run {
+ public:
+  Run(const RunConfig& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
+  TrainResult go();
+
+ private:
+  void setup();
+  void resume_from(const std::string& path);
+  void init_from(const std::string& path);
+  std::string save();
+  void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
+  void log_eval(int64_t step, const EvalResult& e);
+
+  const RunConfig& cfg_;
+  TrainOptions opts_;
+  std::string run_dir_, ckpt_dir_;
+  std::unique_ptr<Dataset> data_;
+  BuiltModel model_, eval_model_;
+  std::unique_ptr<Executor> ex_, eval_ex_;
+  std::vector<std::string> params_, state_;
+  int64_t step_ = 0;
+  LoaderPosition position_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  bool live_ = false;
+  Clock::time_point start_ = Clock::now();
+  int64_t steps_timed_ = 0;
+  double time_in_steps_ = 0.0;
+};
+
+void Run::setup() {
+  check_device(cfg_);
+  run_dir_ = cfg_.train.run_dir;
+  ckpt_dir_ = (fs::path(run_dir_) / "checkpoints").string();
+  fs::create_directories(ckpt_dir_);
+  data_ = open_dataset(cfg_.data);
+  const DataSpec& spec = data_->spec();
+  Program train = compile_model(cfg_, spec, cfg_.train.micro_batch_size, true, &model_);
+  params_ = persistent_names(train, ValueKind::param);
+  state_ = persistent_names(train, ValueKind::state);
+  spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
+               model_.num_params, static_cast<double>(train.memory.arena_bytes) / (1 << 20),
+               cfg_.train.micro_batch_size, cfg_.train.grad_accumulation);
+  ex_ = std::make_unique<Executor>(std::move(train), kCpu, cfg_.train.seed);
+  init_parameters(model_.init, cfg_.train.seed, [&](const std::string& n) -> Tensor& { return ex_->tensor(n); });
+
+  // The eval program reads the training program's parameters and running statistics in place.
+  std::map<std::string, Tensor> shared;
+  for (const auto& n : params_) shared.emplace(n, ex_->tensor(n));
+  for (const auto& n : state_) shared.emplace(n, ex_->tensor(n));
+  Program eval = compile_model(cfg_, spec, cfg_.train.eval_batch_size, false, &eval_model_);
+  eval_ex_ = std::make_unique<Executor>(std::move(eval), kCpu, cfg_.train.seed, shared);
+}
+
+void Run::resume_from(const std::string& path) {
+  const CheckpointData ck = load_checkpoint(path);
+  restore(*ex_, ck.params, params_, path, "parameter");
+  restore(*ex_, ck.state, state_, path, "state");
+  if (ck.seed != cfg_.train.seed)
+    spdlog::warn("checkpoint {} was trained with seed {}, the config says {}: the run will not match an "
+                 "uninterrupted one", path, ck.seed, cfg_.train.seed);
+  step_ = ck.step;
+  position_ = {ck.loader_epoch, ck.loader_index};
+  spdlog::info("resumed from {} at step {}", path, step_);
+}
+
+void Run::init_from(const std::string& path) {
+  const CheckpointData ck = load_checkpoint(path);
+  restore(*ex_, ck.params, params_, path, "parameter");
+  spdlog::info("initialised parameters from {}", path);
+}
+
+std::string Run::save() {
+  CheckpointData ck;
+  ck.step = step_;
+  ck.seed = cfg_.train.seed;
+  ck.config_yaml = dump_config(cfg_);
+  ck.loader_epoch = position_.epoch;
+  ck.loader_index = position_.index;
+  for (const auto& n : params_) ck.params.emplace(n, ex_->tensor(n));
+  for (const auto& n : state_) ck.state.emplace(n, ex_->tensor(n));
+  return save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints);
+}
+
+void Run::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds) {
+  const bool text = data_->spec().text;
+  const double per_step = static_cast<double>(cfg_.train.batch_size) *
+                          (text ? static_cast<double>(cfg_.data.seq_len) : 1.0);
+  const double rate = step_seconds > 0 ? per_step / step_seconds : 0.0;
+  JsonLine j;
+  j.add("step", step).add("loss", loss).add("lr", lr);
+  if (!std::isnan(grad_norm)) j.add("grad_norm", grad_norm);
+  j.add(text ? "tokens_per_s" : "samples_per_s", rate).add("time", seconds_since(start_));
+  metrics_->write(j);
+  const double eta = time_in_steps_ / static_cast<double>(std::max<int64_t>(steps_timed_, 1)) *
+                     static_cast<double>(cfg_.train.steps - step);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3g  %.0f %s  eta %s", static_cast<long long>(step),
+                static_cast<long long>(cfg_.train.steps), loss, lr, rate, text ? "tok/s" : "samples/s",
+                format_eta(eta).c_str());
+  const std::string line = buf;
+  if (live_) {
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    std::fflush(stderr);
+  } else {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Run::log_eval(int64_t step, const EvalResult& e) {
+  JsonLine j;
+  j.add("step", step).add("split", std::string("val")).add("val_loss", e.loss).add("val_accuracy", e.accuracy);
+  if (e.text) j.add("val_perplexity", std::exp(e.loss)).add("val_bits_per_byte", e.loss / std::log(2.0));
+  metrics_->write(j);
+  if (live_) std::fprintf(stderr, "\r\033[K");
+  std::printf("eval step %lld: %s\n", static_cast<long long>(step), eval_summary(e).c_str());
+  std::fflush(stdout);
+}
+
+TrainResult Run::go() {
+  setup();
+  if (!opts_.resume.empty() && !opts_.init_from.empty())
+    throw input_error("--resume and --init-from exclude each other: resume continues a run, --init-from starts "
+                      "a new one from another run's weights");
+  if (opts_.resume == "auto") {
+    const std::string latest = find_latest_checkpoint(ckpt_dir_);
+    if (latest.empty())
+      spdlog::info("no checkpoint in {}: starting fresh", ckpt_dir_);
+    else
+      resume_from(latest);
+  } else if (!opts_.resume.empty()) {
+    if (!fs::exists(opts_.resume)) throw input_error(cat("--resume: checkpoint ", opts_.resume, " does not exist"));
+    resume_from(opts_.resume);
+  } else if (!opts_.init_from.empty()) {
+    if (!fs::exists(opts_.init_from))
+      throw input_error(cat("--init-from: checkpoint ", opts_.init_from, " does not exist"));
+    init_from(opts_.init_from);
+  }
+
+  const std::string metrics_path = (fs::path(run_dir_) / "metrics.jsonl").string();
+  if (step_ > 0)
+    truncate_metrics(metrics_path, step_);
+  else
+    fs::remove(metrics_path);
+  metrics_ = std::make_unique<MetricsWriter>(metrics_path);
+  std::ofstream(fs::path(run_dir_) / "config.yaml") << dump_config(cfg_);
+  live_ = opts_.progress == 1 || (opts_.progress < 0 && isatty(STDERR_FILENO));
+
+  TrainResult result;
+  const int64_t total = cfg_.train.steps, accum = cfg_.train.grad_accumulation;
+  Loader loader(*data_, Split::train, cfg_.train.micro_batch_size, cfg_.data.shuffle, cfg_.train.seed,
+                cfg_.data.prefetch, position_);
+  std::printf("training %s: %lld steps from step %lld, %lld parameters, batch %lld, run dir %s\n",
+              cfg_.file.c_str(), static_cast<long long>(total), static_cast<long long>(step_),
+              static_cast<long long>(model_.num_params), static_cast<long long>(cfg_.train.batch_size),
+              run_dir_.c_str());
+  std::fflush(stdout);
+  double loss = std::nan("");
+  while (step_ < total) {
+    const auto t0 = Clock::now();
+    const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
+    set_scalar<float>(*ex_, "lr", static_cast<float>(lr));
+    set_scalar<int64_t>(*ex_, "opt/step", step_ + 1);
+    double loss_sum = 0.0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const Batch& b = loader.next();
+      feed(*ex_, b);
+      set_scalar<int64_t>(*ex_, "opt/micro", micro);
+      ex_->set_step(step_ * accum + micro);
+      ex_->run(micro == accum - 1);
+      loss_sum += ex_->output("loss").data<float>()[0];
+    }
+    loss = loss_sum / static_cast<double>(accum);
+    position_ = loader.position();
+    ++step_;
+    const double dt = seconds_since(t0);
+    // The first step includes one-time costs (page faults, BLAS buffers): keep it out of the ETA.
+    if (step_ > 1 || total == 1) {
+      time_in_steps_ += dt;
+      ++steps_timed_;
+    }
+    if (!std::isfinite(loss))
+      throw runtime_error(cat("step ", step_, ": the loss is ", loss, "; stopping (the last checkpoint is intact)"));
+    if (step_ % cfg_.train.log_every == 0 || step_ == total || step_ == 1) {
+      const double gn = ex_->program().graph.outputs().count("grad_norm")
+                            ? static_cast<double>(ex_->output("grad_norm").data<float>()[0])
+                            : std::nan("");
+      log_step(step_, loss, lr, gn, dt);
+    }
+    if (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
+      result.eval = evaluate(*eval_ex_, *data_, cfg_);
+      log_eval(step_, result.eval);
+    }
+    const bool exit_now = opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total;
+    if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || step_ == total ||
+        exit_now)
+      result.checkpoint = save();
+    if (exit_now) {
+      if (live_) std::fprintf(stderr, "\n");
+      std::printf("stopped at step %lld (--exit-at-step); checkpoint %s\n", static_cast<long long>(step_),
+                  result.checkpoint.c_str());
+      result.step = step_;
+      result.loss = loss;
+      result.stopped_early = true;
+      return result;
+    }
+  }
+  if (live_) std::fprintf(stderr, "\n");
+  result.eval = evaluate(*eval_ex_, *data_, cfg_);
+  log_eval(step_, result.eval);
+  if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);
+  result.step = step_;
+  result.loss = loss;
+  std::printf("done: %lld steps in %.1f s; train loss %s; %s; checkpoint %s; metrics %s\n",
+              static_cast<long long>(step_), seconds_since(start_), fmt_num(loss, 5).c_str(),
+              eval_summary(result.eval).c_str(), result.checkpoint.c_str(), metrics_path.c_str());
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& opts) { return Run(cfg, opts).go(); }
+
+EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint) {
+  check_device(cfg);
+  if (!fs::exists(checkpoint)) throw input_error(cat("--checkpoint: ", checkpoint, " does not exist"));
+  const CheckpointData ck = load_checkpoint(checkpoint);
+  const auto data = open_dataset(cfg.data);
+  BuiltModel m;
+  Executor ex(compile_model(cfg, data->spec(), cfg.train.eval_batch_size, false, &m), kCpu, cfg.train.seed);
+  const Program& p = ex.program();
+  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter");
+  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state");
+  return evaluate(ex, *data, cfg);
+}
+
+std::string eval_summary(const EvalResult& e) {
+  std::string s = cat("val_loss ", fmt_num(e.loss, 5), ", val_accuracy ", fmt_num(e.accuracy, 5));
+  if (e.text) s += cat(", perplexity ", fmt_num(std::exp(e.loss), 5), ", bits/byte ", fmt_num(e.loss / std::log(2.0), 4));
+  return s;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,45 @@
+// The trainer: a RunConfig turned into a compiled training program, an eval program sharing its
+// parameters, a data loader and a step loop with metrics (metrics.jsonl), progress, periodic evaluation
+// and HDF5 checkpoints; resume continues bit-exactly from any checkpoint it wrote.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+
+namespace flowrun {
+
+struct TrainOptions {
+  std::string resume;         // "" = fresh, "auto" = newest complete checkpoint of the run (else fresh), or a path
+  std::string init_from;      // a checkpoint whose parameters initialise the model (fine-tuning)
+  int64_t exit_at_step = 0;   // > 0: save a checkpoint after this many steps and return (schedule unchanged)
+  int progress = -1;          // 1: live progress line, 0: plain log lines, -1: live when stderr is a terminal
+};
+
+struct EvalResult {
+  double loss = 0.0;          // mean cross-entropy per sample (images) or per token (text, nats per byte)
+  double accuracy = 0.0;      // top-1 over samples or tokens
+  int64_t count = 0;          // samples (images) or tokens (text) evaluated
+  bool text = false;
+};
+
+struct TrainResult {
+  int64_t step = 0;           // optimizer steps completed
+  double loss = 0.0;          // training loss of the last step
+  EvalResult eval;            // the last evaluation
+  std::string checkpoint;     // the last checkpoint written
+  bool stopped_early = false; // --exit-at-step
+};
+
+// Runs training as configured; the run directory is cfg.train.run_dir.
+TrainResult train(const RunConfig& cfg, const TrainOptions& opts);
+
+// Evaluates the parameters of `checkpoint` on the validation split of cfg's data.
+EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint);
+
+// A one-line human-readable summary of an evaluation ("val_loss 0.41, val_accuracy 0.87, ...").
+std::string eval_summary(const EvalResult& e);
+
+}  // namespace flowrun

@@ -1,0 +1,22 @@
+# Shared helpers for the CLI integration tests: a scratch directory removed on exit, and assertions.
+set -euo pipefail
+SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/flowrun-cli.XXXXXX")"
+trap 'rm -rf "$SCRATCH"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_exit CODE CMD...: runs CMD, capturing stdout+stderr in $SCRATCH/last.log; fails unless it exits CODE.
+expect_exit() {
+  local want=$1; shift
+  local got=0
+  "$@" >"$SCRATCH/last.log" 2>&1 || got=$?
+  [[ "$got" -eq "$want" ]] || { cat "$SCRATCH/last.log" >&2; fail "exit code $got, expected $want: $*"; }
+}
+
+# expect_log TEXT: the last command's output contains TEXT.
+expect_log() {
+  grep -qF -- "$1" "$SCRATCH/last.log" || { cat "$SCRATCH/last.log" >&2; fail "output lacks '$1'"; }
+}
+
+# The per-step training records of a metrics.jsonl without wall-clock fields (rates, time).
+losses() { sed -E 's/, "(tokens_per_s|samples_per_s|time)": [^,}]*//g' "$1"; }
