@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Regenerates the config reference in README.md (between the schema markers) from `flowrun check --schema`,
+# with its headings nested under the README's "Configs" section. Usage: scripts/update_readme_schema.sh [FLOWRUN]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FLOWRUN="${1:-$ROOT/build/apps/flowrun}"
+ref="$("$FLOWRUN" check --schema | sed 's/^#/###/')"
+awk -v ref="$ref" '/<!-- schema:begin -->/ { print; print ref; skip = 1; next }
+                   /<!-- schema:end -->/ { skip = 0 } !skip' "$ROOT/README.md" >"$ROOT/README.md.tmp"
+mv "$ROOT/README.md.tmp" "$ROOT/README.md"
