@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "ops/listing.h"
+#include "train/profile.h"
 #include "train/trainer.h"
 
 namespace {
@@ -18,7 +19,8 @@ struct Args {
   std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
-  bool schema = false, progress = false, no_progress = false;
+  bool schema = false, progress = false, no_progress = false, json = false;
+  flowrun::TimeOptions time;
 };
 
 // A config with --set overrides and the command line's --run-dir applied.
@@ -66,6 +68,13 @@ int run_check(const Args& a) {
   std::cout << "# model: " << m.num_params << " parameters\n";
   std::istringstream lines(m.summary);
   for (std::string line; std::getline(lines, line);) std::cout << "#   " << line << "\n";
+  return 0;
+}
+
+int run_time(const Args& a) {
+  const flowrun::TimeReport r = flowrun::time_training(load(a), a.time);
+  std::cout << r.table;
+  if (a.json) std::cout << r.json << "\n";
   return 0;
 }
 
@@ -127,6 +136,16 @@ int main(int argc, char** argv) {
   check->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
   check->add_flag("--schema", a.schema, "Print the reference of every config key (markdown) instead");
 
+  auto* time = app.add_subcommand("time", "Time CONFIG's training step: median step time, throughput, GFLOP/s, "
+                                          "memory, and per-layer forward/backward and per-op breakdowns");
+  time->add_option("config", a.config, "YAML config file")->required();
+  time->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  time->add_option("--steps", a.time.steps, "Timed optimizer steps (default 20)")->check(CLI::PositiveNumber);
+  time->add_option("--warmup", a.time.warmup, "Untimed steps first (default 3)")->check(CLI::NonNegativeNumber);
+  time->add_option("--profile", a.time.profile, "Steps timed kernel by kernel for the breakdown (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  time->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
+
   auto* inspect = app.add_subcommand("inspect", "Show a checkpoint: step, config, tensors, optimizer state, "
                                                 "and verify its checksums");
   inspect->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5)")->required();
@@ -155,6 +174,7 @@ int main(int argc, char** argv) {
     if (*train) return run_train(a);
     if (*eval) return run_eval(a);
     if (*check) return run_check(a);
+    if (*time) return run_time(a);
     if (*inspect) std::cout << flowrun::describe_checkpoint(a.checkpoint);
     if (*data) return run_data(a);
     if (*models) return run_models(a);

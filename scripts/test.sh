@@ -61,6 +61,8 @@ BUILD_DIR="${BUILD_DIR:-build}"
 BUILD_TYPE="${BUILD_TYPE:-Release}"
 
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+# Paths relative to the checkout, so that clones in other directories share cache entries.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
 mkdir -p "$CCACHE_DIR"
 
 scripts/setup.sh --build-dir "$BUILD_DIR" --type "$BUILD_TYPE" --jobs "$JOBS" -- "${EXTRA_CMAKE_ARGS[@]}"

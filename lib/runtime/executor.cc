@@ -68,8 +68,9 @@ void Executor::run(bool apply) {
   ++step_;
 }
 
-void Executor::run_timed(const std::function<void(const Node&, double)>& timer) {
+void Executor::run_timed(const std::function<void(const Node&, double)>& timer, bool apply) {
   for (Step& s : steps_) {
+    if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
     const auto t0 = std::chrono::steady_clock::now();
     s.fn(s.ctx);

@@ -26,7 +26,7 @@ class Executor {
   // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.
   void run(bool apply = true);
   // As run(), calling `timer(node, seconds)` after each kernel (for `flowrun time`).
-  void run_timed(const std::function<void(const Node&, double)>& timer);
+  void run_timed(const std::function<void(const Node&, double)>& timer, bool apply = true);
 
   // Persistent tensors by value name: inputs (fed each step), params and state (trained / updated in place).
   Tensor& tensor(const std::string& name);

@@ -1,7 +1,6 @@
 // The training loop: programs, data, metrics, progress, evaluation, checkpoints and resume.
 #include "train/trainer.h"
 
-#include <omp.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -17,8 +16,8 @@
 #include "data/loader.h"
 #include "nn/model.h"
 #include "optim/schedule.h"
-#include "runtime/executor.h"
 #include "train/metrics.h"
+#include "train/program.h"
 
 namespace flowrun {
 namespace fs = std::filesystem;
@@ -28,75 +27,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-ModelInputs model_inputs(const DataSpec& spec, int64_t batch) {
-  ModelInputs in;
-  in.text = spec.text;
-  in.x_shape = {batch};
-  in.x_shape.insert(in.x_shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
-  in.num_classes = spec.num_classes;
-  return in;
-}
-
-OptimizerSpec optimizer_spec(const RunConfig& c) {
-  OptimizerSpec s;
-  s.type = c.optimizer.type;
-  s.momentum = c.optimizer.momentum;
-  s.dampening = c.optimizer.dampening;
-  s.nesterov = c.optimizer.nesterov;
-  s.weight_decay = c.optimizer.weight_decay;
-  s.beta1 = c.optimizer.beta1;
-  s.beta2 = c.optimizer.beta2;
-  s.eps = c.optimizer.eps;
-  s.decay_1d = c.optimizer.decay_1d;
-  s.clip_grad_norm = c.train.clip_grad_norm;
-  s.accumulation = c.train.grad_accumulation;
-  return s;
-}
-
-void check_device(const RunConfig& c) {
-  if (c.train.device != "cpu")
-    throw input_error(c.where("train.device") +
-                      "'cuda' is not available: this build of flowrun has no CUDA backend yet; use cpu");
-  if (c.train.threads > 0) omp_set_num_threads(static_cast<int>(c.train.threads));
-}
-
-// Names of the parameters and state values of a program (what checkpoints hold).
-std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
-  std::vector<std::string> names;
-  for (const Value& v : p.graph.values())
-    if (v.kind == kind) names.push_back(v.name);
-  return names;
-}
-
-// A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer) or evaluation.
-Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built) {
-  Graph g;
-  *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
-  CompileOptions o;
-  if (training) {
-    o.optimizer = optimizer_spec(cfg);
-  } else {
-    o.loss = "";  // inference: no backward, no updates
-  }
-  return compile(std::move(g), o);
-}
-
-// Copies a batch into the program's input tensors.
-void feed(Executor& ex, const Batch& b) {
-  Tensor& x = ex.tensor("x");
-  Tensor& y = ex.tensor("y");
-  FR_CHECK(x.nbytes() == b.x.nbytes() && y.nbytes() == b.y.nbytes() && x.dtype() == b.x.dtype(),
-           "batch does not match the model's inputs");
-  std::memcpy(x.raw(), b.x.raw(), x.nbytes());
-  std::memcpy(y.raw(), b.y.raw(), y.nbytes());
-}
-
-template <typename T>
-void set_scalar(Executor& ex, const std::string& name, T v) {
-  if (ex.has_tensor(name)) ex.tensor(name).data<T>()[0] = v;
-}
 
 // Copies checkpoint tensors into the executor: every one of `names` must be present with the same type.
 void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std::vector<std::string>& names,
@@ -206,26 +136,21 @@ class Run {
 };
 
 void Run::setup() {
-  check_device(cfg_);
   run_dir_ = cfg_.train.run_dir;
   ckpt_dir_ = (fs::path(run_dir_) / "checkpoints").string();
   fs::create_directories(ckpt_dir_);
-  data_ = open_dataset(cfg_.data);
-  const DataSpec& spec = data_->spec();
-  Program train = compile_model(cfg_, spec, cfg_.train.micro_batch_size, true, &model_);
-  params_ = persistent_names(train, ValueKind::param);
-  state_ = persistent_names(train, ValueKind::state);
-  spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
-               model_.num_params, static_cast<double>(train.memory.arena_bytes) / (1 << 20),
-               cfg_.train.micro_batch_size, cfg_.train.grad_accumulation);
-  ex_ = std::make_unique<Executor>(std::move(train), kCpu, cfg_.train.seed);
-  init_parameters(model_.init, cfg_.train.seed, [&](const std::string& n) -> Tensor& { return ex_->tensor(n); });
+  TrainProgram t = make_train_program(cfg_);
+  data_ = std::move(t.data);
+  model_ = std::move(t.model);
+  ex_ = std::move(t.ex);
+  params_ = std::move(t.params);
+  state_ = std::move(t.state);
 
   // The eval program reads the training program's parameters and running statistics in place.
   std::map<std::string, Tensor> shared;
   for (const auto& n : params_) shared.emplace(n, ex_->tensor(n));
   for (const auto& n : state_) shared.emplace(n, ex_->tensor(n));
-  Program eval = compile_model(cfg_, spec, cfg_.train.eval_batch_size, false, &eval_model_);
+  Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_);
   eval_ex_ = std::make_unique<Executor>(std::move(eval), kCpu, cfg_.train.seed, shared);
 }
 
@@ -289,6 +214,7 @@ void Run::log_eval(int64_t step, const EvalResult& e) {
   JsonLine j;
   j.add("step", step).add("split", std::string("val")).add("val_loss", e.loss).add("val_accuracy", e.accuracy);
   if (e.text) j.add("val_perplexity", std::exp(e.loss)).add("val_bits_per_byte", e.loss / std::log(2.0));
+  j.add("time", seconds_since(start_));
   metrics_->write(j);
   if (live_) std::fprintf(stderr, "\r\033[K");
   std::printf("eval step %lld: %s\n", static_cast<long long>(step), eval_summary(e).c_str());
@@ -325,7 +251,7 @@ TrainResult Run::go() {
   live_ = opts_.progress == 1 || (opts_.progress < 0 && isatty(STDERR_FILENO));
 
   TrainResult result;
-  const int64_t total = cfg_.train.steps, accum = cfg_.train.grad_accumulation;
+  const int64_t total = cfg_.train.steps;
   Loader loader(*data_, Split::train, cfg_.train.micro_batch_size, cfg_.data.shuffle, cfg_.train.seed,
                 cfg_.data.prefetch, position_);
   std::printf("training %s: %lld steps from step %lld, %lld parameters, batch %lld, run dir %s\n",
@@ -337,18 +263,7 @@ TrainResult Run::go() {
   while (step_ < total) {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
-    set_scalar<float>(*ex_, "lr", static_cast<float>(lr));
-    set_scalar<int64_t>(*ex_, "opt/step", step_ + 1);
-    double loss_sum = 0.0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      const Batch& b = loader.next();
-      feed(*ex_, b);
-      set_scalar<int64_t>(*ex_, "opt/micro", micro);
-      ex_->set_step(step_ * accum + micro);
-      ex_->run(micro == accum - 1);
-      loss_sum += ex_->output("loss").data<float>()[0];
-    }
-    loss = loss_sum / static_cast<double>(accum);
+    loss = train_step(*ex_, loader, cfg_, step_);
     position_ = loader.position();
     ++step_;
     const double dt = seconds_since(t0);

@@ -2,7 +2,7 @@
 # Every verb answers --help with exit code 0; bad command lines exit 2.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1
-for verb in "" train eval check inspect data models version ops; do
+for verb in "" train eval check time inspect data models version ops; do
   expect_exit 0 "$FLOWRUN" $verb --help
   expect_log "Usage"
 done

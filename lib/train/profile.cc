@@ -1,0 +1,189 @@
+// Timing a training step: wall time of whole steps, then a kernel-by-kernel breakdown.
+#include "train/profile.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "ops/registry.h"
+#include "train/metrics.h"
+#include "train/program.h"
+
+namespace flowrun {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+// What a node belongs to: the backward pass (autodiff scopes its nodes "grad/..."), the optimizer (its
+// pass names nodes "update/..." and "opt/..."), or the forward pass; and the model layer it came from.
+enum class Part { forward, backward, update };
+
+Part part_of(const Node& n) {
+  if (n.name.rfind("grad/", 0) == 0) return Part::backward;
+  if (n.name.rfind("update/", 0) == 0 || n.name.rfind("opt/", 0) == 0 || n.phase == 1) return Part::update;
+  return Part::forward;
+}
+
+std::string layer_of(const Node& n) {
+  std::string name = n.name;
+  for (const char* prefix : {"grad/", "update/", "opt/"})
+    if (name.rfind(prefix, 0) == 0) name = name.substr(std::char_traits<char>::length(prefix));
+  const auto slash = name.find('/');
+  return slash == std::string::npos ? name : name.substr(0, slash);
+}
+
+// FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
+double step_flops(const Program& p, int64_t accumulation) {
+  double flops = 0;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    const OpDef& def = OpRegistry::get().at(n.op);
+    if (!def.cost) continue;
+    std::vector<TensorType> in, out;
+    for (ValueId v : n.inputs) in.push_back(p.graph.value(v).type);
+    for (ValueId v : n.outputs) out.push_back(p.graph.value(v).type);
+    flops += def.cost(in, out, n.attrs).flops * (n.phase == 1 ? 1.0 : static_cast<double>(accumulation));
+  }
+  return flops;
+}
+
+struct Bucket {
+  double seconds[3] = {0, 0, 0};  // forward, backward, update
+  double flops = 0;
+  int64_t calls = 0;
+  double total() const { return seconds[0] + seconds[1] + seconds[2]; }
+};
+
+std::string ms(double seconds_per_step) {
+  if (seconds_per_step == 0) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", seconds_per_step * 1e3);
+  return buf;
+}
+
+}  // namespace
+
+TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
+  if (opts.steps < 1 || opts.warmup < 0 || opts.profile < 0)
+    throw input_error("time: --steps must be >= 1, --warmup and --profile >= 0");
+  TrainProgram t = make_train_program(cfg);
+  Executor& ex = *t.ex;
+  Loader loader(*t.data, Split::train, cfg.train.micro_batch_size, cfg.data.shuffle, cfg.train.seed,
+                cfg.data.prefetch);
+  int64_t step = 0;
+  for (; step < opts.warmup; ++step) train_step(ex, loader, cfg, step);
+
+  std::vector<double> times;
+  for (int64_t i = 0; i < opts.steps; ++i, ++step) {
+    const auto t0 = Clock::now();
+    train_step(ex, loader, cfg, step);
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+  // Kernel-by-kernel: per layer and part, and per op type.
+  std::map<std::string, Bucket> layers, ops;
+  std::vector<std::string> layer_order;
+  const Program& prog = ex.program();
+  std::map<const Node*, double> node_flops;
+  for (NodeId id : prog.order) {
+    const Node& n = prog.graph.node(id);
+    const OpDef& def = OpRegistry::get().at(n.op);
+    if (!def.cost) continue;
+    std::vector<TensorType> in, out;
+    for (ValueId v : n.inputs) in.push_back(prog.graph.value(v).type);
+    for (ValueId v : n.outputs) out.push_back(prog.graph.value(v).type);
+    node_flops[&n] = def.cost(in, out, n.attrs).flops;
+  }
+  const std::function<void(const Node&, double)> timer = [&](const Node& n, double s) {
+    const int part = static_cast<int>(part_of(n));
+    const std::string layer = layer_of(n);
+    if (!layers.count(layer)) layer_order.push_back(layer);
+    layers[layer].seconds[part] += s;
+    Bucket& o = ops[n.op];
+    o.seconds[part] += s;
+    o.flops += node_flops[&n];
+    ++o.calls;
+  };
+  for (int64_t i = 0; i < opts.profile; ++i, ++step) train_step(ex, loader, cfg, step, &timer);
+
+  TimeReport r;
+  r.median_ms = percentile(times, 0.5) * 1e3;
+  r.p10_ms = percentile(times, 0.1) * 1e3;
+  r.p90_ms = percentile(times, 0.9) * 1e3;
+  r.flops_per_step = step_flops(prog, cfg.train.grad_accumulation);
+  r.peak_rss_mib = peak_rss_mib();
+  r.arena_mib = static_cast<double>(prog.memory.arena_bytes) / (1 << 20);
+  r.params = t.model.num_params;
+  r.threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
+  r.text = t.data->spec().text;
+  r.items_per_step = cfg.train.batch_size * (r.text ? cfg.data.seq_len : 1);
+
+  const double per = opts.profile > 0 ? 1.0 / static_cast<double>(opts.profile) : 0.0;
+  double kernel_total = 0;
+  for (const auto& [name, b] : layers) kernel_total += b.total();
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "flowrun time %s: %lld steps after %lld warmup, %lld threads\n"
+                "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
+                "memory: arena %.2f MiB, peak resident %.1f MiB; %lld parameters\n\n",
+                cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
+                static_cast<long long>(r.threads), r.median_ms, r.p10_ms, r.p90_ms,
+                static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3), r.text ? "tokens" : "samples",
+                r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms, r.arena_mib, r.peak_rss_mib,
+                static_cast<long long>(r.params));
+  os << line;
+  if (opts.profile > 0) {
+    std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward", "backward",
+                  "update", "share");
+    os << line;
+    for (const std::string& name : layer_order) {
+      const Bucket& b = layers[name];
+      std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %6.1f%%\n", name.c_str(), ms(b.seconds[0] * per).c_str(),
+                    ms(b.seconds[1] * per).c_str(), ms(b.seconds[2] * per).c_str(), 100.0 * b.total() / kernel_total);
+      os << line;
+    }
+    std::vector<std::pair<std::string, Bucket>> by_time(ops.begin(), ops.end());
+    std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.second.total() > b.second.total(); });
+    std::snprintf(line, sizeof line, "\n%-28s %12s %12s %10s %7s\n", "op", "calls/step", "ms/step", "GFLOP/s", "share");
+    os << line;
+    for (const auto& [name, b] : by_time) {
+      std::snprintf(line, sizeof line, "%-28s %12lld %12s %10.1f %6.1f%%\n", name.c_str(),
+                    static_cast<long long>(static_cast<double>(b.calls) * per), ms(b.total() * per).c_str(),
+                    b.total() > 0 ? b.flops / b.total() * 1e-9 : 0.0, 100.0 * b.total() / kernel_total);
+      os << line;
+    }
+    std::snprintf(line, sizeof line, "\nkernels: %.3f ms per step of %.3f ms measured with per-kernel timing\n",
+                  kernel_total * per * 1e3, r.median_ms);
+    os << line;
+  }
+  r.table = os.str();
+  JsonLine j;
+  j.add("config", cfg.file).add("median_step_ms", r.median_ms).add("p10_step_ms", r.p10_ms).add("p90_step_ms", r.p90_ms);
+  j.add("peak_rss_mib", r.peak_rss_mib).add("arena_mib", r.arena_mib).add("params", r.params);
+  j.add("flops_per_step", r.flops_per_step).add("threads", r.threads).add(r.text ? "tokens_per_step" : "samples_per_step", r.items_per_step);
+  r.json = j.str();
+  return r;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,30 @@
+// `flowrun time`: how long a config's training step takes, where the time goes (per layer forward and
+// backward, per op type), and how much memory it needs, in the spirit of `caffe time`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+
+namespace flowrun {
+
+struct TimeOptions {
+  int64_t steps = 20;    // timed optimizer steps
+  int64_t warmup = 3;    // untimed steps first (page faults, BLAS buffers, caches)
+  int64_t profile = 5;   // steps timed kernel by kernel for the breakdown (after the timed ones)
+};
+
+struct TimeReport {
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;  // optimizer step wall time
+  double flops_per_step = 0;                     // from the ops' registered costs
+  double peak_rss_mib = 0, arena_mib = 0;
+  int64_t params = 0, threads = 0, items_per_step = 0;  // samples (or tokens) per optimizer step
+  bool text = false;
+  std::string table;  // the human-readable report
+  std::string json;   // one JSON object with the numbers above
+};
+
+TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts);
+
+}  // namespace flowrun

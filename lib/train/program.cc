@@ -1,0 +1,117 @@
+// Compiling a config's model, and one optimizer step over the loader's micro-batches.
+#include "train/program.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "optim/schedule.h"
+
+namespace flowrun {
+
+namespace {
+
+ModelInputs model_inputs(const DataSpec& spec, int64_t batch) {
+  ModelInputs in;
+  in.text = spec.text;
+  in.x_shape = {batch};
+  in.x_shape.insert(in.x_shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
+  in.num_classes = spec.num_classes;
+  return in;
+}
+
+OptimizerSpec optimizer_spec(const RunConfig& c) {
+  OptimizerSpec s;
+  s.type = c.optimizer.type;
+  s.momentum = c.optimizer.momentum;
+  s.dampening = c.optimizer.dampening;
+  s.nesterov = c.optimizer.nesterov;
+  s.weight_decay = c.optimizer.weight_decay;
+  s.beta1 = c.optimizer.beta1;
+  s.beta2 = c.optimizer.beta2;
+  s.eps = c.optimizer.eps;
+  s.decay_1d = c.optimizer.decay_1d;
+  s.clip_grad_norm = c.train.clip_grad_norm;
+  s.accumulation = c.train.grad_accumulation;
+  return s;
+}
+
+template <typename T>
+void set_scalar(Executor& ex, const std::string& name, T v) {
+  if (ex.has_tensor(name)) ex.tensor(name).data<T>()[0] = v;
+}
+
+}  // namespace
+
+void check_device(const RunConfig& c) {
+  if (c.train.device != "cpu")
+    throw input_error(c.where("train.device") +
+                      "'cuda' is not available: this build of flowrun has no CUDA backend yet; use cpu");
+  if (c.train.threads > 0) omp_set_num_threads(static_cast<int>(c.train.threads));
+}
+
+Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
+                      BuiltModel* built) {
+  Graph g;
+  *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
+  CompileOptions o;
+  if (training) {
+    o.optimizer = optimizer_spec(cfg);
+  } else {
+    o.loss = "";  // inference: no backward, no updates
+  }
+  return compile(std::move(g), o);
+}
+
+std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
+  std::vector<std::string> names;
+  for (const Value& v : p.graph.values())
+    if (v.kind == kind) names.push_back(v.name);
+  return names;
+}
+
+TrainProgram make_train_program(const RunConfig& cfg) {
+  check_device(cfg);
+  TrainProgram t;
+  t.data = open_dataset(cfg.data);
+  Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model);
+  t.params = persistent_names(p, ValueKind::param);
+  t.state = persistent_names(p, ValueKind::state);
+  spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
+               t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
+               cfg.train.micro_batch_size, cfg.train.grad_accumulation);
+  t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed);
+  init_parameters(t.model.init, cfg.train.seed, [&](const std::string& n) -> Tensor& { return t.ex->tensor(n); });
+  return t;
+}
+
+void feed(Executor& ex, const Batch& b) {
+  Tensor& x = ex.tensor("x");
+  Tensor& y = ex.tensor("y");
+  FR_CHECK(x.nbytes() == b.x.nbytes() && y.nbytes() == b.y.nbytes() && x.dtype() == b.x.dtype(),
+           "batch does not match the model's inputs");
+  std::memcpy(x.raw(), b.x.raw(), x.nbytes());
+  std::memcpy(y.raw(), b.y.raw(), y.nbytes());
+}
+
+double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
+                  const std::function<void(const Node&, double)>* timer) {
+  const int64_t accum = cfg.train.grad_accumulation;
+  set_scalar<float>(ex, "lr", static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps)));
+  set_scalar<int64_t>(ex, "opt/step", step + 1);
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    feed(ex, loader.next());
+    set_scalar<int64_t>(ex, "opt/micro", micro);
+    ex.set_step(step * accum + micro);  // the dropout streams of this micro-batch
+    if (timer)
+      ex.run_timed(*timer, micro == accum - 1);
+    else
+      ex.run(micro == accum - 1);
+    loss_sum += ex.output("loss").data<float>()[0];
+  }
+  return loss_sum / static_cast<double>(accum);
+}
+
+}  // namespace flowrun

@@ -1,0 +1,45 @@
+// What the trainer, `flowrun eval` and `flowrun time` share: a config's model compiled into a training or
+// evaluation program over its data, and one optimizer step (micro-batches, accumulation, lr, Adam's step).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/loader.h"
+#include "nn/model.h"
+#include "runtime/executor.h"
+
+namespace flowrun {
+
+// Refuses devices this build cannot use and applies train.threads.
+void check_device(const RunConfig& cfg);
+
+// A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer pass) or
+// evaluation (forward and loss only: dropout off, batchnorm on running statistics).
+Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training, BuiltModel* built);
+
+// The training program of a config, its data, and an executor with freshly initialised parameters.
+struct TrainProgram {
+  std::unique_ptr<Dataset> data;
+  BuiltModel model;
+  std::unique_ptr<Executor> ex;
+  std::vector<std::string> params, state;  // value names, as checkpoints hold them
+};
+TrainProgram make_train_program(const RunConfig& cfg);
+
+// Names of the values of one kind in a program.
+std::vector<std::string> persistent_names(const Program& p, ValueKind kind);
+
+// Copies a batch into the program's inputs "x" and "y".
+void feed(Executor& ex, const Batch& b);
+
+// Optimizer step `step` (0-based): lr from the schedule, every micro-batch of the accumulation window with
+// its dropout stream, the update on the last one. Returns the mean loss of the micro-batches. `timer`, when
+// given, receives each kernel's time (flowrun time).
+double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
+                  const std::function<void(const Node&, double)>* timer = nullptr);
+
+}  // namespace flowrun
