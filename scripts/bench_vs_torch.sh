@@ -153,15 +153,19 @@ if ! "$FLOWRUN" time --help >/dev/null 2>&1; then
   log "flowrun has no 'time' verb yet: timing PyTorch only"
 fi
 
-# Appends the last line of a command's stdout to runs.jsonl, tagged with impl and round (a failure is logged).
+# Appends the last line of a command's stdout (a JSON object) to runs.jsonl, tagged with the bench model name,
+# the requested thread count, impl and round (flowrun's own "model" and "threads" are kept as reported_*).
 record() {
-  local impl="$1" round="$2" log_file="$3"
-  shift 3
+  local model="$1" threads="$2" impl="$3" round="$4" log_file="$5"
+  shift 5
   local line
-  if "$@" >"$log_file" 2>&1 && line="$(tail -n 1 "$log_file")" && jq -e . >/dev/null 2>&1 <<<"$line"; then
-    jq -c --arg impl "$impl" --argjson round "$round" '. + {impl: $impl, round: $round}' <<<"$line" >>"$RUNS"
-    jq -r --arg impl "$impl" '"\(.model) \(.threads)T \($impl): \(.median_step_ms * 100 | round / 100) ms"' \
-      <<<"$line" >&2
+  if OMP_NUM_THREADS=$threads "$@" >"$log_file" 2>&1 && line="$(tail -n 1 "$log_file")" &&
+     jq -e 'type == "object"' >/dev/null 2>&1 <<<"$line"; then
+    jq -c --arg model "$model" --argjson threads "$threads" --arg impl "$impl" --argjson round "$round" \
+      '. + {reported_model: .model, reported_threads: .threads, model: $model, threads: $threads, impl: $impl,
+            round: $round}' <<<"$line" >>"$RUNS"
+    jq -r --arg m "$model" --arg t "$threads" --arg impl "$impl" \
+      '"\($m) \($t)T \($impl): \(.median_step_ms * 100 | round / 100) ms"' <<<"$line" >&2
   else
     log "$impl failed ($*); see $log_file"
   fi
@@ -185,13 +189,13 @@ for m in "${MODEL_LIST[@]}"; do
     for ((r = 1; r <= ROUNDS; r++)); do
       tag="$OUT/log-$m-${t}T-r$r"
       if [[ $HAVE_TIME == 1 ]]; then
-        OMP_NUM_THREADS=$t record flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
-          --warmup "$WARMUP" --set "train.threads=$t" "${extra[@]}" --json
+        record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
+          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${extra[@]}" --json
       fi
-      OMP_NUM_THREADS=$t record eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
+      record "$m" "$t" eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
         --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA"
       if [[ $COMPILE == 1 ]]; then
-        OMP_NUM_THREADS=$t record compiled "$r" "$tag-compiled.txt" "$PY" scripts/bench/torch_step.py "$m" --compile \
+        record "$m" "$t" compiled "$r" "$tag-compiled.txt" "$PY" scripts/bench/torch_step.py "$m" --compile \
           --threads "$t" --steps "$STEPS" --warmup "$((WARMUP > 2 ? WARMUP : 2))" --data-dir "$FLOWRUN_DATA"
       fi
     done
