@@ -109,6 +109,10 @@ def main(argv):
     lines += step_table(meta, runs, sgemm)
     probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm)
     lines += ["", f"sgemm probes (GFLOP/s): {probes or 'none'}."]
+    imports = [r["import_rss_mib"] for r in runs if "import_rss_mib" in r]
+    if imports:
+        lines.append(f"PyTorch's peak RSS includes {statistics.median(imports):.0f} MiB already resident right after "
+                     "`import torch`, before any model or data.")
     lines += [f"Note: {n}" for n in meta.get("notes", [])]
     lines += ttl_table(read_jsonl(os.path.join(d, "ttl.jsonl")))
     print("\n".join(lines))

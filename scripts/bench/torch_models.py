@@ -4,8 +4,8 @@ Each architecture has flowrun's zoo parameter shapes (models/{mlp,cnn,resnet,gpt
 initialisation scheme (lib/nn/init.cc: `pytorch` = PyTorch's defaults, `kaiming` convs N(0, sqrt(2/fan_out)),
 `gpt2` N(0, 0.02) with residual projections scaled by 1/sqrt(2 n_layer)); the optimizer and its
 hyper-parameters are those of the matching config, including flowrun's default of no weight decay on 1-d
-parameters (optimizer.decay_1d: false). Data comes from the HDF5 files flowrun itself trains on, loaded whole
-into tensors once, as flowrun's loader holds the whole file in memory.
+parameters (optimizer.decay_1d: false). Data comes from the HDF5 files flowrun itself trains on, held whole
+in memory as bytes and converted batch by batch, as flowrun's loader does.
 """
 import math
 import os
