@@ -1,0 +1,122 @@
+"""Turn one bench_vs_torch.sh results directory into its markdown report (standard library only).
+
+Reads DIR/meta.json (date, cpu, torch, notes), DIR/runs.jsonl (one record per timed run: the JSON line of
+`flowrun time --json` or torch_step.py, plus "impl" and "round"), DIR/sgemm.jsonl and DIR/ttl.jsonl.
+Per model and thread count it takes the median over rounds of each run's median step time and the largest
+peak RSS, and prints one table; then the time-to-loss table.
+
+Usage: report.py DIR
+"""
+import json
+import os
+import statistics
+import sys
+
+IMPLS = ("flowrun", "eager", "compiled")
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fmt(v, digits=1):
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def ratio(a, b):
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def rate(v):
+    if v is None:
+        return "-"
+    return f"{v / 1000:.1f}k" if v >= 10000 else f"{v:.0f}"
+
+
+def summarise(runs):
+    """{(model, threads): {impl: {"ms", "rss", "record"}}} from the per-run records."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["model"], r["threads"]), {}).setdefault(r["impl"], []).append(r)
+    out = {}
+    for key, per_impl in groups.items():
+        out[key] = {impl: {"ms": statistics.median(x["median_step_ms"] for x in rs),
+                           "rss": max(x["peak_rss_mib"] for x in rs), "record": rs[-1], "rounds": len(rs)}
+                    for impl, rs in per_impl.items()}
+    return out
+
+
+def peak_for(sgemm, threads):
+    vals = [s["gflops"] for s in sgemm if s["threads"] == threads]
+    return max(vals) if vals else None
+
+
+def step_table(meta, runs, sgemm):
+    rows = [
+        "| model | threads | flowrun ms | eager ms | compiled ms | flowrun/eager | flowrun/compiled "
+        "| throughput flowrun / eager / compiled | peak RSS MiB flowrun / eager / compiled "
+        "| flowrun GFLOP/s | sgemm peak GFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {m: i for i, m in enumerate(meta.get("models", []))}
+    for (model, threads), s in sorted(summarise(runs).items(), key=lambda kv: (order.get(kv[0][0], 99), -kv[0][1])):
+        ms = {i: s[i]["ms"] if i in s else None for i in IMPLS}
+        rss = {i: s[i]["rss"] if i in s else None for i in IMPLS}
+        torch_rec = (s.get("eager") or s.get("compiled") or {}).get("record", {})
+        items, unit = torch_rec.get("items_per_step"), torch_rec.get("unit", "samples/s")
+        thr = {i: items * 1000.0 / ms[i] if items and ms[i] else None for i in IMPLS}
+        flops = s["flowrun"]["record"].get("flops_per_step") if "flowrun" in s else None
+        gflops = flops / ms["flowrun"] / 1e6 if flops and ms["flowrun"] else None
+        rows.append(
+            f"| {model} | {threads} | {fmt(ms['flowrun'], 2)} | {fmt(ms['eager'], 2)} | {fmt(ms['compiled'], 2)} "
+            f"| {ratio(ms['flowrun'], ms['eager'])} | {ratio(ms['flowrun'], ms['compiled'])} "
+            f"| {' / '.join(rate(thr[i]) for i in IMPLS)} {unit} "
+            f"| {' / '.join(fmt(rss[i], 0) for i in IMPLS)} | {fmt(gflops)} | {fmt(peak_for(sgemm, threads))} |")
+    return rows
+
+
+def ttl_table(ttl):
+    if not ttl:
+        return []
+    flowrun = next((t for t in ttl if t["impl"] == "flowrun" and t.get("reached")), None)
+    rows = ["", f"Time to validation loss {ttl[0]['target']} nats/byte on KJV (gpt-tiny, {ttl[0]['threads']} threads; "
+            "wall time from the start of the run, evaluations included):", "",
+            "| run | reached | at step | val loss | seconds | vs flowrun |", "|---|---|---:|---:|---:|---:|"]
+    for t in ttl:
+        vs = ratio(t["seconds"], flowrun["seconds"]) if flowrun and t.get("reached") else "-"
+        rows.append(f"| {t['impl']} | {'yes' if t.get('reached') else 'no'} | {t.get('step') or '-'} "
+                    f"| {fmt(t.get('val_loss'), 4)} | {fmt(t.get('seconds'))} | {vs} |")
+    if any(t.get("time_from") == "step" for t in ttl):
+        rows += ["", "flowrun's seconds are those of the step record at the evaluation's step (its eval records carry "
+                 "no `time`), so they leave out its evaluation time."]
+    return rows
+
+
+def main(argv):
+    if len(argv) != 1:
+        sys.exit(__doc__.strip().splitlines()[-1])
+    d = argv[0]
+    with open(os.path.join(d, "meta.json")) as f:
+        meta = json.load(f)
+    runs, sgemm = read_jsonl(os.path.join(d, "runs.jsonl")), read_jsonl(os.path.join(d, "sgemm.jsonl"))
+    lines = [f"Measured {meta['date']} on {meta['cpu']} ({meta['cpus']} CPUs); flowrun {meta['flowrun']}, "
+             f"PyTorch {meta['torch']} ({meta['torch_source']}); {meta['steps']} timed steps after "
+             f"{meta['warmup']} warm-up, median of {meta['rounds']} alternating rounds; step = zero-grad + forward "
+             "+ loss + backward + optimizer step.", ""]
+    lines += step_table(meta, runs, sgemm)
+    probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm)
+    lines += ["", f"sgemm probes (GFLOP/s): {probes or 'none'}."]
+    imports = [r["import_rss_mib"] for r in runs if "import_rss_mib" in r]
+    if imports:
+        lines.append(f"PyTorch's peak RSS includes {statistics.median(imports):.0f} MiB already resident right after "
+                     "`import torch`, before any model or data.")
+    lines += [f"Note: {n}" for n in meta.get("notes", [])]
+    lines += ttl_table(read_jsonl(os.path.join(d, "ttl.jsonl")))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

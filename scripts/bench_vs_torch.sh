@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# bench_vs_torch.sh: flowrun against eager and torch.compile'd PyTorch on the same models, data and CPU threads.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: scripts/bench_vs_torch.sh [options]
+
+Times training steps (zero-grad + forward + loss + backward + optimizer step) of the bench models
+(configs/bench/*.yaml; their PyTorch twins in scripts/bench/torch_models.py) in flowrun (`flowrun time`),
+eager PyTorch and torch.compile'd PyTorch, alternating them round by round at each thread count, then races
+gpt-tiny to a KJV validation loss. Prints one markdown report and writes it, with every raw measurement, to
+bench-results/<date>/.
+
+PyTorch comes from PyPI into .venv-bench (created on first use); where that fails, Debian's python3-torch
+with /usr/bin/python3 (the report says which). flowrun must be built first (scripts/setup.sh); the
+environment variable FLOWRUN_BIN names another flowrun binary.
+
+Options:
+  --models LIST     Comma-separated, from mlp,cnn,resnet,gpt-tiny (default: all four).
+  --threads LIST    Comma-separated thread counts (default: 2,1).
+  --rounds N        Alternating rounds per model and thread count (default: 3).
+  --steps N         Timed steps per run (default: 30).
+  --warmup N        Untimed steps before them (default: 5; torch.compile compiles here).
+  --ttl-target X    Time-to-loss target, validation nats/byte (default: 2.0).
+  --ttl-max-steps N Give up the race after N steps (default: 3000).
+  --ttl-eval-every N Evaluate every N steps in the race (default: 50; 20 validation batches of 16).
+  --no-ttl          Skip the time-to-loss race.
+  --no-compile      Skip torch.compile (eager PyTorch only).
+  --quick           Smoke test: 1 round of 3 steps after 1 warm-up, race to loss 3.0 evaluating every 10.
+  --out DIR         Results directory (default: bench-results/<date>).
+  --help            Show this help and exit.
+USAGE
+}
+
+die_usage() {
+  echo "bench_vs_torch.sh: $*" >&2
+  echo "Try 'scripts/bench_vs_torch.sh --help'." >&2
+  exit 2
+}
+
+need_int() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die_usage "$1 needs a positive integer, got '$2'"; }
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+MODELS="mlp,cnn,resnet,gpt-tiny"
+THREADS="2,1"
+ROUNDS=3
+STEPS=30
+WARMUP=5
+TTL=1
+TTL_TARGET=2.0
+TTL_MAX_STEPS=3000
+EVAL_EVERY=50
+COMPILE=1
+OUT=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --help | -h) usage; exit 0 ;;
+    --models | --threads | --rounds | --steps | --warmup | --ttl-target | --ttl-max-steps | --ttl-eval-every | --out)
+      [[ $# -ge 2 ]] || die_usage "$1 needs a value"
+      case "$1" in
+        --models) MODELS="$2" ;;
+        --threads) THREADS="$2" ;;
+        --rounds) need_int "$1" "$2"; ROUNDS="$2" ;;
+        --steps) need_int "$1" "$2"; STEPS="$2" ;;
+        --warmup) [[ "$2" =~ ^[0-9]+$ ]] || die_usage "--warmup needs a non-negative integer, got '$2'"; WARMUP="$2" ;;
+        --ttl-target) [[ "$2" =~ ^[0-9]*\.?[0-9]+$ && ! "$2" =~ ^0*\.?0*$ ]] ||
+                        die_usage "--ttl-target needs a positive number, got '$2'"; TTL_TARGET="$2" ;;
+        --ttl-max-steps) need_int "$1" "$2"; TTL_MAX_STEPS="$2" ;;
+        --ttl-eval-every) need_int "$1" "$2"; EVAL_EVERY="$2" ;;
+        --out) OUT="$2" ;;
+      esac
+      shift 2 ;;
+    --no-ttl) TTL=0; shift ;;
+    --no-compile) COMPILE=0; shift ;;
+    --quick) ROUNDS=1; STEPS=3; WARMUP=1; TTL_TARGET=3.0; EVAL_EVERY=10; shift ;;
+    *) die_usage "unknown argument '$1'" ;;
+  esac
+done
+
+declare -A CONFIG=([mlp]=configs/bench/mlp.yaml [cnn]=configs/bench/cnn.yaml [resnet]=configs/bench/resnet.yaml
+                   [gpt-tiny]=configs/bench/gpt_tiny.yaml)
+IFS=, read -r -a MODEL_LIST <<<"$MODELS"
+IFS=, read -r -a THREAD_LIST <<<"$THREADS"
+[[ ${#MODEL_LIST[@]} -gt 0 ]] || die_usage "--models is empty"
+for m in "${MODEL_LIST[@]}"; do
+  [[ -n "${CONFIG[$m]:-}" ]] || die_usage "unknown model '$m' (choose from mlp,cnn,resnet,gpt-tiny)"
+done
+[[ ${#THREAD_LIST[@]} -gt 0 ]] || die_usage "--threads is empty"
+for t in "${THREAD_LIST[@]}"; do need_int --threads "$t"; done
+
+FLOWRUN="${FLOWRUN_BIN:-$ROOT/build/apps/flowrun}"
+[[ -x "$FLOWRUN" ]] || { echo "bench_vs_torch.sh: $FLOWRUN not found: build flowrun first (scripts/setup.sh)" >&2; exit 1; }
+
+log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+
+# ---- PyTorch: the PyPI wheel in .venv-bench, else Debian's python3-torch ----
+VENV="$ROOT/.venv-bench"
+TORCH_SOURCE=""
+has_torch() { "$1" -c 'import torch, numpy, h5py' >/dev/null 2>&1; }
+setup_torch() {
+  if [[ -x "$VENV/bin/python" ]] && has_torch "$VENV/bin/python"; then
+    PY="$VENV/bin/python"; TORCH_SOURCE="PyPI wheel in .venv-bench"; return
+  fi
+  local t0=$SECONDS
+  log "creating $VENV and installing torch numpy h5py (several GB from PyPI; minutes)"
+  if python3 -m venv "$VENV"; then
+    if curl -sfI --max-time 10 https://download.pytorch.org/whl/cpu/ >/dev/null 2>&1; then
+      "$VENV/bin/pip" install --quiet torch --index-url https://download.pytorch.org/whl/cpu &&
+        "$VENV/bin/pip" install --quiet numpy h5py && TORCH_SOURCE="CPU wheel from download.pytorch.org"
+    fi
+    if [[ -z "$TORCH_SOURCE" ]] && "$VENV/bin/pip" install --quiet torch numpy h5py; then
+      TORCH_SOURCE="PyPI wheel in .venv-bench"
+    fi
+  fi
+  if [[ -n "$TORCH_SOURCE" ]] && has_torch "$VENV/bin/python"; then
+    PY="$VENV/bin/python"; log "installed in $((SECONDS - t0)) s"; return
+  fi
+  if has_torch /usr/bin/python3; then
+    PY=/usr/bin/python3
+    TORCH_SOURCE="Debian python3-torch with /usr/bin/python3 (PyPI torch could not be installed)"
+    log "PyPI torch unavailable: falling back to $TORCH_SOURCE"; return
+  fi
+  echo "bench_vs_torch.sh: no PyTorch: pip install into $VENV failed and /usr/bin/python3 has no torch" \
+       "(apt-get install python3-torch python3-h5py libopenblas0-openmp)" >&2
+  exit 1
+}
+setup_torch
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
+
+# ---- data: flowrun converts its datasets; the resnet images are written from Fashion-MNIST ----
+export FLOWRUN_DATA="${FLOWRUN_DATA:-$ROOT/data/cache}"
+mkdir -p "$FLOWRUN_DATA"
+[[ -f "$FLOWRUN_DATA/fashion_mnist.h5" ]] || "$FLOWRUN" data fashion_mnist >&2
+[[ -f "$FLOWRUN_DATA/kjv.h5" ]] || "$FLOWRUN" data kjv >&2
+FASHION32="$FLOWRUN_DATA/fashion_mnist_3x32.h5"
+[[ -f "$FASHION32" ]] || "$PY" scripts/bench/make_fashion32.py "$FLOWRUN_DATA/fashion_mnist.h5" "$FASHION32"
+
+OUT="${OUT:-bench-results/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+RUNS="$OUT/runs.jsonl"
+: >"$RUNS"
+: >"$OUT/sgemm.jsonl"
+: >"$OUT/ttl.jsonl"
+NOTES=()
+
+HAVE_TIME=1
+if ! "$FLOWRUN" time --help >/dev/null 2>&1; then
+  HAVE_TIME=0
+  NOTES+=("this flowrun has no \`time\` verb: its columns are empty")
+  log "flowrun has no 'time' verb yet: timing PyTorch only"
+fi
+
+# Appends the last line of a command's stdout (a JSON object) to runs.jsonl, tagged with the bench model name,
+# the requested thread count, impl and round (flowrun's own "model" and "threads" are kept as reported_*).
+record() {
+  local model="$1" threads="$2" impl="$3" round="$4" log_file="$5"
+  shift 5
+  local line
+  if OMP_NUM_THREADS=$threads "$@" >"$log_file" 2>&1 && line="$(tail -n 1 "$log_file")" &&
+     jq -e 'type == "object"' >/dev/null 2>&1 <<<"$line"; then
+    jq -c --arg model "$model" --argjson threads "$threads" --arg impl "$impl" --argjson round "$round" \
+      '. + {reported_model: .model, reported_threads: .threads, model: $model, threads: $threads, impl: $impl,
+            round: $round}' <<<"$line" >>"$RUNS"
+    jq -r --arg m "$model" --arg t "$threads" --arg impl "$impl" \
+      '"\($m) \($t)T \($impl): \(.median_step_ms * 100 | round / 100) ms"' <<<"$line" >&2
+  else
+    log "$impl failed ($*); see $log_file"
+  fi
+}
+
+# ---- sgemm ceiling, at each thread count ----
+for t in "${THREAD_LIST[@]}"; do
+  OMP_NUM_THREADS=$t "$PY" scripts/bench/sgemm_probe.py --threads "$t" >>"$OUT/sgemm.jsonl"
+  if [[ -x build/tests/flowrun_bench ]]; then
+    OMP_NUM_THREADS=$t build/tests/flowrun_bench --benchmark_filter=sgemm --benchmark_format=json 2>/dev/null |
+      jq -c --argjson t "$t" '.benchmarks[0] | {probe: "OpenBLAS (flowrun_bench)", threads: $t, gflops: .GFLOPS}' \
+      >>"$OUT/sgemm.jsonl" || log "flowrun_bench sgemm probe failed"
+  fi
+done
+
+# ---- step times: flowrun, eager, compiled, alternating ----
+for m in "${MODEL_LIST[@]}"; do
+  extra=()
+  [[ "$m" == resnet ]] && extra=(--set "data.path=$FASHION32")
+  for t in "${THREAD_LIST[@]}"; do
+    for ((r = 1; r <= ROUNDS; r++)); do
+      tag="$OUT/log-$m-${t}T-r$r"
+      if [[ $HAVE_TIME == 1 ]]; then
+        record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
+          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${extra[@]}" --json
+      fi
+      record "$m" "$t" eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
+        --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA"
+      if [[ $COMPILE == 1 ]]; then
+        record "$m" "$t" compiled "$r" "$tag-compiled.txt" "$PY" scripts/bench/torch_step.py "$m" --compile \
+          --threads "$t" --steps "$STEPS" --warmup "$((WARMUP > 2 ? WARMUP : 2))" --data-dir "$FLOWRUN_DATA"
+      fi
+    done
+  done
+done
+
+# ---- time to loss: gpt-tiny on KJV, at the first thread count ----
+if [[ $TTL == 1 ]]; then
+  t="${THREAD_LIST[0]}"
+  log "time to loss $TTL_TARGET: flowrun"
+  OMP_NUM_THREADS=$t "$PY" scripts/bench/flowrun_ttl.py --target "$TTL_TARGET" --run-dir "$OUT/ttl-flowrun" \
+    --threads "$t" -- "$FLOWRUN" train configs/bench/gpt_tiny.yaml --no-progress --set "train.threads=$t" \
+    --set "train.steps=$TTL_MAX_STEPS" --set "train.eval_every=$EVAL_EVERY" --set "train.log_every=$EVAL_EVERY" \
+    --set "train.run_dir=$OUT/ttl-flowrun" >>"$OUT/ttl.jsonl" || log "flowrun time-to-loss failed"
+  modes=(eager)
+  [[ $COMPILE == 1 ]] && modes+=(compiled)
+  for mode in "${modes[@]}"; do
+    log "time to loss $TTL_TARGET: $mode PyTorch"
+    flag=()
+    [[ $mode == compiled ]] && flag=(--compile)
+    OMP_NUM_THREADS=$t "$PY" scripts/bench/time_to_loss.py "${flag[@]}" --target "$TTL_TARGET" --threads "$t" \
+      --eval-every "$EVAL_EVERY" --eval-batches 20 --max-steps "$TTL_MAX_STEPS" --data-dir "$FLOWRUN_DATA" \
+      2>"$OUT/log-ttl-$mode.txt" | tail -n 1 | jq -c '. + {impl: .mode}' >>"$OUT/ttl.jsonl" ||
+      log "$mode time-to-loss failed; see $OUT/log-ttl-$mode.txt"
+  done
+fi
+
+# ---- report ----
+notes_json="$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}" | jq -R . | jq -cs 'map(select(length > 0))')"
+models_json="$(printf '%s\n' "${MODEL_LIST[@]}" | jq -R . | jq -cs .)"
+jq -n --arg date "$(date -u +%Y-%m-%dT%H:%MZ)" --arg cpu "$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)" \
+  --arg cpus "$(nproc)" --arg flowrun "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  --arg torch "$TORCH_VERSION" --arg torch_source "$TORCH_SOURCE" --argjson steps "$STEPS" \
+  --argjson warmup "$WARMUP" --argjson rounds "$ROUNDS" --argjson notes "$notes_json" \
+  --argjson models "$models_json" \
+  '{date: $date, cpu: $cpu, cpus: $cpus, flowrun: $flowrun, torch: $torch, torch_source: $torch_source,
+    steps: $steps, warmup: $warmup, rounds: $rounds, notes: $notes, models: $models}' >"$OUT/meta.json"
+"$PY" scripts/bench/report.py "$OUT" | tee "$OUT/report.md"
+log "raw results and logs in $OUT/"
