@@ -1,12 +1,17 @@
-// bf16 matmul through oneDNN (kept in its own file: dnnl.hpp is heavy to compile).
+// Matmul through oneDNN primitives (kept in its own file: dnnl.hpp is heavy to compile). A primitive is
+// created on the first use of a shape, cached with its scratchpad, and then only re-bound to new data, so a
+// steady-state step allocates nothing.
 #pragma once
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace flowrun::cpu {
 
-// Row-major batched bf16 GEMM with f32 accumulation; a stride of 0 means the operand is shared by all batches.
-void dnnl_matmul_bf16(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
-                      int64_t b_stride, const void* a, const void* b, void* y);
+// Row-major batched y = alpha * op(a) op(b) + beta * y with f32 accumulation, for f32 or bf16 operands (y in
+// the same dtype); a stride of 0 means the operand is shared by all batches.
+void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
+                 int64_t b_stride, float alpha, float beta, const void* a, const void* b, void* y);
 
 }  // namespace flowrun::cpu
