@@ -1,0 +1,204 @@
+// oneDNN f32 convolution primitives. Each (op, geometry) builds its primitive once, letting oneDNN choose its
+// blocked layouts (format_tag::any); the entry keeps the reorder buffers and a user scratchpad, so a
+// steady-state call only rebinds data handles and allocates nothing.
+#include "ops/cpu/dnnl_conv.h"
+
+#include <array>
+#include <cstdlib>
+#include <initializer_list>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <vector>
+
+namespace flowrun::cpu {
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
+
+using Key = std::array<int64_t, 15>;
+
+// One tensor the primitive reads or writes: `user` wraps flowrun's plain buffer (rebound per call); `inner`
+// is the primitive's own layout, the same memory as `user` unless a reorder is needed.
+struct Port {
+  int arg = 0;
+  bool output = false;
+  dnnl::memory user, inner;
+  bool reordered = false;
+  dnnl::reorder reorder;  // only when reordered
+};
+
+struct Entry {
+  dnnl::primitive prim;
+  std::vector<Port> ports;
+  dnnl::memory scratch;
+  std::unordered_map<int, dnnl::memory> args;  // built once: execute() then allocates nothing
+};
+
+tag layout() {
+  static const tag t = std::getenv("FLOWRUN_CONV_PLAIN") ? tag::nchw : tag::any;
+  return t;
+}
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+Key key_of(Kind k, const ConvGeom& g) {
+  return {static_cast<int64_t>(k), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw,
+          g.groups};
+}
+
+// Plain descriptors of flowrun's tensors. A grouped weight (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw
+// over the same bytes.
+dnnl::memory::desc src_desc(const ConvGeom& g, tag t) {
+  return {{g.n, g.c, g.h, g.w}, dt::f32, t};
+}
+dnnl::memory::desc dst_desc(const ConvGeom& g, tag t) {
+  return {{g.n, g.o, g.oh, g.ow}, dt::f32, t};
+}
+dnnl::memory::desc wei_desc(const ConvGeom& g, bool any) {
+  if (g.groups == 1) return {{g.o, g.c, g.kh, g.kw}, dt::f32, any ? tag::any : tag::oihw};
+  return {{g.groups, g.og(), g.cg(), g.kh, g.kw}, dt::f32, any ? tag::any : tag::goihw};
+}
+dnnl::memory::desc bias_desc(const ConvGeom& g) {
+  return {{g.o}, dt::f32, tag::x};
+}
+
+// Stride, dilation (oneDNN counts the gaps: d - 1), and left/right padding. Right padding equals left as in
+// PyTorch; oneDNN floors the output size the same way, so windows past the end are dropped alike.
+struct Conv {
+  dnnl::memory::dims stride, dilate, pad;
+};
+Conv conv_of(const ConvGeom& g) {
+  return {{g.sh, g.sw}, {g.dh - 1, g.dw - 1}, {g.ph, g.pw}};
+}
+
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
+// The forward descriptor: its primitive for the forward op, and the hint the backward ones require.
+dnnl::convolution_forward::primitive_desc fwd_pd(const ConvGeom& g, bool bias) {
+  const Conv v = conv_of(g);
+  const auto s = src_desc(g, layout()), w = wei_desc(g, layout() == tag::any), d = dst_desc(g, layout());
+  const auto alg = dnnl::algorithm::convolution_direct;
+  const auto pk = dnnl::prop_kind::forward_training;
+  const auto desc = bias ? dnnl::convolution_forward::desc(pk, alg, s, w, bias_desc(g), d, v.stride, v.dilate,
+                                                           v.pad, v.pad)
+                         : dnnl::convolution_forward::desc(pk, alg, s, w, d, v.stride, v.dilate, v.pad, v.pad);
+  return {desc, user_scratchpad(), engine()};
+}
+
+Port port(int arg, bool output, const dnnl::memory::desc& user, const dnnl::memory::desc& inner) {
+  Port p;
+  p.arg = arg;
+  p.output = output;
+  p.user = dnnl::memory(user, engine(), nullptr);
+  if (inner == user) {
+    p.inner = p.user;
+    return p;
+  }
+  p.inner = dnnl::memory(inner, engine());
+  p.reordered = true;
+  p.reorder = output ? dnnl::reorder(p.inner, p.user) : dnnl::reorder(p.user, p.inner);
+  return p;
+}
+
+template <typename PD>
+Entry entry_of(const PD& pd, dnnl::primitive prim, std::vector<Port> ports) {
+  Entry e;
+  e.prim = std::move(prim);
+  e.ports = std::move(ports);
+  e.scratch = dnnl::memory(pd.scratchpad_desc(), engine());
+  for (const Port& p : e.ports) e.args[p.arg] = p.inner;
+  e.args[DNNL_ARG_SCRATCHPAD] = e.scratch;
+  return e;
+}
+
+Entry build(Kind k, const ConvGeom& g) {
+  const Conv v = conv_of(g);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  const auto x = src_desc(g, tag::nchw), y = dst_desc(g, tag::nchw), w = wei_desc(g, false);
+  switch (k) {
+    case Kind::fwd:
+    case Kind::fwd_bias: {
+      const auto pd = fwd_pd(g, k == Kind::fwd_bias);
+      std::vector<Port> ps = {port(DNNL_ARG_SRC, false, x, pd.src_desc()),
+                              port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
+                              port(DNNL_ARG_DST, true, y, pd.dst_desc())};
+      if (k == Kind::fwd_bias) ps.push_back(port(DNNL_ARG_BIAS, false, bias_desc(g), bias_desc(g)));
+      return entry_of(pd, dnnl::convolution_forward(pd), std::move(ps));
+    }
+    case Kind::bwd_data: {
+      const dnnl::convolution_backward_data::desc d(alg, src_desc(g, layout()), wei_desc(g, layout() == tag::any),
+                                                    dst_desc(g, layout()), v.stride, v.dilate, v.pad, v.pad);
+      const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(), fwd_pd(g, false));
+      return entry_of(pd, dnnl::convolution_backward_data(pd),
+                      {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
+                           port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
+                           port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc())});
+    }
+    case Kind::bwd_weights: {
+      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, layout()), wei_desc(g, layout() == tag::any),
+                                                       dst_desc(g, layout()), v.stride, v.dilate, v.pad, v.pad);
+      const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(),
+                                                                  fwd_pd(g, false));
+      return entry_of(pd, dnnl::convolution_backward_weights(pd),
+                      {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
+                           port(DNNL_ARG_SRC, false, x, pd.src_desc()),
+                           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc())});
+    }
+  }
+  FR_CHECK(false, "unknown conv kind");
+  return {};
+}
+
+// Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
+void run(Kind k, const ConvGeom& g, std::initializer_list<const void*> bufs) {
+  static std::map<Key, Entry> cache;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key_of(k, g));
+  if (it == cache.end()) it = cache.emplace(key_of(k, g), build(k, g)).first;
+  Entry& e = it->second;
+  FR_CHECK(bufs.size() == e.ports.size(), "conv buffer count");
+  static dnnl::stream stream(engine());
+  Port* p = e.ports.data();
+  for (const void* b : bufs) {
+    p->user.set_data_handle(const_cast<void*>(b));
+    if (!p->output && p->reordered) p->reorder.execute(stream, p->user, p->inner);
+    ++p;
+  }
+  e.prim.execute(stream, e.args);
+  for (Port& p : e.ports)
+    if (p.output && p.reordered) p.reorder.execute(stream, p.inner, p.user);
+  stream.wait();
+}
+
+}  // namespace
+
+void dnnl_conv2d_f32(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y) {
+  if (bias)
+    run(Kind::fwd_bias, g, {x, w, y, bias});
+  else
+    run(Kind::fwd, g, {x, w, y});
+}
+
+void dnnl_conv2d_grad_input_f32(const ConvGeom& g, const float* dy, const float* w, float* dx) {
+  run(Kind::bwd_data, g, {dy, w, dx});
+}
+
+void dnnl_conv2d_grad_weight_f32(const ConvGeom& g, const float* dy, const float* x, float* dw) {
+  run(Kind::bwd_weights, g, {dy, x, dw});
+}
+
+}  // namespace flowrun::cpu
