@@ -65,7 +65,8 @@ TEST(ConvF32, BackwardKernelsMatchFloat64) {
     const Shape &x = s.inputs[0].shape, &w = s.inputs[1].shape, y = conv_out(x, w, s.attrs);
     const std::vector<Arg> gi = {{"dy", y}, {"w", w}}, gw = {{"dy", y}, {"x", x}};
     const Attrs ai = with(s.attrs, "in_shape", x), aw = with(s.attrs, "w_shape", w);
-    expect_close(run_op("conv2d_grad_input", gi, ai, DType::f64), run_op("conv2d_grad_input", gi, ai, DType::f32));
+    expect_close(run_op("conv2d_grad_input", gi, ai, DType::f64),
+                 run_op("conv2d_grad_input", gi, ai, DType::f32));
     expect_close(run_op("conv2d_grad_weight", gw, aw, DType::f64),
                  run_op("conv2d_grad_weight", gw, aw, DType::f32));
   }

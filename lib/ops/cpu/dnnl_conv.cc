@@ -1,10 +1,11 @@
 // oneDNN f32 convolution primitives. Each (op, geometry) builds its primitive once, letting oneDNN choose its
-// blocked layouts (format_tag::any); the entry keeps the reorder buffers and a user scratchpad, so a
-// steady-state call only rebinds data handles and allocates nothing.
+// blocked layouts (format_tag::any: with plain nchw/oihw descriptors oneDNN 2.6 picks far slower kernels, and
+// a ResNet-20 step spends 800 ms in convolutions instead of 86 ms with the reorders); the entry keeps the
+// reorder buffers and a user scratchpad, so a steady-state call only rebinds data handles and allocates
+// nothing.
 #include "ops/cpu/dnnl_conv.h"
 
 #include <array>
-#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <mutex>
@@ -40,18 +41,26 @@ struct Entry {
   std::unordered_map<int, dnnl::memory> args;  // built once: execute() then allocates nothing
 };
 
-tag layout() {
-  static const tag t = std::getenv("FLOWRUN_CONV_PLAIN") ? tag::nchw : tag::any;
-  return t;
-}
-
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
 }
 
 Key key_of(Kind k, const ConvGeom& g) {
-  return {static_cast<int64_t>(k), g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw,
+  return {static_cast<int64_t>(k),
+          g.n,
+          g.c,
+          g.h,
+          g.w,
+          g.o,
+          g.kh,
+          g.kw,
+          g.sh,
+          g.sw,
+          g.ph,
+          g.pw,
+          g.dh,
+          g.dw,
           g.groups};
 }
 
@@ -89,12 +98,12 @@ dnnl::primitive_attr user_scratchpad() {
 // The forward descriptor: its primitive for the forward op, and the hint the backward ones require.
 dnnl::convolution_forward::primitive_desc fwd_pd(const ConvGeom& g, bool bias) {
   const Conv v = conv_of(g);
-  const auto s = src_desc(g, layout()), w = wei_desc(g, layout() == tag::any), d = dst_desc(g, layout());
+  const auto s = src_desc(g, tag::any), w = wei_desc(g, true), d = dst_desc(g, tag::any);
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto pk = dnnl::prop_kind::forward_training;
-  const auto desc = bias ? dnnl::convolution_forward::desc(pk, alg, s, w, bias_desc(g), d, v.stride, v.dilate,
-                                                           v.pad, v.pad)
-                         : dnnl::convolution_forward::desc(pk, alg, s, w, d, v.stride, v.dilate, v.pad, v.pad);
+  const auto desc =
+      bias ? dnnl::convolution_forward::desc(pk, alg, s, w, bias_desc(g), d, v.stride, v.dilate, v.pad, v.pad)
+           : dnnl::convolution_forward::desc(pk, alg, s, w, d, v.stride, v.dilate, v.pad, v.pad);
   return {desc, user_scratchpad(), engine()};
 }
 
@@ -139,23 +148,25 @@ Entry build(Kind k, const ConvGeom& g) {
       return entry_of(pd, dnnl::convolution_forward(pd), std::move(ps));
     }
     case Kind::bwd_data: {
-      const dnnl::convolution_backward_data::desc d(alg, src_desc(g, layout()), wei_desc(g, layout() == tag::any),
-                                                    dst_desc(g, layout()), v.stride, v.dilate, v.pad, v.pad);
-      const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(), fwd_pd(g, false));
+      const dnnl::convolution_backward_data::desc d(alg, src_desc(g, tag::any), wei_desc(g, true),
+                                                    dst_desc(g, tag::any), v.stride, v.dilate, v.pad, v.pad);
+      const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(),
+                                                               fwd_pd(g, false));
       return entry_of(pd, dnnl::convolution_backward_data(pd),
                       {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
-                           port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
-                           port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc())});
+                       port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
+                       port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc())});
     }
     case Kind::bwd_weights: {
-      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, layout()), wei_desc(g, layout() == tag::any),
-                                                       dst_desc(g, layout()), v.stride, v.dilate, v.pad, v.pad);
+      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, tag::any), wei_desc(g, true),
+                                                       dst_desc(g, tag::any), v.stride, v.dilate, v.pad,
+                                                       v.pad);
       const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(),
                                                                   fwd_pd(g, false));
-      return entry_of(pd, dnnl::convolution_backward_weights(pd),
-                      {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
-                           port(DNNL_ARG_SRC, false, x, pd.src_desc()),
-                           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc())});
+      return entry_of(
+          pd, dnnl::convolution_backward_weights(pd),
+          {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()), port(DNNL_ARG_SRC, false, x, pd.src_desc()),
+           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc())});
     }
   }
   FR_CHECK(false, "unknown conv kind");
