@@ -10,7 +10,6 @@
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <unordered_map>
 #include <vector>
 
 namespace flowrun::cpu {
@@ -24,6 +23,15 @@ enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
 using Key = std::array<int64_t, 15>;
 
+// Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
+// and a steady-state step must not allocate.
+using Args = std::vector<dnnl_exec_arg_t>;
+
+void execute(const dnnl::primitive& p, dnnl::stream& s, const Args& a) {
+  const dnnl_status_t st = dnnl_primitive_execute(p.get(), s.get(), static_cast<int>(a.size()), a.data());
+  FR_CHECK(st == dnnl_success, "oneDNN convolution failed with status ", static_cast<int>(st));
+}
+
 // One tensor the primitive reads or writes: `user` wraps flowrun's plain buffer (rebound per call); `inner`
 // is the primitive's own layout, the same memory as `user` unless a reorder is needed.
 struct Port {
@@ -31,14 +39,15 @@ struct Port {
   bool output = false;
   dnnl::memory user, inner;
   bool reordered = false;
-  dnnl::reorder reorder;  // only when reordered
+  dnnl::reorder reorder;  // only when reordered, with its (from, to) arguments
+  Args reorder_args;
 };
 
 struct Entry {
   dnnl::primitive prim;
   std::vector<Port> ports;
   dnnl::memory scratch;
-  std::unordered_map<int, dnnl::memory> args;  // built once: execute() then allocates nothing
+  Args args;
 };
 
 dnnl::engine& engine() {
@@ -118,7 +127,9 @@ Port port(int arg, bool output, const dnnl::memory::desc& user, const dnnl::memo
   }
   p.inner = dnnl::memory(inner, engine());
   p.reordered = true;
-  p.reorder = output ? dnnl::reorder(p.inner, p.user) : dnnl::reorder(p.user, p.inner);
+  const dnnl::memory &from = output ? p.inner : p.user, &to = output ? p.user : p.inner;
+  p.reorder = dnnl::reorder(from, to);
+  p.reorder_args = {{DNNL_ARG_FROM, from.get()}, {DNNL_ARG_TO, to.get()}};
   return p;
 }
 
@@ -128,8 +139,8 @@ Entry entry_of(const PD& pd, dnnl::primitive prim, std::vector<Port> ports) {
   e.prim = std::move(prim);
   e.ports = std::move(ports);
   e.scratch = dnnl::memory(pd.scratchpad_desc(), engine());
-  for (const Port& p : e.ports) e.args[p.arg] = p.inner;
-  e.args[DNNL_ARG_SCRATCHPAD] = e.scratch;
+  for (const Port& p : e.ports) e.args.push_back({p.arg, p.inner.get()});
+  e.args.push_back({DNNL_ARG_SCRATCHPAD, e.scratch.get()});
   return e;
 }
 
@@ -186,12 +197,12 @@ void run(Kind k, const ConvGeom& g, std::initializer_list<const void*> bufs) {
   Port* p = e.ports.data();
   for (const void* b : bufs) {
     p->user.set_data_handle(const_cast<void*>(b));
-    if (!p->output && p->reordered) p->reorder.execute(stream, p->user, p->inner);
+    if (!p->output && p->reordered) execute(p->reorder, stream, p->reorder_args);
     ++p;
   }
-  e.prim.execute(stream, e.args);
+  execute(e.prim, stream, e.args);
   for (Port& p : e.ports)
-    if (p.output && p.reordered) p.reorder.execute(stream, p.inner, p.user);
+    if (p.output && p.reordered) execute(p.reorder, stream, p.reorder_args);
   stream.wait();
 }
 
