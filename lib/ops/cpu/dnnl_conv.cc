@@ -5,6 +5,8 @@
 // nothing.
 #include "ops/cpu/dnnl_conv.h"
 
+#include <omp.h>
+
 #include <array>
 #include <initializer_list>
 #include <map>
@@ -21,7 +23,7 @@ using tag = dnnl::memory::format_tag;
 
 enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
-using Key = std::array<int64_t, 15>;
+using Key = std::array<int64_t, 16>;
 
 // Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
 // and a steady-state step must not allocate.
@@ -55,22 +57,11 @@ dnnl::engine& engine() {
   return e;
 }
 
+// The thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it
+// builds it, so a changed count (train.threads) gets a primitive made for it.
 Key key_of(Kind k, const ConvGeom& g) {
-  return {static_cast<int64_t>(k),
-          g.n,
-          g.c,
-          g.h,
-          g.w,
-          g.o,
-          g.kh,
-          g.kw,
-          g.sh,
-          g.sw,
-          g.ph,
-          g.pw,
-          g.dh,
-          g.dw,
-          g.groups};
+  const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k);
+  return {threads, kind, g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
 }
 
 // Plain descriptors of flowrun's tensors. A grouped weight (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw
