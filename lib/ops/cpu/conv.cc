@@ -1,6 +1,7 @@
-// CPU conv2d (im2col + BLAS GEMM) and pooling kernels. GEMMs run outside any OpenMP region of ours (OpenBLAS
-// threads them itself); im2col, col2im and pooling are parallel over rows/channels/planes with static chunks,
-// and every accumulation runs in a fixed order, so results are bitwise reproducible for a thread count.
+// CPU conv2d (f32 through oneDNN in ops/cpu/dnnl_conv.cc, f64 by im2col + BLAS GEMM) and pooling kernels.
+// GEMMs run outside any OpenMP region of ours (OpenBLAS threads them itself); im2col, col2im and pooling are
+// parallel over rows/channels/planes with static chunks, and every accumulation runs in a fixed order, so
+// results are bitwise reproducible for a thread count.
 #include "ops/cpu/conv.h"
 
 #include <algorithm>
