@@ -88,8 +88,10 @@ double bytes_of(const std::vector<TensorType>& ts) {
   return b;
 }
 
-// The im2col buffer of one image, all groups; none for a pointwise conv.
+// The im2col buffer of one image, all groups; none for a pointwise conv, nor for f32, whose oneDNN kernels
+// hold their own buffers next to their cached primitives.
 size_t col_bytes(const Shape& x, const Shape& w, const Attrs& a, DType t) {
+  if (t == DType::f32) return 0;
   return static_cast<size_t>(cpu::conv_geom(x, w, a).col_elems()) * dtype_size(t);
 }
 

@@ -1,6 +1,7 @@
-// CPU conv2d (im2col + BLAS GEMM) and pooling kernels. GEMMs run outside any OpenMP region of ours (OpenBLAS
-// threads them itself); im2col, col2im and pooling are parallel over rows/channels/planes with static chunks,
-// and every accumulation runs in a fixed order, so results are bitwise reproducible for a thread count.
+// CPU conv2d (f32 through oneDNN in ops/cpu/dnnl_conv.cc, f64 by im2col + BLAS GEMM) and pooling kernels.
+// GEMMs run outside any OpenMP region of ours (OpenBLAS threads them itself); im2col, col2im and pooling are
+// parallel over rows/channels/planes with static chunks, and every accumulation runs in a fixed order, so
+// results are bitwise reproducible for a thread count.
 #include "ops/cpu/conv.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "ops/cpu/dnnl_conv.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/parallel.h"
 
@@ -389,15 +391,27 @@ PoolGeom pool_geom(const Shape& x, const Attrs& a) {
   return g;
 }
 
+// f32 runs through oneDNN (blocked layouts, ~3x the im2col GEMM); f64, which oneDNN lacks, stays on im2col.
+// An empty batch has nothing to convolve, and its weight gradient is zero.
 void conv2d(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { conv2d_t<std::remove_pointer_t<decltype(t)>>(c); });
+  if (c.in[0].dtype != DType::f32) return conv2d_t<double>(c);
+  const ConvGeom g = conv_geom(*c.in[0].shape, *c.in[1].shape, c.attrs());
+  if (g.n == 0) return;
+  dnnl_conv2d_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), c.num_in > 2 ? c.in[2].as<float>() : nullptr,
+                  c.out[0].as<float>());
 }
 void conv2d_grad_input(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { conv2d_grad_input_t<std::remove_pointer_t<decltype(t)>>(c); });
+  if (c.in[0].dtype != DType::f32) return conv2d_grad_input_t<double>(c);
+  const ConvGeom g = conv_geom(c.attrs().ints("in_shape"), *c.in[1].shape, c.attrs());
+  if (g.n == 0) return;
+  dnnl_conv2d_grad_input_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), c.out[0].as<float>());
 }
 void conv2d_grad_weight(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype,
-                 [&](auto* t) { conv2d_grad_weight_t<std::remove_pointer_t<decltype(t)>>(c); });
+  if (c.in[0].dtype != DType::f32) return conv2d_grad_weight_t<double>(c);
+  const ConvGeom g = conv_geom(*c.in[1].shape, c.attrs().ints("w_shape"), c.attrs());
+  float* dw = c.out[0].as<float>();
+  if (g.n == 0) return std::fill(dw, dw + g.o * g.kdim(), 0.0f);
+  dnnl_conv2d_grad_weight_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), dw);
 }
 void maxpool2d(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });

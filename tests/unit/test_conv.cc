@@ -1,0 +1,98 @@
+// conv2d backward kernels in f32 (oneDNN) against f64 (im2col), which the generic f32-vs-f64 test does not
+// reach (it runs forwards only), and bitwise reproducibility of the f32 kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "op_harness.h"
+
+namespace flowrun::testing {
+namespace {
+
+struct Arg {
+  std::string name;
+  Shape shape;
+};
+
+// A program running one op on the given inputs, all of dtype t, filled from a fixed seed.
+std::unique_ptr<Executor> single_op(const std::string& op, const std::vector<Arg>& args, const Attrs& attrs,
+                                    DType t) {
+  Graph g;
+  GraphBuilder b(g);
+  std::vector<ValueId> ins;
+  for (const Arg& a : args) ins.push_back(g.add_input(a.name, a.shape, t));
+  g.mark_output("out", b.op1(op, ins, attrs));
+  CompileOptions opts;
+  opts.loss = "";
+  auto ex = std::make_unique<Executor>(compile(std::move(g), opts), kCpu, 1);
+  for (size_t i = 0; i < args.size(); ++i) {
+    Tensor& x = ex->tensor(args[i].name);
+    std::vector<double> v(static_cast<size_t>(x.numel()));
+    const RngStream r{7, i};
+    for (size_t k = 0; k < v.size(); ++k) v[k] = 2 * r.uniform(k) - 1;
+    x.fill_from(v);
+  }
+  return ex;
+}
+
+std::vector<double> run_op(const std::string& op, const std::vector<Arg>& args, const Attrs& attrs, DType t) {
+  auto ex = single_op(op, args, attrs, t);
+  ex->run();
+  return ex->output("out").to_f64();
+}
+
+Attrs with(const Attrs& a, const char* key, const Shape& s) {
+  Attrs r = a;
+  r.set(key, s);
+  return r;
+}
+
+Shape conv_out(const Shape& x, const Shape& w, const Attrs& a) {
+  return OpRegistry::get().at("conv2d").infer({{x, DType::f32}, {w, DType::f32}}, a)[0].shape;
+}
+
+void expect_close(const std::vector<double>& ref, const std::vector<double>& got) {
+  ASSERT_EQ(ref.size(), got.size());
+  double scale = 1e-3;
+  for (double v : ref) scale = std::max(scale, std::fabs(v));
+  for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(ref[k], got[k], 1e-4 * scale) << "[" << k << "]";
+}
+
+// Every conv2d sample (strides, padding, dilation, groups, 1x1) through both backward ops.
+TEST(ConvF32, BackwardKernelsMatchFloat64) {
+  for (const OpSample& s : OpRegistry::get().at("conv2d").samples()) {
+    SCOPED_TRACE(s.label);
+    const Shape &x = s.inputs[0].shape, &w = s.inputs[1].shape, y = conv_out(x, w, s.attrs);
+    const std::vector<Arg> gi = {{"dy", y}, {"w", w}}, gw = {{"dy", y}, {"x", x}};
+    const Attrs ai = with(s.attrs, "in_shape", x), aw = with(s.attrs, "w_shape", w);
+    expect_close(run_op("conv2d_grad_input", gi, ai, DType::f64),
+                 run_op("conv2d_grad_input", gi, ai, DType::f32));
+    expect_close(run_op("conv2d_grad_weight", gw, aw, DType::f64),
+                 run_op("conv2d_grad_weight", gw, aw, DType::f32));
+  }
+}
+
+// A batch and width large enough that oneDNN splits the weight-gradient reduction over threads: the same
+// inputs must give the same bits on every run, in one executor and across executors.
+TEST(ConvF32, KernelsAreBitwiseReproducible) {
+  const Shape x = {32, 16, 16, 16}, w = {16, 16, 3, 3};
+  const Attrs a = {{"padding", Shape{1, 1}}};
+  const Shape y = conv_out(x, w, a);
+  const std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> ops = {
+      {"conv2d", {{{"x", x}, {"w", w}}, a}},
+      {"conv2d_grad_input", {{{"dy", y}, {"w", w}}, with(a, "in_shape", x)}},
+      {"conv2d_grad_weight", {{{"dy", y}, {"x", x}}, with(a, "w_shape", w)}},
+  };
+  for (const auto& [op, spec] : ops) {
+    SCOPED_TRACE(op);
+    auto ex = single_op(op, spec.first, spec.second, DType::f32);
+    ex->run();
+    const std::vector<double> first = ex->output("out").to_f64();
+    ex->run();
+    EXPECT_EQ(first, ex->output("out").to_f64());
+    EXPECT_EQ(first, run_op(op, spec.first, spec.second, DType::f32));
+  }
+}
+
+}  // namespace
+}  // namespace flowrun::testing
