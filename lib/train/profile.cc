@@ -52,17 +52,22 @@ std::string layer_of(const Node& n) {
   return slash == std::string::npos ? name : name.substr(0, slash);
 }
 
+// FLOPs of one node, from its op's registered cost (0 for ops without one).
+double node_flops(const Graph& g, const Node& n) {
+  const OpDef& def = OpRegistry::get().at(n.op);
+  if (!def.cost) return 0;
+  std::vector<TensorType> in, out;
+  for (ValueId v : n.inputs) in.push_back(g.value(v).type);
+  for (ValueId v : n.outputs) out.push_back(g.value(v).type);
+  return def.cost(in, out, n.attrs).flops;
+}
+
 // FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
 double step_flops(const Program& p, int64_t accumulation) {
   double flops = 0;
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
-    const OpDef& def = OpRegistry::get().at(n.op);
-    if (!def.cost) continue;
-    std::vector<TensorType> in, out;
-    for (ValueId v : n.inputs) in.push_back(p.graph.value(v).type);
-    for (ValueId v : n.outputs) out.push_back(p.graph.value(v).type);
-    flops += def.cost(in, out, n.attrs).flops * (n.phase == 1 ? 1.0 : static_cast<double>(accumulation));
+    flops += node_flops(p.graph, n) * (n.phase == 1 ? 1.0 : static_cast<double>(accumulation));
   }
   return flops;
 }
@@ -104,16 +109,8 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   std::map<std::string, Bucket> layers, ops;
   std::vector<std::string> layer_order;
   const Program& prog = ex.program();
-  std::map<const Node*, double> node_flops;
-  for (NodeId id : prog.order) {
-    const Node& n = prog.graph.node(id);
-    const OpDef& def = OpRegistry::get().at(n.op);
-    if (!def.cost) continue;
-    std::vector<TensorType> in, out;
-    for (ValueId v : n.inputs) in.push_back(prog.graph.value(v).type);
-    for (ValueId v : n.outputs) out.push_back(prog.graph.value(v).type);
-    node_flops[&n] = def.cost(in, out, n.attrs).flops;
-  }
+  std::map<const Node*, double> flops_of;
+  for (NodeId id : prog.order) flops_of[&prog.graph.node(id)] = node_flops(prog.graph, prog.graph.node(id));
   const std::function<void(const Node&, double)> timer = [&](const Node& n, double s) {
     const int part = static_cast<int>(part_of(n));
     const std::string layer = layer_of(n);
@@ -121,7 +118,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     layers[layer].seconds[part] += s;
     Bucket& o = ops[n.op];
     o.seconds[part] += s;
-    o.flops += node_flops[&n];
+    o.flops += flops_of[&n];
     ++o.calls;
   };
   for (int64_t i = 0; i < opts.profile; ++i, ++step) train_step(ex, loader, cfg, step, &timer);
