@@ -120,5 +120,28 @@ TEST(NoAllocation, TransformerBlockTrainingStep) {
   });
 }
 
+// A small CNN: conv (oneDNN primitive, blocked layout) -> relu -> 2x2 max pool -> conv -> relu -> linear head.
+TEST(NoAllocation, ConvNetTrainingStep) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {16, 3, 16, 16});
+  const ValueId y = b.input("y", {16}, DType::i64);
+  const Attrs pad1{{"padding", std::vector<int64_t>{1, 1}}};
+  ValueId h = b.op1("relu", {b.op1("conv2d", {x, b.param("c1/w", {16, 3, 3, 3}), b.param("c1/b", {16})}, pad1)});
+  h = b.op("maxpool2d", {h}, {{"kernel", std::vector<int64_t>{2, 2}}})[0];
+  h = b.op1("relu", {b.op1("conv2d", {h, b.param("c2/w", {32, 16, 3, 3}), b.param("c2/b", {32})}, pad1)});
+  h = b.reshape(h, {16, 32 * 8 * 8});
+  const ValueId logits = b.op1("linear", {h, b.param("fc/w", {10, 32 * 8 * 8}), b.param("fc/b", {10})});
+  g.mark_output("loss", b.op("cross_entropy", {logits, y})[0]);
+  CompileOptions opts;
+  opts.optimizer.type = "sgd";
+  opts.optimizer.momentum = 0.9;
+  expect_no_alloc_in_steps(std::move(g), opts, [](Executor& ex) {
+    Tensor& x = ex.tensor("x");
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i % 11) * 0.1f - 0.5f;
+    for (int64_t i = 0; i < 16; ++i) ex.tensor("y").data<int64_t>()[i] = i % 10;
+  });
+}
+
 }  // namespace
 }  // namespace flowrun::testing
