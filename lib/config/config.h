@@ -88,9 +88,11 @@ struct ScheduleConfig {
 };
 
 struct PrecisionConfig {
-  std::string dtype = "fp32";          // fp32 | fp16 | bf16 (only fp32 until the mixed-precision issue)
-  std::string loss_scale = "dynamic";  // dynamic | a positive number
+  std::string dtype = "fp32";          // fp32 | fp16 | bf16
+  std::string loss_scale = "dynamic";  // dynamic | a positive number (fp16)
   std::string master_weights = "fp32";
+  double initial_scale = 65536;        // fp16, dynamic
+  int64_t growth_interval = 2000;      // fp16, dynamic
 };
 
 struct ParallelConfig {

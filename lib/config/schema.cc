@@ -178,11 +178,16 @@ std::vector<Section> build_schema() {
       {"precision",
        "Numeric precision of the training step.",
        {
-           only(choice("dtype", {"fp32", "fp16", "bf16"}, "fp32", field(p, &P::dtype),
-                       "compute dtype of the forward and backward passes"),
-                "fp32", "mixed precision is a later milestone"),
+           choice("dtype", {"fp32", "fp16", "bf16"}, "fp32", field(p, &P::dtype),
+                  "compute dtype of matmuls, convolutions and attention (and of the ops that follow them); "
+                  "softmax, losses, norms and reductions stay fp32"),
            key("loss_scale", Type::loss_scale, "dynamic", field(p, &P::loss_scale),
-               "fp16: a fixed loss scale, or dynamic"),
+               "fp16: dynamic (start at initial_scale, halve on inf/NaN gradients and skip the step, double "
+               "after growth_interval good steps) or a fixed scale; bf16 and fp32 use none"),
+           key("initial_scale", Type::number, "65536", field(p, &P::initial_scale),
+               "fp16, dynamic: the first loss scale", positive),
+           key("growth_interval", Type::integer, "2000", field(p, &P::growth_interval),
+               "fp16, dynamic: finite steps in a row before the scale doubles", positive),
            choice("master_weights", {"fp32"}, "fp32", field(p, &P::master_weights),
                   "dtype of the weights the optimizer updates"),
        }},

@@ -9,7 +9,7 @@
 
 namespace flowrun {
 
-void autodiff(Graph& g, ValueId loss) {
+void autodiff(Graph& g, ValueId loss, ValueId seed) {
   const Value& lv = g.value(loss);
   if (numel(lv.shape()) != 1 || !is_floating(lv.dtype()))
     throw input_error(cat("the loss '", lv.name, "' must be a floating scalar, got ", shape_str(lv.shape()), ":",
@@ -41,7 +41,13 @@ void autodiff(Graph& g, ValueId loss) {
     return sum;
   };
   b.push_scope("grad");
-  contrib[loss].push_back(b.op1("fill_like", {loss}, {{"value", 1.0}}, "seed"));
+  if (seed == kNoValue) {
+    seed = b.op1("fill_like", {loss}, {{"value", 1.0}}, "seed");
+  } else {
+    FR_CHECK(g.value(seed).shape() == g.value(loss).shape() && g.value(seed).dtype() == g.value(loss).dtype(),
+             "the loss gradient seed must match the loss's type");
+  }
+  contrib[loss].push_back(seed);
   for (NodeId id : relevant) {
     const Node node = g.node(id);  // copy: adding nodes may reallocate the node list
     const OpDef& def = OpRegistry::get().at(node.op);
@@ -64,6 +70,8 @@ void autodiff(Graph& g, ValueId loss) {
       if (in_grads[i] == kNoValue || !g.value(in).requires_grad) continue;
       FR_CHECK(g.value(in_grads[i]).shape() == g.value(in).shape(), "gradient of ", node.op, " input ", i, " is ",
                shape_str(g.value(in_grads[i]).shape()), ", expected ", shape_str(g.value(in).shape()));
+      FR_CHECK(g.value(in_grads[i]).dtype() == g.value(in).dtype(), "gradient of ", node.op, " input ", i, " is ",
+               dtype_name(g.value(in_grads[i]).dtype()), ", expected ", dtype_name(g.value(in).dtype()));
       contrib[in].push_back(in_grads[i]);
     }
   }

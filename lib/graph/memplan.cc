@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/device.h"
+#include "graph/passes.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -25,7 +26,7 @@ std::vector<TensorType> types_of(const Graph& g, const std::vector<ValueId>& vs)
 }
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace) {
+MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace, DeviceKind device) {
   MemoryPlan plan;
   plan.offset.assign(g.values().size(), -1);
   plan.workspace_offset.assign(g.nodes().size(), -1);
@@ -61,8 +62,9 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
       buffer_of[static_cast<size_t>(v)] = static_cast<int>(buffers.size());
       buffers.push_back({val.nbytes(), pos, last, -1});
     }
-    if (def.workspace) {
-      const size_t ws = def.workspace(types_of(g, n.inputs), types_of(g, n.outputs), n.attrs);
+    {
+      const bool widened = select_kernel(def, device, kernel_dtype(g, n)).widened;
+      const size_t ws = workspace_layout(def, widened, types_of(g, n.inputs), types_of(g, n.outputs), n.attrs).bytes;
       if (ws > 0) {
         plan.workspace_bytes[static_cast<size_t>(n.id)] = ws;
         plan.total_intermediate_bytes += align_up(ws);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device.h"
 #include "graph/ir.h"
 
 namespace flowrun {
@@ -19,6 +20,8 @@ struct MemoryPlan {
   int inplace_count = 0;                  // outputs that share their input's buffer
 };
 
-MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace);
+// `device` picks the kernels whose workspaces are planned (widened f16/bf16 kernels need f32 copies).
+MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace,
+                       DeviceKind device = DeviceKind::cpu);
 
 }  // namespace flowrun

@@ -88,6 +88,23 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
                       ValueId lr) {
   GraphBuilder b(g);
   const double scale = 1.0 / static_cast<double>(spec.accumulation);
+  if (spec.loss_scaling) {
+    // The norm of the scaled gradients tells both whether they are finite and, divided by the scale, the
+    // true norm for clipping.
+    std::vector<ValueId> all;
+    for (const auto& [p, grad] : grads) all.push_back(grad);
+    const ValueId norm = b.op1("global_norm", all, {{"scale", scale}}, "opt/scaled_grad_norm");
+    const ValueId loss_scale = g.find_value("amp/loss_scale");
+    FR_CHECK(loss_scale != kNoValue, "loss scaling without the amp/loss_scale state");
+    const auto coef = b.op("unscale_coef", {norm, loss_scale}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}},
+                           "opt/unscale_coef");
+    if (spec.clip_grad_norm > 0) g.mark_output("grad_norm", coef[1]);
+    b.op("loss_scale_update",
+         {norm, loss_scale, g.add_state("amp/good_steps", {}, DType::i64),
+          g.add_state("amp/skipped_steps", {}, DType::i64)},
+         {{"dynamic", spec.dynamic_scale}, {"growth_interval", spec.growth_interval}}, "opt/loss_scale_update");
+    return coef[0];
+  }
   if (spec.clip_grad_norm > 0) {
     std::vector<ValueId> all;
     for (const auto& [p, grad] : grads) all.push_back(grad);
@@ -155,9 +172,10 @@ void eliminate_dead_nodes(Graph& g) {
   // Live: nodes producing a marked output, nodes that mutate state (updates), and their transitive inputs.
   std::vector<bool> live(g.nodes().size(), false), needed(g.values().size(), false);
   for (const auto& [name, v] : g.outputs()) needed[static_cast<size_t>(v)] = true;
-  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
-    Node& n = *it;
-    if (n.dead) continue;
+  // In reverse schedule order, not construction order: passes append nodes (casts) that earlier nodes read.
+  const std::vector<NodeId> order = g.live_nodes_topological();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node& n = g.node(*it);
     const OpDef& def = OpRegistry::get().at(n.op);
     bool keep = !def.mutates.empty() && n.outputs.empty();
     for (ValueId v : n.outputs) keep = keep || needed[static_cast<size_t>(v)];
@@ -173,7 +191,7 @@ void check_kernels(const Graph& g, DeviceKind device) {
   for (NodeId id : g.live_nodes_topological()) {
     const Node& n = g.node(id);
     const DType t = kernel_dtype(g, n);
-    if (!OpRegistry::get().at(n.op).kernel(device, t))
+    if (!select_kernel(OpRegistry::get().at(n.op), device, t).kernel)
       throw input_error(cat("op ", n.op, " (", n.name, ") has no ", device_kind_name(device), " kernel for ",
                             dtype_name(t)));
   }
@@ -183,11 +201,15 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
   if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions&) { fuse_ops(g); }});
+  if (opts.compute != DType::f32)
+    p.push_back({"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});
   if (!opts.loss.empty()) {
     p.push_back({"autodiff", [](Graph& g, const CompileOptions& o) {
                    auto it = g.outputs().find(o.loss);
                    if (it == g.outputs().end()) throw input_error(cat("the graph has no output named '", o.loss, "'"));
-                   autodiff(g, it->second);
+                   const ValueId seed =
+                       o.optimizer.loss_scaling ? g.add_state("amp/loss_scale", {}, DType::f32) : kNoValue;
+                   autodiff(g, it->second, seed);
                  }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
   }
@@ -204,7 +226,7 @@ Program compile(Graph g, const CompileOptions& opts) {
     prog.pass_log.push_back(cat(pass.name, ": ", live, " nodes"));
   }
   prog.order = g.live_nodes_topological();
-  prog.memory = plan_memory(g, prog.order, opts.inplace);
+  prog.memory = plan_memory(g, prog.order, opts.inplace, opts.device);
   prog.pass_log.push_back(cat("memory_plan: arena ", prog.memory.arena_bytes, " bytes for ",
                               prog.memory.total_intermediate_bytes, " bytes of intermediates"));
   prog.graph = std::move(g);

@@ -28,11 +28,18 @@ struct OptimizerSpec {
   // > 1: gradients are summed over this many micro-steps into state "opt/<param>/grad_acc"; the update
   // nodes carry Node::phase == 1 and run only when Executor::run(apply = true).
   int64_t accumulation = 1;
+  // fp16 loss scaling: the backward pass starts from state "amp/loss_scale" (f32 scalar) instead of 1; the
+  // updates apply 1/scale through their coefficient and skip a step whose gradients are not finite, and
+  // loss_scale_update adapts the scale (states "amp/good_steps", "amp/skipped_steps", i64).
+  bool loss_scaling = false;
+  bool dynamic_scale = true;  // false: a fixed scale (overflowing steps are still skipped and counted)
+  int64_t growth_interval = 2000;
 };
 
 struct CompileOptions {
   std::string loss = "loss";  // name of the output to differentiate; empty = inference only
   OptimizerSpec optimizer;
+  DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
@@ -48,8 +55,17 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts);
 
 void infer_shapes(Graph& g);                                 // re-run inference; checks recorded types
 void fuse_ops(Graph& g);                                     // log_softmax+nll_loss -> cross_entropy, ...
-void autodiff(Graph& g, ValueId loss);                       // appends the backward graph; fills param_grads
+// Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
+// the loss scale under fp16 loss scaling).
+void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);
 void add_optimizer(Graph& g, const OptimizerSpec& spec);     // appends update ops (and their state)
+// Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa) run in the low dtype,
+// `f32` ops (softmax, losses, norms, reductions) in f32, and the rest `follow` their inputs, promoting mixed
+// f32/low inputs to f32. Casts go on boundary edges only, one per (value, dtype); parameters stay f32.
+enum class AmpPolicy { low, f32, follow };
+AmpPolicy amp_policy(const std::string& op);
+const char* amp_policy_name(AmpPolicy p);
+void auto_mixed_precision(Graph& g, DType low);              // forward graph, before autodiff
 void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
 

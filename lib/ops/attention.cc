@@ -18,6 +18,10 @@ struct SdpaDims {
   int64_t b, h, t, s, d, dv;
 };
 
+// The saved log-sum-exp stays f32 under f16/bf16 inputs: the backward recomputes probabilities as
+// exp(s - lse), and a bf16 lse of ~5 would be off by ~2%.
+DType lse_dtype(DType t) { return is_low_precision(t) ? DType::f32 : t; }
+
 bool causal_of(const Attrs& a) {
   return a.b("causal", true);
 }
@@ -28,8 +32,7 @@ SdpaDims check_qkv(const TensorType& q, const TensorType& k, const TensorType& v
     if (t->shape.size() != 4)
       throw input_error(cat("q, k and v must be (batch, heads, length, dim), got q ", shape_str(q.shape),
                             ", k ", shape_str(k.shape), ", v ", shape_str(v.shape)));
-  if (q.dtype != DType::f32 && q.dtype != DType::f64)
-    throw input_error(cat("q must be f32 or f64, got ", dtype_name(q.dtype)));
+  if (!is_floating(q.dtype)) throw input_error(cat("q must be floating, got ", dtype_name(q.dtype)));
   if (k.dtype != q.dtype || v.dtype != q.dtype)
     throw input_error(cat("q, k and v dtypes differ (", dtype_name(q.dtype), ", ", dtype_name(k.dtype), ", ",
                           dtype_name(v.dtype), ")"));
@@ -159,7 +162,7 @@ void register_attention_ops(OpRegistry& r) {
   d.num_outputs = [](const Attrs&) { return 2; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
-    return {{{s.b, s.h, s.t, s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, in[0].dtype}};
+    return {{{s.b, s.h, s.t, s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
   };
   d.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("sdpa_grad", {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)}, c.attrs());
@@ -196,10 +199,12 @@ void register_attention_ops(OpRegistry& r) {
                             " must both be ", shape_str(out_shape)));
     if (in[5].shape != lse_shape)
       throw input_error(cat("lse ", shape_str(in[5].shape), " must be ", shape_str(lse_shape)));
-    for (int i : {0, 4, 5})
-      if (in[static_cast<size_t>(i)].dtype != in[1].dtype)
-        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
-                              ", expected ", dtype_name(in[1].dtype)));
+    for (int i : {0, 4, 5}) {
+      const DType want = i == 5 ? lse_dtype(in[1].dtype) : in[1].dtype;
+      if (in[static_cast<size_t>(i)].dtype != want)
+        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype), ", expected ",
+                              dtype_name(want)));
+    }
     return {in[1], in[2], in[3]};
   };
   g.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {

@@ -14,15 +14,11 @@ namespace {
 
 const std::vector<DType> kF = {DType::f32, DType::f64};
 
-bool is_float(DType t) {
-  return t == DType::f32 || t == DType::f64;
-}
-
 void check_nchw(const std::string& op, const char* what, const TensorType& t) {
   if (t.shape.size() != 4)
     throw input_error(cat(op, ": ", what, " must be rank 4 (N, C, H, W), got ", shape_str(t.shape)));
-  if (!is_float(t.dtype))
-    throw input_error(cat(op, ": ", what, " must be f32 or f64, got ", dtype_name(t.dtype)));
+  if (!is_floating(t.dtype))
+    throw input_error(cat(op, ": ", what, " must be floating, got ", dtype_name(t.dtype)));
 }
 
 // A [h, w] attribute (or a single value for both) with a lower bound, or an input_error.

@@ -267,6 +267,111 @@ OpDef clip_coef_def() {
   return d;
 }
 
+// Loss scaling (fp16): the backward pass starts from the loss scale instead of 1, so every gradient arrives
+// multiplied by it. unscale_coef turns the global norm of those scaled gradients into the coefficient the
+// updates apply (1/scale, times clipping); loss_scale_update then adapts the scale.
+OpDef unscale_coef_def() {
+  OpDef d;
+  d.name = "unscale_coef";
+  d.doc =
+      "(norm of the loss-scaled gradients, loss scale) -> (coef, grad_norm): grad_norm = norm / loss_scale; "
+      "coef = scale / loss_scale [* min(1, max_norm / (grad_norm + 1e-6)) when max_norm > 0], NaN when the "
+      "norm is not finite (the updates then skip the step); attrs max_norm (default 0: no clipping), scale "
+      "(default 1)";
+  d.num_inputs = 2;
+  d.num_outputs = [](const Attrs&) { return 2; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    check_scalar(in[0], "unscale_coef", "norm");
+    check_scalar(in[1], "unscale_coef", "loss scale");
+    return {{{}, DType::f32}, {{}, DType::f32}};
+  };
+  d.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{5, 16};
+  };
+  d.nondiff_inputs = {0, 1};
+  d.kernels = {{DeviceKind::cpu, {DType::f32}, cpu::unscale_coef}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    for (double norm : {3.0, 1e30 * 1e10}) {
+      for (double max_norm : {0.0, 0.5}) {
+        OpSample o;
+        o.label = cat(norm > 1e38 ? "overflow" : "finite", max_norm > 0 ? ", clipped" : "");
+        o.inputs = {{{}, DType::f32}, {{}, DType::f32}};
+        o.attrs = Attrs{{"max_norm", max_norm}, {"scale", 0.5}};
+        o.fill = sample_fill({{0, norm}, {1, 1024.0}});
+        o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
+          const double n = in[0].to_f64()[0], ls = in[1].to_f64()[0];
+          double coef = std::nan("");
+          if (std::isfinite(n)) {
+            coef = a.f("scale") / ls;
+            if (a.f("max_norm") > 0) coef *= std::min(1.0, a.f("max_norm") / (n / ls + 1e-6));
+          }
+          return std::vector<Tensor>{f32_scalar(coef), f32_scalar(n / ls)};
+        };
+        s.push_back(o);
+      }
+    }
+    return s;
+  };
+  return d;
+}
+
+OpDef loss_scale_update_def() {
+  OpDef d;
+  d.name = "loss_scale_update";
+  d.doc =
+      "dynamic loss scaling after a step: inputs (norm of the scaled gradients, loss scale f32, good steps "
+      "i64, skipped steps i64), updated in place. A non-finite norm counts a skipped step and (dynamic) "
+      "multiplies the scale by backoff_factor (0.5) and resets the good-step count; growth_interval (2000) "
+      "finite steps in a row multiply it by growth_factor (2). attr dynamic=false keeps the scale fixed";
+  d.num_inputs = 4;
+  d.num_outputs = [](const Attrs&) { return 0; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    check_scalar(in[0], "loss_scale_update", "norm");
+    check_scalar(in[1], "loss_scale_update", "loss scale");
+    if (in[1].dtype != DType::f32) throw input_error("loss_scale_update: the loss scale must be f32");
+    check_i64_scalar(in[2], "loss_scale_update", "good steps");
+    check_i64_scalar(in[3], "loss_scale_update", "skipped steps");
+    return {};
+  };
+  d.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{3, 40};
+  };
+  d.nondiff_inputs = {0, 1, 2, 3};
+  d.mutates = {1, 2, 3};
+  d.kernels = {{DeviceKind::cpu, {DType::f32}, cpu::loss_scale_update}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    struct Case {
+      const char* label;
+      double norm;
+      int64_t good;
+      bool dynamic;
+      double scale, good_after, skipped_after;
+    };
+    const double inf = 1e30 * 1e10;
+    for (const Case& k : {Case{"overflow halves", inf, 2, true, 512, 0, 6},
+                          Case{"finite counts", 1.0, 1, true, 1024, 2, 5},
+                          Case{"growth", 1.0, 2, true, 2048, 0, 5},
+                          Case{"static overflow", inf, 2, false, 1024, 2, 6}}) {
+      OpSample o;
+      o.label = k.label;
+      o.inputs = {{{}, DType::f32}, {{}, DType::f32}, {{}, DType::i64}, {{}, DType::i64}};
+      o.attrs = Attrs{{"dynamic", k.dynamic}, {"growth_interval", int64_t{3}}};
+      o.fill = sample_fill({{0, k.norm}, {1, 1024.0}, {2, static_cast<double>(k.good)}, {3, 5.0}});
+      o.reference = [k](const std::vector<Tensor>&, const Attrs&) {
+        Tensor good = Tensor::empty({}, DType::i64), skipped = Tensor::empty({}, DType::i64);
+        good.fill_from({k.good_after});
+        skipped.fill_from({k.skipped_after});
+        return std::vector<Tensor>{f32_scalar(k.scale), good, skipped};
+      };
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
 OpDef grad_accumulate_def() {
   OpDef d;
   d.name = "grad_accumulate";
@@ -319,6 +424,8 @@ void register_optim_ops(OpRegistry& r) {
   r.add(global_norm_def());
   r.add(clip_coef_def());
   r.add(grad_accumulate_def());
+  r.add(unscale_coef_def());
+  r.add(loss_scale_update_def());
 }
 
 }  // namespace flowrun

@@ -14,6 +14,35 @@ const KernelDef* OpDef::kernel(DeviceKind d, DType t) const {
   return nullptr;
 }
 
+KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t) {
+  if (const KernelDef* k = def.kernel(d, t)) return {k, false};
+  if (is_low_precision(t) && def.mutates.empty())
+    if (const KernelDef* k = def.kernel(d, DType::f32)) return {k, true};
+  return {};
+}
+
+WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vector<TensorType>& in,
+                                 const std::vector<TensorType>& out, const Attrs& attrs) {
+  WorkspaceLayout w;
+  auto align = [](size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; };
+  std::vector<TensorType> kin = in, kout = out;
+  auto widen = [&](std::vector<TensorType>& types, std::vector<int64_t>& offsets) {
+    for (TensorType& t : types) {
+      offsets.push_back(-1);
+      if (!widened || !is_low_precision(t.dtype)) continue;
+      offsets.back() = static_cast<int64_t>(w.bytes);
+      t.dtype = DType::f32;
+      w.bytes += align(static_cast<size_t>(numel(t.shape)) * sizeof(float));
+    }
+  };
+  widen(kin, w.in_offset);
+  widen(kout, w.out_offset);
+  w.kernel_offset = w.bytes;
+  w.kernel_bytes = def.workspace ? def.workspace(kin, kout, attrs) : 0;
+  w.bytes += w.kernel_bytes;
+  return w;
+}
+
 ValueId GradCtx::dout(int i) const {
   const ValueId g = out_grads.at(static_cast<size_t>(i));
   return g != kNoValue ? g : b.zeros_like(out(i));

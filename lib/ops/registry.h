@@ -106,6 +106,29 @@ struct OpDef {
   const KernelDef* kernel(DeviceKind d, DType t) const;
 };
 
+// How a node's kernel runs. An f16/bf16 node of an op without a native kernel for that dtype runs the op's
+// f32 kernel "widened": the executor converts its low-precision inputs to f32 in the node's workspace and
+// rounds the f32 results back to nearest-even, so storage and rounding at every op boundary are real and the
+// arithmetic inside the op is f32, as in a GPU kernel. Ops that mutate inputs in place are never widened.
+struct KernelChoice {
+  const KernelDef* kernel = nullptr;
+  bool widened = false;
+};
+KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t);
+
+// A node's workspace: for a widened node an f32 buffer per low-precision input and output (-1 where a
+// tensor is passed as it is), then the kernel's own workspace, sized for the types the kernel sees.
+struct WorkspaceLayout {
+  size_t bytes = 0;
+  std::vector<int64_t> in_offset, out_offset;
+  size_t kernel_offset = 0, kernel_bytes = 0;
+};
+WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vector<TensorType>& in,
+                                 const std::vector<TensorType>& out, const Attrs& attrs);
+
+// f16 and bf16: the storage types that widened kernels and the mixed-precision pass deal in.
+inline bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
+
 class OpRegistry {
  public:
   static OpRegistry& get();  // filled on first use by register_all_ops (no static initialisers)

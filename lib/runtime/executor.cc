@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "ops/cpu/elementwise.h"
+
 namespace flowrun {
 
 Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared)
@@ -34,36 +36,69 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
   size_t nviews = 0;
   for (NodeId id : program_.order) nviews += g.node(id).inputs.size() + g.node(id).outputs.size();
   views_.reserve(nviews);  // Step contexts point into views_: it must never reallocate
+  auto types_of = [&](const std::vector<ValueId>& vs) {
+    std::vector<TensorType> t;
+    for (ValueId v : vs) t.push_back(g.value(v).type);
+    return t;
+  };
   for (NodeId id : program_.order) {
     const Node& n = g.node(id);
     const OpDef& def = OpRegistry::get().at(n.op);
-    const KernelDef* k = def.kernel(device_.kind, kernel_dtype(g, n));
-    FR_CHECK(k != nullptr, "no kernel for ", n.op);
-    Step s{k->fn, {}};
+    const KernelChoice k = select_kernel(def, device_.kind, kernel_dtype(g, n));
+    FR_CHECK(k.kernel != nullptr, "no kernel for ", n.op);
+    const WorkspaceLayout ws = workspace_layout(def, k.widened, types_of(n.inputs), types_of(n.outputs), n.attrs);
+    char* wbase = mem.workspace_offset[static_cast<size_t>(id)] >= 0
+                      ? base + mem.workspace_offset[static_cast<size_t>(id)]
+                      : nullptr;
+    FR_CHECK(ws.bytes == 0 || (wbase && mem.workspace_bytes[static_cast<size_t>(id)] == ws.bytes),
+             "workspace of ", n.name, " was not planned");
+    Step s{k.kernel->fn, {}, {}, {}};
     s.ctx.node = &n;
     s.ctx.in = views_.data() + views_.size();
-    for (ValueId v : n.inputs) views_.push_back({addr[static_cast<size_t>(v)], &g.value(v).shape(), g.value(v).dtype()});
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Value& v = g.value(n.inputs[i]);
+      void* data = addr[static_cast<size_t>(v.id)];
+      if (ws.in_offset[i] >= 0) {
+        FR_CHECK(data != nullptr, "input ", v.name, " of ", n.name, " has no memory");
+        s.widen_in.push_back({data, v.dtype(), wbase + ws.in_offset[i], DType::f32, numel(v.shape())});
+        views_.push_back({wbase + ws.in_offset[i], &v.shape(), DType::f32});
+      } else {
+        views_.push_back({data, &v.shape(), v.dtype()});
+      }
+    }
     s.ctx.num_in = static_cast<int>(n.inputs.size());
     s.ctx.out = views_.data() + views_.size();
-    for (ValueId v : n.outputs) {
-      FR_CHECK(addr[static_cast<size_t>(v)] != nullptr || g.value(v).nbytes() == 0, "value ", g.value(v).name,
-               " has no memory");
-      views_.push_back({addr[static_cast<size_t>(v)], &g.value(v).shape(), g.value(v).dtype()});
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      const Value& v = g.value(n.outputs[i]);
+      void* data = addr[static_cast<size_t>(v.id)];
+      FR_CHECK(data != nullptr || v.nbytes() == 0, "value ", v.name, " has no memory");
+      if (ws.out_offset[i] >= 0) {
+        s.narrow_out.push_back({wbase + ws.out_offset[i], DType::f32, data, v.dtype(), numel(v.shape())});
+        views_.push_back({wbase + ws.out_offset[i], &v.shape(), DType::f32});
+      } else {
+        views_.push_back({data, &v.shape(), v.dtype()});
+      }
     }
     s.ctx.num_out = static_cast<int>(n.outputs.size());
-    if (mem.workspace_offset[static_cast<size_t>(id)] >= 0) {
-      s.ctx.workspace = base + mem.workspace_offset[static_cast<size_t>(id)];
-      s.ctx.workspace_bytes = mem.workspace_bytes[static_cast<size_t>(id)];
+    if (ws.kernel_bytes > 0) {
+      s.ctx.workspace = wbase + ws.kernel_offset;
+      s.ctx.workspace_bytes = ws.kernel_bytes;
     }
-    steps_.push_back(s);
+    steps_.push_back(std::move(s));
   }
+}
+
+void Executor::execute(const Step& s) {
+  for (const Convert& c : s.widen_in) cpu::convert(c.src, c.from, c.dst, c.to, c.n);
+  s.fn(s.ctx);
+  for (const Convert& c : s.narrow_out) cpu::convert(c.src, c.from, c.dst, c.to, c.n);
 }
 
 void Executor::run(bool apply) {
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
-    s.fn(s.ctx);
+    execute(s);
   }
   ++step_;
 }
@@ -73,7 +108,7 @@ void Executor::run_timed(const std::function<void(const Node&, double)>& timer, 
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
     const auto t0 = std::chrono::steady_clock::now();
-    s.fn(s.ctx);
+    execute(s);
     timer(*s.ctx.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   ++step_;

@@ -41,10 +41,21 @@ class Executor {
   uint64_t seed() const { return seed_; }
 
  private:
+  // A conversion around a widened f16/bf16 kernel (see select_kernel): inputs to f32 before, results back
+  // after.
+  struct Convert {
+    const void* src;
+    DType from;
+    void* dst;
+    DType to;
+    int64_t n;
+  };
   struct Step {
     KernelFn fn;
     KernelCtx ctx;
+    std::vector<Convert> widen_in, narrow_out;
   };
+  static void execute(const Step& s);
   Program program_;
   Device device_;
   uint64_t seed_;

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "optim/schedule.h"
@@ -34,7 +35,17 @@ OptimizerSpec optimizer_spec(const RunConfig& c) {
   s.decay_1d = c.optimizer.decay_1d;
   s.clip_grad_norm = c.train.clip_grad_norm;
   s.accumulation = c.train.grad_accumulation;
+  if (c.precision.dtype == "fp16") {
+    s.loss_scaling = true;
+    s.dynamic_scale = c.precision.loss_scale == "dynamic";
+    s.growth_interval = c.precision.growth_interval;
+  }
   return s;
+}
+
+// The loss scale a run starts from (before a resume overwrites the state).
+double initial_loss_scale(const PrecisionConfig& p) {
+  return p.loss_scale == "dynamic" ? p.initial_scale : std::strtod(p.loss_scale.c_str(), nullptr);
 }
 
 template <typename T>
@@ -43,6 +54,10 @@ void set_scalar(Executor& ex, const std::string& name, T v) {
 }
 
 }  // namespace
+
+DType compute_dtype(const PrecisionConfig& p) {
+  return p.dtype == "fp16" ? DType::f16 : p.dtype == "bf16" ? DType::bf16 : DType::f32;
+}
 
 void check_device(const RunConfig& c) {
   if (c.train.device != "cpu")
@@ -56,6 +71,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   Graph g;
   *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
   CompileOptions o;
+  o.compute = compute_dtype(cfg.precision);
   if (training) {
     o.optimizer = optimizer_spec(cfg);
   } else {
@@ -83,6 +99,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
   t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed);
   init_parameters(t.model.init, cfg.train.seed, [&](const std::string& n) -> Tensor& { return t.ex->tensor(n); });
+  set_scalar<float>(*t.ex, "amp/loss_scale", static_cast<float>(initial_loss_scale(cfg.precision)));
   return t;
 }
 

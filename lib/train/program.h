@@ -14,6 +14,9 @@
 
 namespace flowrun {
 
+// f32, f16 or bf16 from precision.dtype.
+DType compute_dtype(const PrecisionConfig& p);
+
 // Refuses devices this build cannot use and applies train.threads.
 void check_device(const RunConfig& cfg);
 

@@ -132,6 +132,8 @@ class Run {
   bool live_ = false;
   Clock::time_point start_ = Clock::now();
   int64_t steps_timed_ = 0;
+  int64_t non_finite_run_ = 0;  // consecutive steps with a non-finite loss
+  static constexpr int64_t kNonFiniteTolerance = 30;
   double time_in_steps_ = 0.0;
 };
 
@@ -192,6 +194,14 @@ void Run::log_step(int64_t step, double loss, double lr, double grad_norm, doubl
   JsonLine j;
   j.add("step", step).add("loss", loss).add("lr", lr);
   if (!std::isnan(grad_norm)) j.add("grad_norm", grad_norm);
+  const bool scaled = ex_->has_tensor("amp/loss_scale");
+  double scale = 0;
+  int64_t skipped = 0;
+  if (scaled) {
+    scale = ex_->tensor("amp/loss_scale").data<float>()[0];
+    skipped = ex_->tensor("amp/skipped_steps").data<int64_t>()[0];
+    j.add("loss_scale", scale).add("skipped_steps", skipped);
+  }
   j.add(text ? "tokens_per_s" : "samples_per_s", rate).add("time", seconds_since(start_));
   metrics_->write(j);
   const double eta = time_in_steps_ / static_cast<double>(std::max<int64_t>(steps_timed_, 1)) *
@@ -200,7 +210,8 @@ void Run::log_step(int64_t step, double loss, double lr, double grad_norm, doubl
   std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3g  %.0f %s  eta %s", static_cast<long long>(step),
                 static_cast<long long>(cfg_.train.steps), loss, lr, rate, text ? "tok/s" : "samples/s",
                 format_eta(eta).c_str());
-  const std::string line = buf;
+  std::string line = buf;
+  if (scaled) line += cat("  scale ", fmt_num(scale, 6), "  skipped ", skipped);
   if (live_) {
     std::fprintf(stderr, "\r\033[K%s", line.c_str());
     std::fflush(stderr);
@@ -272,8 +283,14 @@ TrainResult Run::go() {
       time_in_steps_ += dt;
       ++steps_timed_;
     }
-    if (!std::isfinite(loss))
-      throw runtime_error(cat("step ", step_, ": the loss is ", loss, "; stopping (the last checkpoint is intact)"));
+    // Under fp16 loss scaling an overflowing step is skipped and the scale lowered, so a non-finite loss is
+    // survivable; many in a row mean the forward pass itself overflows, which no scale can fix.
+    non_finite_run_ = std::isfinite(loss) ? 0 : non_finite_run_ + 1;
+    const int64_t tolerated = ex_->has_tensor("amp/loss_scale") ? kNonFiniteTolerance : 0;
+    if (non_finite_run_ > tolerated)
+      throw runtime_error(cat("step ", step_, ": the loss is ", loss,
+                              tolerated ? cat(" for ", non_finite_run_, " steps in a row") : std::string(),
+                              "; stopping (the last checkpoint is intact)"));
     if (step_ % cfg_.train.log_every == 0 || step_ == total || step_ == 1) {
       const double gn = ex_->program().graph.outputs().count("grad_norm")
                             ? static_cast<double>(ex_->output("grad_norm").data<float>()[0])

@@ -136,7 +136,7 @@ TEST(ConfigSchema, MarkdownMentionsEveryKey) {
   }
   EXPECT_TRUE(Contains(md, "| `optimizer.lr` | positive number | `0.001` |"));
   EXPECT_TRUE(Contains(md, "| `optimizer.type` | one of sgd, adam, adamw | `adamw` |"));
-  EXPECT_TRUE(Contains(md, "only `fp32` is supported yet"));
+  EXPECT_TRUE(Contains(md, "only `1` is supported yet"));
   // Sections in schema order.
   EXPECT_LT(md.find("## model"), md.find("## data"));
   EXPECT_LT(md.find("## schedule"), md.find("## precision"));
@@ -343,10 +343,6 @@ TEST(ConfigErrors, CrossFieldAndUnsupported) {
   EXPECT_EQ(error_of(kZoo + "optimizer:\n  type: sgd\n  nesterov: true\n"),
             "cfg.yaml:5:13: optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0 and "
             "optimizer.dampening 0");
-  EXPECT_EQ(
-      error_of(kZoo + "precision:\n  dtype: bf16\n"),
-      "cfg.yaml:4:10: precision.dtype: bf16 is not supported yet (mixed precision is a later milestone); "
-      "use fp32");
   EXPECT_EQ(error_of(kZoo + "parallel:\n  data: 2\n"),
             "cfg.yaml:4:9: parallel.data: 2 is not supported yet (distributed training is a later "
             "milestone); use 1");

@@ -256,32 +256,39 @@ void copy(const KernelCtx& c) {
     std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * dtype_size(c.out[0].dtype));
 }
 
-void cast(const KernelCtx& c) {
-  const TensorView &x = c.in[0], &y = c.out[0];
-  if (x.dtype == y.dtype) return copy(c);
-  const int64_t n = x.numel();
+void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(to));
+    return;
+  }
   // Common low-precision paths go through float directly; the rest through the generic f64 converter.
-  if (x.dtype == DType::f32 && y.dtype == DType::bf16) {
+  if (from == DType::f32 && to == DType::bf16) {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) y.as<bf16>()[i] = float_to_bf16(x.as<float>()[i]);
+      for (int64_t i = s; i < e; ++i) static_cast<bf16*>(dst)[i] = float_to_bf16(static_cast<const float*>(src)[i]);
     });
-  } else if (x.dtype == DType::bf16 && y.dtype == DType::f32) {
+  } else if (from == DType::bf16 && to == DType::f32) {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) y.as<float>()[i] = bf16_to_float(x.as<bf16>()[i]);
+      for (int64_t i = s; i < e; ++i) static_cast<float*>(dst)[i] = bf16_to_float(static_cast<const bf16*>(src)[i]);
     });
-  } else if (x.dtype == DType::f32 && y.dtype == DType::f16) {
+  } else if (from == DType::f32 && to == DType::f16) {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) y.as<f16>()[i] = float_to_f16(x.as<float>()[i]);
+      for (int64_t i = s; i < e; ++i) static_cast<f16*>(dst)[i] = float_to_f16(static_cast<const float*>(src)[i]);
     });
-  } else if (x.dtype == DType::f16 && y.dtype == DType::f32) {
+  } else if (from == DType::f16 && to == DType::f32) {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) y.as<float>()[i] = f16_to_float(x.as<f16>()[i]);
+      for (int64_t i = s; i < e; ++i) static_cast<float*>(dst)[i] = f16_to_float(static_cast<const f16*>(src)[i]);
     });
   } else {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) store_from_f64(y.data, y.dtype, i, load_as_f64(x.data, x.dtype, i));
+      for (int64_t i = s; i < e; ++i) store_from_f64(dst, to, i, load_as_f64(src, from, i));
     });
   }
+}
+
+void cast(const KernelCtx& c) {
+  const TensorView &x = c.in[0], &y = c.out[0];
+  if (x.data == y.data && x.dtype == y.dtype) return;
+  convert(x.data, x.dtype, y.data, y.dtype, x.numel());
 }
 
 }  // namespace flowrun::cpu

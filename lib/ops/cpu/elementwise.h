@@ -25,5 +25,8 @@ void sigmoid_grad(const KernelCtx& c);
 void fill_like(const KernelCtx& c);
 void copy(const KernelCtx& c);
 void cast(const KernelCtx& c);
+// n elements from one dtype to another (f16/bf16 rounded to nearest-even), in parallel; the cast kernel and
+// the executor's widened f16/bf16 kernels use it.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n);
 
 }  // namespace flowrun::cpu

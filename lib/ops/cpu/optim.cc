@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "ops/cpu/parallel.h"
 
@@ -32,6 +33,7 @@ void sgd_update(const KernelCtx& c) {
                wd = c.attrs().f("weight_decay", 0);
   const bool nesterov = c.attrs().b("nesterov");
   const double coef = grad_coef(c, 4);
+  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* p = c.in[0].as<T>();
@@ -57,6 +59,7 @@ void adamw_update(const KernelCtx& c) {
                wd = c.attrs().f("weight_decay", 0);
   const bool decoupled = c.attrs().b("decoupled");
   const double lr = load_as_f64(c.in[4].data, c.in[4].dtype, 0), coef = grad_coef(c, 6);
+  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
   const int64_t step = *c.in[5].as<int64_t>();
   FR_CHECK(step >= 1, "adamw_update (", c.node->name, "): opt/step must be >= 1, got ", step);
   // PyTorch's bias corrections, as Python floats (double) from the integer step.
@@ -110,6 +113,42 @@ void clip_coef(const KernelCtx& c) {
   const double norm = load_as_f64(c.in[0].data, c.in[0].dtype, 0);
   const double clip = std::min(1.0, c.attrs().f("max_norm") / (norm + 1e-6));
   *c.out[0].as<float>() = static_cast<float>(c.attrs().f("scale", 1.0) * clip);
+}
+
+void unscale_coef(const KernelCtx& c) {
+  const double norm = load_as_f64(c.in[0].data, c.in[0].dtype, 0);
+  const double scale = load_as_f64(c.in[1].data, c.in[1].dtype, 0);
+  const double max_norm = c.attrs().f("max_norm", 0.0);
+  const double true_norm = norm / scale;
+  double coef = std::numeric_limits<double>::quiet_NaN();
+  if (std::isfinite(norm)) {
+    coef = c.attrs().f("scale", 1.0) / scale;
+    if (max_norm > 0) coef *= std::min(1.0, max_norm / (true_norm + 1e-6));
+  }
+  *c.out[0].as<float>() = static_cast<float>(coef);
+  *c.out[1].as<float>() = static_cast<float>(true_norm);
+}
+
+void loss_scale_update(const KernelCtx& c) {
+  const bool finite = std::isfinite(load_as_f64(c.in[0].data, c.in[0].dtype, 0));
+  float& scale = *c.in[1].as<float>();
+  int64_t& good = *c.in[2].as<int64_t>();
+  int64_t& skipped = *c.in[3].as<int64_t>();
+  const bool dynamic = c.attrs().b("dynamic", true);
+  if (!finite) {
+    ++skipped;
+    if (dynamic) {
+      scale = static_cast<float>(scale * c.attrs().f("backoff_factor", 0.5));
+      good = 0;
+    }
+    return;
+  }
+  if (!dynamic) return;
+  if (++good >= c.attrs().i("growth_interval", 2000)) {
+    const float grown = static_cast<float>(scale * c.attrs().f("growth_factor", 2.0));
+    if (std::isfinite(grown)) scale = grown;
+    good = 0;
+  }
 }
 
 void grad_accumulate(const KernelCtx& c) {

@@ -12,6 +12,8 @@ void sgd_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
 void global_norm(const KernelCtx& c);
 void clip_coef(const KernelCtx& c);
+void unscale_coef(const KernelCtx& c);
+void loss_scale_update(const KernelCtx& c);
 void grad_accumulate(const KernelCtx& c);
 
 }  // namespace flowrun::cpu

@@ -1,0 +1,87 @@
+// Automatic mixed precision as a graph pass over the forward graph (before autodiff, so the backward pass
+// inherits each op's dtype and the gradient of every cast is the cast back). Parameters stay f32 (master
+// weights); an op that runs in f16/bf16 reads a low-precision copy made by one cast node per step.
+#include <map>
+#include <set>
+
+#include "graph/passes.h"
+#include "ops/registry.h"
+
+namespace flowrun {
+
+AmpPolicy amp_policy(const std::string& op) {
+  // GEMM-shaped ops gain from low precision and accumulate in f32 inside their kernels.
+  static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa"};
+  // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
+  // exponentials and logarithms, losses, normalisation statistics, reductions.
+  static const std::set<std::string> f32 = {"softmax",     "log_softmax", "cross_entropy", "nll_loss",
+                                            "mse_loss",    "layernorm",   "rmsnorm",       "batchnorm",
+                                            "reduce_sum",  "reduce_mean", "reduce_max",    "global_avgpool",
+                                            "pow_scalar"};
+  if (low.count(op)) return AmpPolicy::low;
+  if (f32.count(op)) return AmpPolicy::f32;
+  return AmpPolicy::follow;
+}
+
+const char* amp_policy_name(AmpPolicy p) {
+  switch (p) {
+    case AmpPolicy::low: return "low";
+    case AmpPolicy::f32: return "f32";
+    case AmpPolicy::follow: return "follow";
+  }
+  return "?";
+}
+
+void auto_mixed_precision(Graph& g, DType low) {
+  FR_CHECK(is_low_precision(low), "mixed precision needs f16 or bf16, got ", dtype_name(low));
+  auto amp_dtype = [&](DType t) { return t == DType::f32 || t == low; };
+  std::map<std::pair<ValueId, DType>, ValueId> casts;  // one cast per (value, dtype)
+  auto cast_to = [&](ValueId v, DType t) {
+    auto [it, fresh] = casts.try_emplace({v, t}, kNoValue);
+    if (fresh) {
+      const std::string name = cat(g.value(v).name, "/to_", dtype_name(t));
+      it->second = g.add_node("cast", {v}, {{"dtype", std::string(dtype_name(t))}}, name)[0];
+    }
+    return it->second;
+  };
+  const std::vector<NodeId> order = g.live_nodes_topological();
+  for (NodeId id : order) {
+    Node& n = g.node(id);
+    const OpDef& def = OpRegistry::get().at(n.op);
+    // The dtype this node's floating inputs must share, or none to leave them as they are.
+    std::vector<size_t> floating;
+    bool uniform = true;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const DType t = g.value(n.inputs[i]).dtype();
+      if (!is_floating(t)) continue;
+      uniform = uniform && (floating.empty() || t == g.value(n.inputs[floating[0]]).dtype());
+      floating.push_back(i);
+    }
+    bool convertible = !floating.empty() && def.mutates.empty();
+    for (size_t i : floating) convertible = convertible && amp_dtype(g.value(n.inputs[i]).dtype());
+    if (convertible) {
+      const AmpPolicy p = amp_policy(n.op);
+      // Mixed inputs of an op that follows them are promoted to the widest, as in PyTorch's autocast.
+      const DType target = p == AmpPolicy::low ? low : p == AmpPolicy::f32 || !uniform ? DType::f32 : DType::f64;
+      if (target != DType::f64)
+        for (size_t i : floating) {
+          const ValueId v = g.node(id).inputs[i];
+          if (g.value(v).dtype() != target) {
+            const ValueId c = cast_to(v, target);
+            g.node(id).inputs[i] = c;  // add_node may have reallocated the node list: index again
+          }
+        }
+    }
+    // Re-infer: the outputs follow whatever the inputs became.
+    const Node& cur = g.node(id);
+    std::vector<TensorType> in;
+    for (ValueId v : cur.inputs) in.push_back(g.value(v).type);
+    const std::vector<TensorType> out = def.infer(in, cur.attrs);
+    for (size_t i = 0; i < out.size(); ++i) g.value(cur.outputs[i]).type = out[i];
+  }
+  // The caller reads outputs (loss, logits) as f32.
+  for (const auto& [name, v] : std::map<std::string, ValueId>(g.outputs()))
+    if (g.value(v).dtype() == low) g.mark_output(name, cast_to(v, DType::f32));
+}
+
+}  // namespace flowrun
