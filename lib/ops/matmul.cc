@@ -161,7 +161,8 @@ void register_matmul_ops(OpRegistry& r) {
     if (c.node.inputs.size() == 3) g.push_back(b.reduce_to_shape(dy, b.shape(c.in(2))));
     return g;
   };
-  lin.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::linear}};
+  lin.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::linear},
+                 {DeviceKind::cpu, {DType::bf16}, cpu::linear_bf16}};
   lin.samples = [] {
     std::vector<OpSample> s;
     for (const Shape& x : std::vector<Shape>{{4, 3}, {2, 5, 3}}) {

@@ -123,6 +123,59 @@ TEST_P(OpTest, Float32KernelMatchesFloat64) {
   }
 }
 
+// Every f16/bf16 kernel against the f32 kernel on the same (rounded) inputs. A widened kernel is the f32
+// kernel between conversions, so its outputs must be exactly the f32 results rounded to nearest-even; a
+// native one (oneDNN bf16 GEMMs, ...) accumulates differently and gets a tolerance of a few low-precision
+// ulps of the output's scale.
+TEST_P(OpTest, LowPrecisionMatchesFloat32) {
+  const OpDef& def = OpRegistry::get().at(GetParam());
+  if (!def.kernel(DeviceKind::cpu, DType::f32)) GTEST_SKIP() << "no f32 kernel";
+  int checked = 0;
+  for (DType low : {DType::bf16, DType::f16}) {
+    const KernelChoice k = select_kernel(def, DeviceKind::cpu, low);
+    if (!k.kernel) continue;  // updates that mutate state stay f32 (master weights)
+    for (const OpSample& s : def.samples()) {
+      if (std::none_of(s.inputs.begin(), s.inputs.end(), [](const TensorType& t) { return t.dtype == DType::f64; }))
+        continue;
+      SCOPED_TRACE(cat(s.label, " in ", dtype_name(low), k.widened ? " (widened)" : " (native)"));
+      SampleProgram lo = build_sample(def, s, false, low);
+      SampleProgram ref = build_sample(def, s, false, DType::f32);
+      fill_all(s, lo, 9);
+      for (const std::string& n : lo.input_names) ref.exec->tensor(n).fill_from(lo.exec->tensor(n).to_f64());
+      lo.exec->run();
+      ref.exec->run();
+      for (int j = 0; j < lo.num_outputs; ++j) {
+        const Tensor got_t = lo.exec->output(cat("out", j));
+        const auto got = got_t.to_f64(), want = ref.exec->output(cat("out", j)).to_f64();
+        ASSERT_EQ(got.size(), want.size());
+        const bool low_out = got_t.dtype() == low;
+        double scale = 1e-3;
+        for (double v : want) scale = std::max(scale, std::fabs(v));
+        const double tol = (low == DType::bf16 ? 1.0 / 64 : 1.0 / 512) * scale;
+        for (size_t e = 0; e < got.size(); ++e) {
+          if (!k.widened) {
+            if (std::isfinite(want[e]))
+              EXPECT_NEAR(got[e], want[e], tol) << "output " << j << " [" << e << "]";
+            else  // e.g. -3e38 cast to f16: -inf in both
+              EXPECT_TRUE(std::isnan(want[e]) ? std::isnan(got[e]) : got[e] == want[e]) << "output " << j;
+            continue;
+          }
+          const float w = static_cast<float>(want[e]);
+          const double rounded = !low_out ? want[e]
+                                 : low == DType::bf16 ? bf16_to_float(float_to_bf16(w))
+                                                      : f16_to_float(float_to_f16(w));
+          if (std::isnan(rounded))
+            EXPECT_TRUE(std::isnan(got[e])) << "output " << j << " [" << e << "]";
+          else
+            EXPECT_EQ(got[e], rounded) << "output " << j << " [" << e << "]";
+        }
+      }
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no low-precision kernel";
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, OpTest, ::testing::ValuesIn(all_op_names()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 

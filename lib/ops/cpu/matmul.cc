@@ -69,8 +69,31 @@ void matmul(const KernelCtx& c) {
 
 void matmul_bf16(const KernelCtx& c) {
   const Dims d = dims_of(c);
+  // A batch of rows times one matrix is a single GEMM: oneDNN has no fast bf16 kernel for a broadcast
+  // weight with stride 0 and would fall back to its reference loop.
+  if (d.b_stride == 0 && !d.ta) {
+    dnnl_matmul(DType::bf16, 1, d.batch * d.m, d.n, d.k, false, d.tb, 0, 0, 1.0f, 0.0f, c.in[0].data, c.in[1].data,
+                c.out[0].data);
+    return;
+  }
   dnnl_matmul(DType::bf16, d.batch, d.m, d.n, d.k, d.ta, d.tb, d.a_stride, d.b_stride, 1.0f, 0.0f, c.in[0].data,
               c.in[1].data, c.out[0].data);
+}
+
+void linear_bf16(const KernelCtx& c) {
+  const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
+  const int64_t rows = c.in[0].numel() / in;
+  bf16* y = c.out[0].as<bf16>();
+  float beta = 0.0f;
+  if (c.num_in == 3) {
+    // As in the f32 kernel: rows seeded with the bias, the GEMM accumulates on top (in f32, rounded once).
+    const bf16* bias = c.in[2].as<bf16>();
+    parallel_for(rows, 64, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) std::copy(bias, bias + out, y + r * out);
+    });
+    beta = 1.0f;
+  }
+  dnnl_matmul(DType::bf16, 1, rows, out, in, false, true, 0, 0, 1.0f, beta, c.in[0].data, c.in[1].data, y);
 }
 
 void linear(const KernelCtx& c) {

@@ -7,6 +7,7 @@ namespace flowrun::cpu {
 
 void matmul(const KernelCtx& c);
 void matmul_bf16(const KernelCtx& c);
+void linear_bf16(const KernelCtx& c);
 void linear(const KernelCtx& c);
 
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through BLAS.
