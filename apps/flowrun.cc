@@ -11,6 +11,7 @@
 #include "nn/model.h"
 #include "ops/listing.h"
 #include "train/profile.h"
+#include "train/program.h"
 #include "train/trainer.h"
 
 namespace {
@@ -19,7 +20,7 @@ struct Args {
   std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
-  bool schema = false, progress = false, no_progress = false, json = false;
+  bool schema = false, plan = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
 };
 
@@ -68,6 +69,14 @@ int run_check(const Args& a) {
   std::cout << "# model: " << m.num_params << " parameters\n";
   std::istringstream lines(m.summary);
   for (std::string line; std::getline(lines, line);) std::cout << "#   " << line << "\n";
+  if (a.plan || cfg.precision.dtype != "fp32") {
+    flowrun::BuiltModel built;
+    const flowrun::Program p = flowrun::compile_model(cfg, data->spec(), cfg.train.micro_batch_size, true, &built);
+    std::cout << "# training step in " << cfg.precision.dtype << " (" << p.order.size() << " kernels, arena "
+              << p.memory.arena_bytes << " bytes):\n";
+    std::istringstream plan(flowrun::describe_precision(p.graph, p.order, flowrun::DeviceKind::cpu, a.plan));
+    for (std::string line; std::getline(plan, line);) std::cout << "#   " << line << "\n";
+  }
   return 0;
 }
 
@@ -135,6 +144,10 @@ int main(int argc, char** argv) {
   check->add_option("config", a.config, "YAML config file");
   check->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
   check->add_flag("--schema", a.schema, "Print the reference of every config key (markdown) instead");
+  check->add_flag("--plan", a.plan,
+                  "Also compile the training step and list its kernels: op, dtype, native or widened (f16/bf16 "
+                  "through the f32 kernel), in schedule order (a summary is printed whenever precision.dtype is "
+                  "not fp32)");
 
   auto* time = app.add_subcommand("time", "Time CONFIG's training step: median step time, throughput, GFLOP/s, "
                                           "memory, and per-layer forward/backward and per-op breakdowns");

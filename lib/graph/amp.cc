@@ -1,8 +1,12 @@
 // Automatic mixed precision as a graph pass over the forward graph (before autodiff, so the backward pass
 // inherits each op's dtype and the gradient of every cast is the cast back). Parameters stay f32 (master
 // weights); an op that runs in f16/bf16 reads a low-precision copy made by one cast node per step.
+#include <array>
+#include <iomanip>
 #include <map>
 #include <set>
+#include <tuple>
+#include <sstream>
 
 #include "graph/passes.h"
 #include "ops/registry.h"
@@ -82,6 +86,43 @@ void auto_mixed_precision(Graph& g, DType low) {
   // The caller reads outputs (loss, logits) as f32.
   for (const auto& [name, v] : std::map<std::string, ValueId>(g.outputs()))
     if (g.value(v).dtype() == low) g.mark_output(name, cast_to(v, DType::f32));
+}
+
+std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
+                               bool every_node) {
+  // Backward and optimizer nodes are recognised by the scopes autodiff and the optimizer pass give them.
+  auto part = [](const std::string& name) {
+    if (name.rfind("grad/", 0) == 0) return 1;
+    if (name.rfind("update/", 0) == 0 || name.rfind("opt/", 0) == 0 || name.rfind("accumulate/", 0) == 0) return 2;
+    return 0;
+  };
+  std::map<std::tuple<std::string, std::string, std::string>, std::array<int, 3>> rows;  // (op, dtype, kernel)
+  std::ostringstream nodes;
+  int casts = 0, param_casts = 0;
+  for (NodeId id : order) {
+    const Node& n = g.node(id);
+    const DType t = kernel_dtype(g, n);
+    const KernelChoice k = select_kernel(OpRegistry::get().at(n.op), device, t);
+    const std::string kernel = k.widened ? "widened" : "native";
+    ++rows[{n.op, dtype_name(t), kernel}][static_cast<size_t>(part(n.name))];
+    if (n.op == "cast") {
+      ++casts;
+      param_casts += g.value(n.inputs[0]).kind == ValueKind::param;
+    }
+    if (every_node)
+      nodes << std::left << std::setw(20) << n.op << std::setw(6) << dtype_name(t) << std::setw(9) << kernel
+            << n.name << "\n";
+  }
+  std::ostringstream os;
+  os << std::left << std::setw(20) << "op" << std::setw(6) << "dtype" << std::setw(9) << "kernel"
+     << std::setw(8) << "policy" << "forward / backward / optimizer nodes\n";
+  for (const auto& [key, count] : rows)
+    os << std::setw(20) << std::get<0>(key) << std::setw(6) << std::get<1>(key) << std::setw(9) << std::get<2>(key)
+       << std::setw(8) << (count[0] ? amp_policy_name(amp_policy(std::get<0>(key))) : "-") << count[0] << " / "
+       << count[1] << " / " << count[2] << "\n";
+  os << casts << " casts, " << param_casts << " of them low-precision copies of parameters (one per step)\n";
+  if (every_node) os << "\nschedule:\n" << nodes.str();
+  return os.str();
 }
 
 }  // namespace flowrun

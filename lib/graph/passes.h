@@ -66,6 +66,10 @@ enum class AmpPolicy { low, f32, follow };
 AmpPolicy amp_policy(const std::string& op);
 const char* amp_policy_name(AmpPolicy p);
 void auto_mixed_precision(Graph& g, DType low);              // forward graph, before autodiff
+// Which ops run in which dtype, natively or widened (`flowrun check --plan`): one row per (op, dtype,
+// kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
+std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
+                               bool every_node);
 void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
 
