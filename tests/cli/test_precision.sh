@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Mixed precision tracks fp32: the MLP (Fashion-MNIST, SGD Nesterov) and the GPT (KJV, AdamW, clipping)
+# train 200 steps in fp32, bf16 and fp16 from the same seed and data order; the mean loss of the last 50
+# steps in bf16 and fp16 must be within 2% of fp32's. Then a forced overflow: fp16 from a loss scale of
+# 1e30 must skip steps, halve the scale on each, recover (the loss falls) and grow the scale again.
+source "$(dirname "$0")/lib.sh"
+FLOWRUN=$1 SRC=$2
+COMMON=(--no-progress --set train.steps=200 --set train.log_every=1 --set train.eval_every=0
+        --set train.checkpoint_every=0)
+
+tail_mean() { grep -o '"loss": [0-9.e+-]*' "$1" | tail -50 | awk '{s += $2} END {printf "%.6f", s / NR}'; }
+
+for model in mlp gpt; do
+  for dtype in fp32 bf16 fp16; do
+    expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_$model.yaml" --run-dir "$SCRATCH/$model-$dtype" \
+      "${COMMON[@]}" --set precision.dtype=$dtype
+  done
+  ref=$(tail_mean "$SCRATCH/$model-fp32/metrics.jsonl")
+  for dtype in bf16 fp16; do
+    got=$(tail_mean "$SCRATCH/$model-$dtype/metrics.jsonl")
+    awk -v a="$got" -v b="$ref" 'BEGIN {d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02)}' ||
+      fail "$model $dtype: mean loss of the last 50 steps $got is not within 2% of fp32's $ref"
+    echo "$model $dtype: last-50 mean loss $got vs fp32 $ref"
+  done
+done
+
+# Forced overflow. Every logged step (log_every 1) shows the scale and the skipped-step count.
+M="$SCRATCH/overflow/metrics.jsonl"
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_mlp.yaml" --run-dir "$SCRATCH/overflow" "${COMMON[@]}" \
+  --set precision.dtype=fp16 --set precision.initial_scale=1e30 --set precision.growth_interval=20
+awk '
+  match($0, /"loss": [0-9.e+-]*/) {
+    loss = substr($0, RSTART + 8, RLENGTH - 8) + 0
+    match($0, /"loss_scale": [0-9.e+-]*/); scale = substr($0, RSTART + 14, RLENGTH - 14) + 0
+    match($0, /"skipped_steps": [0-9]*/); skipped = substr($0, RSTART + 17, RLENGTH - 17) + 0
+    if (NR == 1) { first = loss; if (skipped != 1 || scale / 5e29 - 1 > 1e-6 || 1 - scale / 5e29 > 1e-6) { print "step 1: scale " scale ", skipped " skipped; bad = 1 } }
+    else if (skipped == prev_skipped + 1) { halvings++; if (scale != prev_scale / 2) { print "a skip did not halve the scale at line " NR; bad = 1 } }
+    else if (skipped == prev_skipped && scale > prev_scale) { if (scale != prev_scale * 2) { print "growth not x2 at line " NR; bad = 1 }; growths++ }
+    else if (skipped != prev_skipped || scale != prev_scale) { print "unexpected scaler change at line " NR; bad = 1 }
+    prev_scale = scale; prev_skipped = skipped; last = loss; n++
+  }
+  END {
+    printf "overflow: %d skipped steps, %d growths, loss %.4f -> %.4f over %d steps\n", prev_skipped, growths, first, last, n
+    if (bad || prev_skipped < 10 || growths < 1 || n != 200 || last > 0.8 * first) exit 1
+  }' "$M" || fail "the forced overflow did not skip, halve, recover and grow as expected"
