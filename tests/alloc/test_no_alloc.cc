@@ -120,6 +120,25 @@ TEST(NoAllocation, TransformerBlockTrainingStep) {
   });
 }
 
+// Mixed precision adds casts, widened kernels (f32 copies in planned workspaces) and the loss scaler.
+TEST(NoAllocation, MixedPrecisionTransformerBlockTrainingStep) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Graph g;
+    build_transformer_block(g, 2, 16, 32, 4);
+    CompileOptions opts;
+    opts.compute = low;
+    opts.optimizer.type = "adamw";
+    opts.optimizer.loss_scaling = low == DType::f16;
+    expect_no_alloc_in_steps(std::move(g), opts, [](Executor& ex) {
+      Tensor& x = ex.tensor("x");
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i % 5) * 0.1f;
+      ex.tensor("opt/step").data<int64_t>()[0] = 1;
+      if (ex.has_tensor("amp/loss_scale")) ex.tensor("amp/loss_scale").data<float>()[0] = 1024.0f;
+    });
+  }
+}
+
 // A small CNN: conv (oneDNN primitive, blocked layout) -> relu -> 2x2 max pool -> conv -> relu -> linear head.
 TEST(NoAllocation, ConvNetTrainingStep) {
   Graph g;
