@@ -1,5 +1,6 @@
 // matmul (batched, with transposes) and linear (x W^T + b, PyTorch's weight layout).
 #include "graph/builder.h"
+#include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/matmul.h"
 #include "ops/registry.h"
 
@@ -127,7 +128,7 @@ void register_matmul_ops(OpRegistry& r) {
   mm.grad = matmul_grad;
   mm.cost = matmul_cost;
   mm.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::matmul},
-                {DeviceKind::cpu, {DType::bf16}, cpu::matmul_bf16}};
+                {DeviceKind::cpu, {DType::bf16}, cpu::matmul_bf16, cpu::has_native_bf16}};
   mm.samples = matmul_samples;
   r.add(mm);
 
@@ -162,7 +163,7 @@ void register_matmul_ops(OpRegistry& r) {
     return g;
   };
   lin.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::linear},
-                 {DeviceKind::cpu, {DType::bf16}, cpu::linear_bf16}};
+                 {DeviceKind::cpu, {DType::bf16}, cpu::linear_bf16, cpu::has_native_bf16}};
   lin.samples = [] {
     std::vector<OpSample> s;
     for (const Shape& x : std::vector<Shape>{{4, 3}, {2, 5, 3}}) {

@@ -10,7 +10,9 @@ namespace flowrun {
 
 const KernelDef* OpDef::kernel(DeviceKind d, DType t) const {
   for (const auto& k : kernels)
-    if (k.device == d && std::find(k.dtypes.begin(), k.dtypes.end(), t) != k.dtypes.end()) return &k;
+    if (k.device == d && std::find(k.dtypes.begin(), k.dtypes.end(), t) != k.dtypes.end() &&
+        (!k.available || k.available()))
+      return &k;
   return nullptr;
 }
 

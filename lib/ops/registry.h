@@ -48,6 +48,8 @@ struct KernelDef {
   DeviceKind device = DeviceKind::cpu;
   std::vector<DType> dtypes;  // dtypes of the op's primary (first floating) input that this kernel handles
   KernelFn fn = nullptr;
+  // Whether this machine can run the kernel fast (e.g. bf16 GEMMs need avx512_bf16); null = always.
+  bool (*available)() = nullptr;
 };
 
 struct Cost {

@@ -82,4 +82,13 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
   stream.wait();
 }
 
+bool has_native_bf16() {
+  static const bool yes = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return yes;
+}
+
 }  // namespace flowrun::cpu

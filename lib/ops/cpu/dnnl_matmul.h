@@ -14,4 +14,9 @@ namespace flowrun::cpu {
 void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
                  int64_t b_stride, float alpha, float beta, const void* a, const void* b, void* y);
 
+// True where oneDNN runs bf16 GEMMs and convolutions in hardware (avx512_bf16 or AMX). Elsewhere its bf16
+// primitives fall back to reference loops ~1000x slower, so the bf16 kernels that use it are registered as
+// unavailable and bf16 nodes run widened through the f32 kernels instead.
+bool has_native_bf16();
+
 }  // namespace flowrun::cpu
