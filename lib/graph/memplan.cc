@@ -48,6 +48,16 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
       const Value& val = g.value(v);
       const int last = std::max(last_use[static_cast<size_t>(v)], pos);
       plan.total_intermediate_bytes += align_up(val.nbytes());
+      if (i == 0 && inplace && def.view) {
+        // One buffer for both: it lives until the later of their last uses.
+        const int b = buffer_of[static_cast<size_t>(n.inputs[0])];
+        if (b >= 0 && g.value(n.inputs[0]).nbytes() == val.nbytes()) {
+          buffers[static_cast<size_t>(b)].last = std::max(buffers[static_cast<size_t>(b)].last, last);
+          buffer_of[static_cast<size_t>(v)] = b;
+          ++plan.view_count;
+          continue;
+        }
+      }
       if (i == 0 && inplace && def.inplace_input >= 0) {
         const ValueId src = n.inputs[static_cast<size_t>(def.inplace_input)];
         const int b = buffer_of[static_cast<size_t>(src)];

@@ -17,7 +17,8 @@ struct MemoryPlan {
   std::vector<int64_t> offset;          // per value: byte offset in the arena, -1 if not an intermediate
   std::vector<int64_t> workspace_offset;  // per node: scratch offset, -1 if none
   std::vector<size_t> workspace_bytes;    // per node
-  int inplace_count = 0;                  // outputs that share their input's buffer
+  int inplace_count = 0;                  // outputs that take over a dying input's buffer
+  int view_count = 0;                     // outputs of view ops (reshape) sharing their input's buffer
 };
 
 // `device` picks the kernels whose workspaces are planned (widened f16/bf16 kernels need f32 copies).

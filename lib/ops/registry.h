@@ -98,6 +98,9 @@ struct OpDef {
   std::vector<int> nondiff_inputs;   // inputs that never get a gradient (labels, indices, state)
   std::vector<int> nondiff_outputs;  // outputs that are saved statistics, not differentiable results
   int inplace_input = -1;            // output 0 may reuse this input's buffer when it dies here
+  // Output 0 is input 0's bytes under another shape: the planner gives both one buffer (whatever their
+  // lifetimes), so the kernel finds out == in and copies nothing.
+  bool view = false;
   std::vector<int> mutates;          // inputs updated in place (optimizer state, running statistics)
   bool random = false;               // draws from its KernelCtx::rng
   std::vector<KernelDef> kernels;

@@ -161,7 +161,7 @@ void register_reshape(OpRegistry& r) {
   OpDef d;
   d.name = "reshape";
   d.doc =
-      "same elements, new shape (one dimension may be -1); shares its input's memory when planned in place";
+      "same elements, new shape (one dimension may be -1); a view: planned to share its input's memory";
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     Shape s = a.ints("shape");
     int64_t known = 1, infer_at = -1;
@@ -183,6 +183,7 @@ void register_reshape(OpRegistry& r) {
   d.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.reshape(c.dout(0), c.b.shape(c.in(0)))}; };
   d.cost = copy_cost;
   d.inplace_input = 0;
+  d.view = true;
   d.kernels = {{DeviceKind::cpu, kAnyFloat, cpu::copy}};
   d.samples = [] {
     OpSample a, b;

@@ -2,13 +2,16 @@
 // alive at the same time overlap.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "models.h"
 
 namespace flowrun::testing {
 namespace {
 
 // Brute-force check of the plan: values alive at the same schedule position never share bytes, unless one
-// is the in-place successor of the other.
+// is the in-place successor of the other, or a view of it (views and their sources form one buffer whose
+// lifetime is the union of theirs).
 void expect_plan_valid(const Program& p) {
   const Graph& g = p.graph;
   const int end = static_cast<int>(p.order.size());
@@ -19,32 +22,46 @@ void expect_plan_valid(const Program& p) {
     for (ValueId v : n.inputs) last[static_cast<size_t>(v)] = pos;
   }
   for (const auto& [name, v] : g.outputs()) last[static_cast<size_t>(v)] = end;
-  std::vector<ValueId> arena;
-  for (const auto& v : g.values())
-    if (p.memory.offset[static_cast<size_t>(v.id)] >= 0 && v.nbytes() > 0) {
-      arena.push_back(v.id);
-      EXPECT_LE(static_cast<size_t>(p.memory.offset[static_cast<size_t>(v.id)]) + v.nbytes(), p.memory.arena_bytes);
+  auto offset = [&](ValueId v) { return p.memory.offset[static_cast<size_t>(v)]; };
+  // The value a chain of views starts from.
+  auto root = [&](ValueId v) {
+    for (;;) {
+      const Value& x = g.value(v);
+      if (x.producer < 0 || x.producer_slot != 0) return v;
+      const Node& n = g.node(x.producer);
+      if (!OpRegistry::get().at(n.op).view || offset(n.inputs[0]) != offset(v)) return v;
+      v = n.inputs[0];
     }
-  for (size_t i = 0; i < arena.size(); ++i)
-    for (size_t j = i + 1; j < arena.size(); ++j) {
-      const ValueId a = arena[i], b = arena[j];
-      const size_t ua = static_cast<size_t>(a), ub = static_cast<size_t>(b);
-      const int64_t oa = p.memory.offset[ua], ob = p.memory.offset[ub];
+  };
+  std::map<ValueId, std::pair<int, int>> life;  // root -> (written first, read last) of its whole group
+  for (const auto& v : g.values()) {
+    if (offset(v.id) < 0 || v.nbytes() == 0) continue;
+    EXPECT_LE(static_cast<size_t>(offset(v.id)) + v.nbytes(), p.memory.arena_bytes);
+    const ValueId r = root(v.id);
+    const int d = def[static_cast<size_t>(v.id)], l = std::max(d, last[static_cast<size_t>(v.id)]);
+    auto [it, fresh] = life.try_emplace(r, d, l);
+    if (!fresh) it->second = {std::min(it->second.first, d), std::max(it->second.second, l)};
+  }
+  auto in_place_of = [&](ValueId out, ValueId in_root) {
+    const Value& v = g.value(out);
+    if (v.producer < 0 || v.producer_slot != 0) return false;
+    const Node& n = g.node(v.producer);
+    const int k = OpRegistry::get().at(n.op).inplace_input;
+    return k >= 0 && root(n.inputs[static_cast<size_t>(k)]) == in_root;
+  };
+  for (auto i = life.begin(); i != life.end(); ++i)
+    for (auto j = std::next(i); j != life.end(); ++j) {
+      const ValueId a = i->first, b = j->first;
+      const int64_t oa = offset(a), ob = offset(b);
       const bool bytes_overlap = oa < ob + static_cast<int64_t>(g.value(b).nbytes()) &&
                                  ob < oa + static_cast<int64_t>(g.value(a).nbytes());
       if (!bytes_overlap) continue;
       // Sharing is legal when one is dead before the other is written, or when b is produced in place
       // from a at a's last use.
-      const int la = std::max(last[ua], def[ua]), lb = std::max(last[ub], def[ub]);
-      auto in_place_of = [&](ValueId out, ValueId in) {
-        const Value& v = g.value(out);
-        if (v.producer < 0 || v.producer_slot != 0) return false;
-        const Node& n = g.node(v.producer);
-        const int k = OpRegistry::get().at(n.op).inplace_input;
-        return k >= 0 && n.inputs[static_cast<size_t>(k)] == in;
-      };
-      const bool disjoint = la < def[ub] || lb < def[ua] || (la == def[ub] && in_place_of(b, a)) ||
-                            (lb == def[ua] && in_place_of(a, b));
+      const auto [da, la] = i->second;
+      const auto [db, lb] = j->second;
+      const bool disjoint =
+          la < db || lb < da || (la == db && in_place_of(b, a)) || (lb == da && in_place_of(a, b));
       EXPECT_TRUE(disjoint) << g.value(a).name << " and " << g.value(b).name << " overlap while both alive";
     }
 }
