@@ -1,9 +1,8 @@
 // Reductions over axes (sum, mean, max) and broadcast_to, their adjoint.
-#include "ops/cpu/reduce.h"
-
 #include <algorithm>
 
 #include "graph/builder.h"
+#include "ops/cpu/reduce.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -21,8 +20,7 @@ std::vector<int> reduce_axes(const Shape& s, const Attrs& a) {
     for (size_t i = 0; i < s.size(); ++i) axes.push_back(static_cast<int>(i));
   for (int64_t ax : raw) axes.push_back(normalize_axis(ax, s.size()));
   std::sort(axes.begin(), axes.end());
-  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end())
-    throw input_error("repeated reduction axis");
+  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) throw input_error("repeated reduction axis");
   return axes;
 }
 
@@ -31,10 +29,8 @@ Shape reduced_shape(const Shape& s, const Attrs& a, bool keepdims) {
   Shape out;
   for (size_t i = 0; i < s.size(); ++i) {
     const bool r = std::binary_search(axes.begin(), axes.end(), static_cast<int>(i));
-    if (!r)
-      out.push_back(s[i]);
-    else if (keepdims)
-      out.push_back(1);
+    if (!r) out.push_back(s[i]);
+    else if (keepdims) out.push_back(1);
   }
   return out;
 }
@@ -101,11 +97,11 @@ OpDef reduce_op(const std::string& name, const std::string& doc, KernelFn fn,
 }  // namespace
 
 void register_reduce_ops(OpRegistry& r) {
-  r.add(reduce_op("reduce_sum", "sum", cpu::reduce_sum,
-                  [](GradCtx& c) -> std::vector<ValueId> { return {expand_back(c)}; }));
+  r.add(reduce_op("reduce_sum", "sum", cpu::reduce_sum, [](GradCtx& c) -> std::vector<ValueId> {
+    return {expand_back(c)};
+  }));
   r.add(reduce_op("reduce_mean", "mean", cpu::reduce_mean, [](GradCtx& c) -> std::vector<ValueId> {
-    const double count =
-        static_cast<double>(numel(c.b.shape(c.in(0))) / std::max<int64_t>(1, numel(c.b.shape(c.out(0)))));
+    const double count = static_cast<double>(numel(c.b.shape(c.in(0))) / std::max<int64_t>(1, numel(c.b.shape(c.out(0)))));
     return {c.b.mul_scalar(expand_back(c), 1.0 / count)};
   }));
   r.add(reduce_op("reduce_max", "maximum", cpu::reduce_max, [](GradCtx& c) -> std::vector<ValueId> {
@@ -116,9 +112,7 @@ void register_reduce_ops(OpRegistry& r) {
   mg.name = "reduce_max_grad";
   mg.doc = "gradient of reduce_max: dy flows to every element equal to the maximum";
   mg.num_inputs = 3;
-  mg.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    return {in[1]};
-  };
+  mg.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> { return {in[1]}; };
   mg.cost = reduce_cost;
   mg.kernels = {{DeviceKind::cpu, kF, cpu::reduce_max_grad}};
   mg.covered_by = {"reduce_max"};
@@ -135,14 +129,11 @@ void register_reduce_ops(OpRegistry& r) {
     return {{target, in[0].dtype}};
   };
   bt.cost = reduce_cost;
-  bt.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.reduce_to_shape(c.dout(0), c.b.shape(c.in(0)))};
-  };
+  bt.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.reduce_to_shape(c.dout(0), c.b.shape(c.in(0)))}; };
   bt.kernels = {{DeviceKind::cpu, kF, cpu::broadcast_to}};
   bt.samples = [] {
     std::vector<OpSample> s;
-    for (auto [x, t] :
-         std::vector<std::pair<Shape, Shape>>{{{5}, {3, 5}}, {{3, 1}, {3, 4}}, {{2, 1, 3}, {4, 2, 5, 3}}}) {
+    for (auto [x, t] : std::vector<std::pair<Shape, Shape>>{{{5}, {3, 5}}, {{3, 1}, {3, 4}}, {{2, 1, 3}, {4, 2, 5, 3}}}) {
       OpSample o;
       o.label = shape_str(x) + "->" + shape_str(t);
       o.inputs = {{x, DType::f64}};

@@ -40,8 +40,8 @@ void binary_kernel(const KernelCtx& c, F f) {
     size_t lead = 0;
     while (lead < bs.size() && bs[lead] == 1) ++lead;
     const size_t nt = bs.size() - lead;
-    const bool trailing = nt <= ys.size() && std::equal(bs.begin() + static_cast<std::ptrdiff_t>(lead),
-                                                        bs.end(), ys.end() - static_cast<std::ptrdiff_t>(nt));
+    const bool trailing = nt <= ys.size() && std::equal(bs.begin() + static_cast<std::ptrdiff_t>(lead), bs.end(),
+                                                        ys.end() - static_cast<std::ptrdiff_t>(nt));
     const int64_t tail = nb;
     if (trailing && tail == nb) {
       const int64_t rows = n / nb;
@@ -131,9 +131,7 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
-bool tanh_approx(const KernelCtx& c) {
-  return c.attrs().is("approximate", "tanh");
-}
+bool tanh_approx(const KernelCtx& c) { return c.attrs().is("approximate", "tanh"); }
 
 // exp(x) for f32 from arithmetic and bit operations only, so that GCC vectorises the loops that call it
 // (std::exp and std::tanh stay scalar libm calls, which made GELU a third of a GPT step). Cody-Waite
@@ -165,18 +163,10 @@ inline T gelu_tanh(T u) {
 
 }  // namespace
 
-void add(const KernelCtx& c) {
-  binary(c, [](auto a, auto b) { return a + b; });
-}
-void sub(const KernelCtx& c) {
-  binary(c, [](auto a, auto b) { return a - b; });
-}
-void mul(const KernelCtx& c) {
-  binary(c, [](auto a, auto b) { return a * b; });
-}
-void div(const KernelCtx& c) {
-  binary(c, [](auto a, auto b) { return a / b; });
-}
+void add(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a + b; }); }
+void sub(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a - b; }); }
+void mul(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a * b; }); }
+void div(const KernelCtx& c) { binary(c, [](auto a, auto b) { return a / b; }); }
 
 void add_scalar(const KernelCtx& c) {
   const double v = c.attrs().f("value");
@@ -222,8 +212,7 @@ void gelu_grad(const KernelCtx& c) {
   else
     grad2(c, [](auto dy, auto x) {
       using T = decltype(x);
-      return dy *
-             (T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x));
+      return dy * (T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x));
     });
 }
 
@@ -257,27 +246,17 @@ void fill_like(const KernelCtx& c) {
   const TensorView& y = c.out[0];
   const int64_t n = y.numel();
   switch (y.dtype) {
-    case DType::f32:
-      std::fill_n(y.as<float>(), n, static_cast<float>(v));
-      break;
-    case DType::f64:
-      std::fill_n(y.as<double>(), n, v);
-      break;
-    case DType::f16:
-      std::fill_n(y.as<f16>(), n, float_to_f16(static_cast<float>(v)));
-      break;
-    case DType::bf16:
-      std::fill_n(y.as<bf16>(), n, float_to_bf16(static_cast<float>(v)));
-      break;
-    default:
-      FR_CHECK(false, "fill_like: dtype ", dtype_name(y.dtype));
+    case DType::f32: std::fill_n(y.as<float>(), n, static_cast<float>(v)); break;
+    case DType::f64: std::fill_n(y.as<double>(), n, v); break;
+    case DType::f16: std::fill_n(y.as<f16>(), n, float_to_f16(static_cast<float>(v))); break;
+    case DType::bf16: std::fill_n(y.as<bf16>(), n, float_to_bf16(static_cast<float>(v))); break;
+    default: FR_CHECK(false, "fill_like: dtype ", dtype_name(y.dtype));
   }
 }
 
 void copy(const KernelCtx& c) {
   if (c.out[0].data != c.in[0].data)
-    std::memcpy(c.out[0].data, c.in[0].data,
-                static_cast<size_t>(c.out[0].numel()) * dtype_size(c.out[0].dtype));
+    std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * dtype_size(c.out[0].dtype));
 }
 
 void convert(const void* src, DType from, void* dst, DType to, int64_t n) {

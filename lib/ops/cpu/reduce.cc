@@ -36,10 +36,8 @@ Groups groups_of(const Shape& s, const std::vector<int64_t>& raw_axes) {
   Groups out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == 1) continue;
-    if (out.n > 0 && out.g[static_cast<size_t>(out.n - 1)].reduced == red[i])
-      out.g[static_cast<size_t>(out.n - 1)].size *= s[i];
-    else
-      out.g[static_cast<size_t>(out.n++)] = {s[i], red[i]};
+    if (out.n > 0 && out.g[static_cast<size_t>(out.n - 1)].reduced == red[i]) out.g[static_cast<size_t>(out.n - 1)].size *= s[i];
+    else out.g[static_cast<size_t>(out.n++)] = {s[i], red[i]};
   }
   return out;
 }
@@ -185,16 +183,13 @@ std::array<int64_t, 8> reduced_strides(const Shape& x, const std::vector<int64_t
 }  // namespace
 
 void reduce_sum(const KernelCtx& c) {
-  dispatch_storage(c.in[0].dtype,
-                   [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });
 }
 void reduce_mean(const KernelCtx& c) {
-  dispatch_storage(c.in[0].dtype,
-                   [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, true); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, true); });
 }
 void reduce_max(const KernelCtx& c) {
-  dispatch_storage(c.in[0].dtype,
-                   [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::max, false); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::max, false); });
 }
 
 void reduce_max_grad(const KernelCtx& c) {
@@ -205,8 +200,7 @@ void reduce_max_grad(const KernelCtx& c) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dy = c.in[0].as<T>(), *x = c.in[1].as<T>(), *y = c.in[2].as<T>();
     T* dx = c.out[0].as<T>();
-    for_each_broadcast(strides, xs,
-                       [&](int64_t i, int64_t j) { dx[i] = ld(x[i]) == ld(y[j]) ? dy[j] : T{}; });
+    for_each_broadcast(strides, xs, [&](int64_t i, int64_t j) { dx[i] = ld(x[i]) == ld(y[j]) ? dy[j] : T{}; });
   });
 }
 
@@ -215,8 +209,7 @@ void broadcast_to(const KernelCtx& c) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
     T* y = c.out[0].as<T>();
-    for_each_broadcast(broadcast_strides(*c.in[0].shape, *c.out[0].shape), *c.out[0].shape,
-                       [&](int64_t i, int64_t j) { y[i] = x[j]; });
+    for_each_broadcast(broadcast_strides(*c.in[0].shape, *c.out[0].shape), *c.out[0].shape, [&](int64_t i, int64_t j) { y[i] = x[j]; });
   });
 }
 
