@@ -12,8 +12,7 @@ namespace flowrun {
 
 namespace {
 
-// bf16 kernels widen each head into f32 scratch (lse stays f32).
-const std::vector<DType> kF = {DType::f32, DType::f64, DType::bf16};
+const std::vector<DType> kF = {DType::f32, DType::f64};
 
 struct SdpaDims {
   int64_t b, h, t, s, d, dv;
@@ -175,12 +174,9 @@ void register_attention_ops(OpRegistry& r) {
     // q k^T and p v, plus ~4 flops per score for scaling, max, exp and sum.
     return {pairs * (2.0 * static_cast<double>(s.d + s.dv) + 4.0), bytes_of(in) + bytes_of(out)};
   };
-  // scale * k^T, one (D x S) slice per (batch, head); bf16 adds f32 copies of q, v and out.
-  d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+  // scale * k^T, one (D x S) slice per (batch, head).
+  d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                    const Attrs&) -> size_t {
-    if (in[0].dtype == DType::bf16)
-      return static_cast<size_t>(numel(in[1].shape) + numel(in[0].shape) + numel(in[2].shape) +
-                                 numel(out[0].shape)) * sizeof(float);
     return static_cast<size_t>(numel(in[1].shape)) * dtype_size(in[1].dtype);
   };
   d.nondiff_outputs = {1};
@@ -217,15 +213,10 @@ void register_attention_ops(OpRegistry& r) {
     // Recomputed q k^T, dout v^T, p^T dout, ds^T q and ds k.
     return {pairs * (2.0 * static_cast<double>(3 * s.d + 2 * s.dv) + 5.0), bytes_of(in) + bytes_of(out)};
   };
-  // scale * k^T and v^T, one slice each per (batch, head); bf16 adds f32 copies of the five inputs and the
-  // three outputs.
+  // scale * k^T and v^T, one slice each per (batch, head).
   g.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                    const Attrs&) -> size_t {
-    const int64_t nk = numel(in[2].shape), nv = numel(in[3].shape);
-    if (in[1].dtype == DType::bf16)
-      return static_cast<size_t>(3 * nk + 3 * nv + 2 * numel(in[1].shape) + 2 * numel(in[0].shape)) *
-             sizeof(float);
-    return static_cast<size_t>(nk + nv) * dtype_size(in[2].dtype);
+    return static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype);
   };
   g.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_grad}};
   g.covered_by = {"sdpa"};

@@ -20,7 +20,6 @@
 #include <cstring>
 #include <limits>
 
-#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -126,15 +125,14 @@ void gemm_nn(int64_t m, int64_t n, int64_t kd, const T* a, int64_t ars, int64_t 
   for (; i < m; ++i) run.template operator()<1>(i);
 }
 
-// dst[c * rows + r] = scale * src[r * d + c] for r < rows, c < d: one head's K or V as (d x rows); a bf16
-// source is widened on the way.
-template <typename S, typename T>
-void transpose_scaled(int64_t rows, int64_t d, const S* src, T* dst, T scale) {
+// dst[c * rows + r] = scale * src[r * d + c] for r < rows, c < d: one head's K or V as (d x rows).
+template <typename T>
+void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
   constexpr int64_t kB = 16;  // rows per pass, so each destination row is written in short contiguous runs
   for (int64_t r0 = 0; r0 < rows; r0 += kB) {
     const int64_t r1 = std::min(rows, r0 + kB);
     for (int64_t c = 0; c < d; ++c)
-      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * ld(src[r * d + c]);
+      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * d + c];
   }
 }
 
@@ -353,82 +351,10 @@ void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, con
   }
 }
 
-// bf16 sdpa: each head's q and v are widened into f32 scratch (k straight into its transposed copy) while
-// that head is in cache, the f32 algorithm runs, and each task rounds its own output rows once. The workspace
-// holds, in f32: scale * k^T, q, v, out.
-void sdpa_bf16(const KernelCtx& c, const Geometry& g) {
-  const bf16 *q = c.in[0].as<bf16>(), *k = c.in[1].as<bf16>(), *v = c.in[2].as<bf16>();
-  bf16* o = c.out[0].as<bf16>();
-  float* lse = c.out[1].as<float>();
-  const int64_t nk = g.s * g.d, nq = g.t * g.d, nv = g.s * g.dv, no = g.t * g.dv;
-  float* kt = static_cast<float*>(c.workspace);
-  float* qf = kt + g.bh * nk;
-  float* vf = qf + g.bh * nq;
-  float* of = vf + g.bh * nv;
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * (nk + nq + nv + no)) * sizeof(float),
-           "sdpa workspace too small");
-  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    for (int64_t h = s; h < e; ++h) {
-      transpose_scaled(g.s, g.d, k + h * nk, kt + h * nk, static_cast<float>(g.scale));
-      convert(q + h * nq, DType::bf16, qf + h * nq, DType::f32, nq);
-      convert(v + h * nv, DType::bf16, vf + h * nv, DType::f32, nv);
-    }
-  });
-  const int64_t nqb = (g.t + kBQ - 1) / kBQ;
-  parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-    for (int64_t task = s; task < e; ++task) {
-      const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
-      forward_block(g, qf + h * nq, kt + h * nk, vf + h * nv, of + h * no, lse + h * g.t, i0, m);
-      convert(of + h * no + i0 * g.dv, DType::f32, o + h * no + i0 * g.dv, DType::bf16, m * g.dv);
-    }
-  });
-}
-
-// bf16 sdpa_grad: per (batch, head), the five inputs are widened into f32 scratch, the f32 backward runs,
-// and dq, dk, dv are rounded once. Workspace in f32: scale * k^T, v^T, then dout, q, k, v, out, dq, dk, dv.
-void sdpa_grad_bf16(const KernelCtx& c, const Geometry& g) {
-  const int64_t nk = g.s * g.d, nq = g.t * g.d, nv = g.s * g.dv, no = g.t * g.dv;
-  const int64_t per_head = 3 * nk + 3 * nv + 2 * nq + 2 * no;
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * per_head) * sizeof(float),
-           "sdpa_grad workspace too small");
-  float* kt = static_cast<float*>(c.workspace);
-  float* vt = kt + g.bh * nk;
-  float* f_dout = vt + g.bh * nv;
-  float* f_q = f_dout + g.bh * no;
-  float* f_k = f_q + g.bh * nq;
-  float* f_v = f_k + g.bh * nk;
-  float* f_o = f_v + g.bh * nv;
-  float* f_dq = f_o + g.bh * no;
-  float* f_dk = f_dq + g.bh * nq;
-  float* f_dv = f_dk + g.bh * nk;
-  const float* lse = c.in[5].as<float>();
-  auto widen = [&](int i, float* dst, int64_t n, int64_t h) {
-    convert(c.in[i].as<bf16>() + h * n, DType::bf16, dst + h * n, DType::f32, n);
-  };
-  auto narrow = [&](int i, const float* src, int64_t n, int64_t h) {
-    convert(src + h * n, DType::f32, c.out[i].as<bf16>() + h * n, DType::bf16, n);
-  };
-  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    for (int64_t h = s; h < e; ++h) {
-      widen(0, f_dout, no, h);
-      widen(1, f_q, nq, h);
-      widen(2, f_k, nk, h);
-      widen(3, f_v, nv, h);
-      widen(4, f_o, no, h);
-      backward_head(g, f_dout + h * no, f_q + h * nq, f_k + h * nk, f_v + h * nv, f_o + h * no, lse + h * g.t,
-                    f_dq + h * nq, f_dk + h * nk, f_dv + h * nv, kt + h * nk, vt + h * nv);
-      narrow(0, f_dq, nq, h);
-      narrow(1, f_dk, nk, h);
-      narrow(2, f_dv, nv, h);
-    }
-  });
-}
-
 }  // namespace
 
 void sdpa(const KernelCtx& c) {
   const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2]);
-  if (c.in[0].dtype == DType::bf16) return sdpa_bf16(c, g);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
@@ -453,7 +379,6 @@ void sdpa(const KernelCtx& c) {
 
 void sdpa_grad(const KernelCtx& c) {
   const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3]);
-  if (c.in[0].dtype == DType::bf16) return sdpa_grad_bf16(c, g);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
