@@ -8,7 +8,9 @@ namespace flowrun {
 
 namespace {
 
-const std::vector<DType> kF = {DType::f32, DType::f64};
+// Arithmetic and activation kernels also run natively on bf16 storage (f32 arithmetic, one rounding per
+// output); f16 runs them widened.
+const std::vector<DType> kF = {DType::f32, DType::f64, DType::bf16};
 
 std::vector<TensorType> infer_broadcast(const std::vector<TensorType>& in, const Attrs&) {
   if (in[0].dtype != in[1].dtype)

@@ -9,7 +9,8 @@ namespace flowrun {
 
 namespace {
 
-const std::vector<DType> kF = {DType::f32, DType::f64};
+// bf16 runs natively: f32 accumulation, one rounding per output.
+const std::vector<DType> kF = {DType::f32, DType::f64, DType::bf16};
 
 // Sorted, normalised reduction axes; empty attribute = all axes.
 std::vector<int> reduce_axes(const Shape& s, const Attrs& a) {
@@ -43,8 +44,10 @@ Cost reduce_cost(const std::vector<TensorType>& in, const std::vector<TensorType
   return {n, (n + static_cast<double>(numel(out[0].shape))) * static_cast<double>(dtype_size(in[0].dtype))};
 }
 
+// Two ping-pong halves of partial results, in the accumulator type (f32 for bf16 storage).
 size_t reduce_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
-  return static_cast<size_t>(numel(in[0].shape)) * dtype_size(in[0].dtype);
+  const DType acc = in[0].dtype == DType::bf16 ? DType::f32 : in[0].dtype;
+  return static_cast<size_t>(numel(in[0].shape)) * dtype_size(acc);
 }
 
 // dy of a reduction, broadcast back over the input's shape.

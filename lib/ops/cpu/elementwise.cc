@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/parallel.h"
 
@@ -17,6 +18,7 @@ namespace {
 constexpr int64_t kGrain = 1 << 14;
 
 // Binary op with broadcasting. Fast paths: equal shapes, and b repeating over a's leading dimensions (bias).
+// T is the storage type; f computes in Compute<T>.
 template <typename T, typename F>
 void binary_kernel(const KernelCtx& c, F f) {
   const TensorView &a = c.in[0], &b = c.in[1], &y = c.out[0];
@@ -27,7 +29,7 @@ void binary_kernel(const KernelCtx& c, F f) {
   const int64_t na = a.numel(), nb = b.numel();
   if (na == n && nb == n) {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) py[i] = f(pa[i], pb[i]);
+      for (int64_t i = s; i < e; ++i) py[i] = st<T>(f(ld(pa[i]), ld(pb[i])));
     });
     return;
   }
@@ -45,7 +47,7 @@ void binary_kernel(const KernelCtx& c, F f) {
       const int64_t rows = n / nb;
       parallel_for(rows, kGrain / std::max<int64_t>(nb, 1), [&](int64_t s, int64_t e) {
         for (int64_t r = s; r < e; ++r)
-          for (int64_t j = 0; j < nb; ++j) py[r * nb + j] = f(pa[r * nb + j], pb[j]);
+          for (int64_t j = 0; j < nb; ++j) py[r * nb + j] = st<T>(f(ld(pa[r * nb + j]), ld(pb[j])));
       });
       return;
     }
@@ -77,7 +79,7 @@ void binary_kernel(const KernelCtx& c, F f) {
       ib += idx[k] * sb[k];
     }
     for (int64_t i = s; i < e; ++i) {
-      py[i] = f(pa[ia], pb[ib]);
+      py[i] = st<T>(f(ld(pa[ia]), ld(pb[ib])));
       for (size_t k = r; k-- > 0;) {
         ia += sa[k];
         ib += sb[k];
@@ -92,34 +94,35 @@ void binary_kernel(const KernelCtx& c, F f) {
 
 template <typename F>
 void binary(const KernelCtx& c, F f) {
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    binary_kernel<T>(c, [&](T x, T y) { return static_cast<T>(f(x, y)); });
+    using C = Compute<T>;
+    binary_kernel<T>(c, [&](C x, C y) { return static_cast<C>(f(x, y)); });
   });
 }
 
 // y[i] = f(x[i]) for a unary op, or f(in0[i], in1[i]) for a gradient op over two same-shape inputs.
 template <typename F>
 void unary(const KernelCtx& c, F f) {
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
     T* y = c.out[0].as<T>();
     parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) y[i] = static_cast<T>(f(x[i]));
+      for (int64_t i = s; i < e; ++i) y[i] = st<T>(static_cast<Compute<T>>(f(ld(x[i]))));
     });
   });
 }
 
 template <typename F>
 void grad2(const KernelCtx& c, F f) {
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* dy = c.in[0].as<T>();
     const T* x = c.in[1].as<T>();
     T* dx = c.out[0].as<T>();
     parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) dx[i] = static_cast<T>(f(dy[i], x[i]));
+      for (int64_t i = s; i < e; ++i) dx[i] = st<T>(static_cast<Compute<T>>(f(ld(dy[i]), ld(x[i]))));
     });
   });
 }
@@ -261,23 +264,26 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n) {
     std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(to));
     return;
   }
-  // Common low-precision paths go through float directly; the rest through the generic f64 converter.
+  // Common low-precision paths use the branch-free converters of elementwise.h, which GCC vectorises; the
+  // rest go through the generic f64 converter.
+  auto each = [n](auto f) {
+    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
+#pragma omp simd
+      for (int64_t i = s; i < e; ++i) f(i);
+    });
+  };
+  const auto* fs = static_cast<const float*>(src);
+  auto* fd = static_cast<float*>(dst);
+  const auto* hs = static_cast<const uint16_t*>(src);
+  auto* hd = static_cast<uint16_t*>(dst);
   if (from == DType::f32 && to == DType::bf16) {
-    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) static_cast<bf16*>(dst)[i] = float_to_bf16(static_cast<const float*>(src)[i]);
-    });
+    each([&](int64_t i) { hd[i] = bf16_bits_of(fs[i]); });
   } else if (from == DType::bf16 && to == DType::f32) {
-    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) static_cast<float*>(dst)[i] = bf16_to_float(static_cast<const bf16*>(src)[i]);
-    });
+    each([&](int64_t i) { fd[i] = float_of_bf16_bits(hs[i]); });
   } else if (from == DType::f32 && to == DType::f16) {
-    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) static_cast<f16*>(dst)[i] = float_to_f16(static_cast<const float*>(src)[i]);
-    });
+    each([&](int64_t i) { hd[i] = f16_bits_of(fs[i]); });
   } else if (from == DType::f16 && to == DType::f32) {
-    parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) static_cast<float*>(dst)[i] = f16_to_float(static_cast<const f16*>(src)[i]);
-    });
+    each([&](int64_t i) { fd[i] = float_of_f16_bits(hs[i]); });
   } else {
     parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) store_from_f64(dst, to, i, load_as_f64(src, from, i));

@@ -7,6 +7,7 @@
 #include <array>
 #include <limits>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -41,18 +42,18 @@ Groups groups_of(const Shape& s, const std::vector<int64_t>& raw_axes) {
   return out;
 }
 
-// y[a, k] = reduce_r x[a, r, k]
-template <typename T>
-void reduce3(Kind kind, const T* x, T* y, int64_t outer, int64_t red, int64_t inner) {
+// y[a, k] = reduce_r x[a, r, k], x stored as S (bf16 is loaded to f32), y in the compute type T.
+template <typename S, typename T>
+void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t inner) {
   if (inner == 1) {
     parallel_for(outer, 256, [&](int64_t s, int64_t e) {
       for (int64_t a = s; a < e; ++a) {
-        const T* row = x + a * red;
-        T acc = kind == Kind::sum ? T(0) : row[0];
+        const S* row = x + a * red;
+        T acc = kind == Kind::sum ? T(0) : ld(row[0]);
         if (kind == Kind::sum)
-          for (int64_t r = 0; r < red; ++r) acc += row[r];
+          for (int64_t r = 0; r < red; ++r) acc += ld(row[r]);
         else
-          for (int64_t r = 1; r < red; ++r) acc = std::max(acc, row[r]);
+          for (int64_t r = 1; r < red; ++r) acc = std::max(acc, ld(row[r]));
         y[a] = acc;
       }
     });
@@ -65,49 +66,63 @@ void reduce3(Kind kind, const T* x, T* y, int64_t outer, int64_t red, int64_t in
     for (int64_t t = s; t < e; ++t) {
       const int64_t a = t / blocks, k0 = (t % blocks) * kBlock, k1 = std::min(inner, k0 + kBlock);
       T* out = y + a * inner;
-      const T* base = x + a * red * inner;
-      for (int64_t k = k0; k < k1; ++k) out[k] = base[k];
+      const S* base = x + a * red * inner;
+      for (int64_t k = k0; k < k1; ++k) out[k] = ld(base[k]);
       for (int64_t r = 1; r < red; ++r) {
-        const T* row = base + r * inner;
+        const S* row = base + r * inner;
         if (kind == Kind::sum)
-          for (int64_t k = k0; k < k1; ++k) out[k] += row[k];
+          for (int64_t k = k0; k < k1; ++k) out[k] += ld(row[k]);
         else
-          for (int64_t k = k0; k < k1; ++k) out[k] = std::max(out[k], row[k]);
+          for (int64_t k = k0; k < k1; ++k) out[k] = std::max(out[k], ld(row[k]));
       }
     }
   });
 }
 
-template <typename T>
+// S is the storage type, T = Compute<S> the accumulator. f32/f64 write the last stage straight into y; bf16
+// keeps every stage (and the mean's scaling) in f32 in the workspace and rounds each output once at the end,
+// so it sums exactly as the f32 kernel does on the widened input.
+template <typename S>
 void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
-  const T* x = c.in[0].as<T>();
-  T* y = c.out[0].as<T>();
+  using T = Compute<S>;
+  constexpr bool direct = std::is_same_v<S, T>;
+  const S* x = c.in[0].as<S>();
+  S* y = c.out[0].as<S>();
   const int64_t n = c.in[0].numel(), m = c.out[0].numel();
   Groups gs = groups_of(*c.in[0].shape, c.attrs().ints_or_empty("axes"));
   auto& g = gs.g;
   const auto end = g.begin() + gs.n;
   if (std::none_of(g.begin(), end, [](const Group& q) { return q.reduced; })) {
-    std::copy(x, x + n, y);
-  } else {
-    // Reduce the last reduced group first, ping-ponging through the two halves of the workspace.
-    T* ws = static_cast<T*>(c.workspace);
-    const T* src = x;
-    int flip = 0;
-    for (int gi = gs.n - 1; gi >= 0; --gi) {
-      if (!g[static_cast<size_t>(gi)].reduced) continue;
-      int64_t outer = 1, inner = 1;
-      for (int j = 0; j < gi; ++j) outer *= g[static_cast<size_t>(j)].size;
-      for (int j = gi + 1; j < gs.n; ++j) inner *= g[static_cast<size_t>(j)].size;
-      const bool last = std::none_of(g.begin(), g.begin() + gi, [](const Group& q) { return q.reduced; });
-      T* dst = last ? y : ws + (flip++ % 2) * (n / 2);
-      reduce3<T>(kind, src, dst, outer, g[static_cast<size_t>(gi)].size, inner);
-      g[static_cast<size_t>(gi)].size = 1;
-      src = dst;
-    }
+    std::copy(x, x + n, y);  // nothing reduced: the mean's scale is 1
+    return;
   }
-  if (mean) {
-    const T scale = T(1) / static_cast<T>(n / std::max<int64_t>(m, 1));
-    for (int64_t i = 0; i < m; ++i) y[i] *= scale;
+  // Reduce the last reduced group first, ping-ponging through the two halves of the workspace.
+  T* ws = static_cast<T*>(c.workspace);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(n) * sizeof(T), "reduce workspace too small");
+  const T* src = nullptr;
+  int flip = 0;
+  for (int gi = gs.n - 1; gi >= 0; --gi) {
+    if (!g[static_cast<size_t>(gi)].reduced) continue;
+    int64_t outer = 1, inner = 1;
+    for (int j = 0; j < gi; ++j) outer *= g[static_cast<size_t>(j)].size;
+    for (int j = gi + 1; j < gs.n; ++j) inner *= g[static_cast<size_t>(j)].size;
+    const bool last = std::none_of(g.begin(), g.begin() + gi, [](const Group& q) { return q.reduced; });
+    T* dst = ws + (flip++ % 2) * (n / 2);
+    if constexpr (direct)
+      if (last) dst = y;
+    if (src)
+      reduce3<T, T>(kind, src, dst, outer, g[static_cast<size_t>(gi)].size, inner);
+    else
+      reduce3<S, T>(kind, x, dst, outer, g[static_cast<size_t>(gi)].size, inner);
+    g[static_cast<size_t>(gi)].size = 1;
+    src = dst;
+  }
+  const T scale = mean ? T(1) / static_cast<T>(n / std::max<int64_t>(m, 1)) : T(1);
+  if constexpr (direct) {
+    if (mean)
+      for (int64_t i = 0; i < m; ++i) y[i] *= scale;
+  } else {
+    for (int64_t i = 0; i < m; ++i) y[i] = st<S>(mean ? src[i] * scale : src[i]);
   }
 }
 
@@ -168,29 +183,29 @@ std::array<int64_t, 8> reduced_strides(const Shape& x, const std::vector<int64_t
 }  // namespace
 
 void reduce_sum(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });
 }
 void reduce_mean(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, true); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, true); });
 }
 void reduce_max(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::max, false); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::max, false); });
 }
 
 void reduce_max_grad(const KernelCtx& c) {
   // inputs: dy (reduced), x, y (reduced); output dx shaped like x.
   const Shape& xs = *c.in[1].shape;
-  const auto st = reduced_strides(xs, c.attrs().ints_or_empty("axes"));
-  dispatch_float(c.in[1].dtype, [&](auto* tag) {
+  const auto strides = reduced_strides(xs, c.attrs().ints_or_empty("axes"));
+  dispatch_storage(c.in[1].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dy = c.in[0].as<T>(), *x = c.in[1].as<T>(), *y = c.in[2].as<T>();
     T* dx = c.out[0].as<T>();
-    for_each_broadcast(st, xs, [&](int64_t i, int64_t j) { dx[i] = x[i] == y[j] ? dy[j] : T(0); });
+    for_each_broadcast(strides, xs, [&](int64_t i, int64_t j) { dx[i] = ld(x[i]) == ld(y[j]) ? dy[j] : T{}; });
   });
 }
 
 void broadcast_to(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
     T* y = c.out[0].as<T>();
