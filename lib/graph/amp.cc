@@ -1,12 +1,13 @@
 // Automatic mixed precision as a graph pass over the forward graph (before autodiff, so the backward pass
 // inherits each op's dtype and the gradient of every cast is the cast back). Parameters stay f32 (master
 // weights); an op that runs in f16/bf16 reads a low-precision copy made by one cast node per step.
+#include <algorithm>
 #include <array>
 #include <iomanip>
 #include <map>
 #include <set>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "graph/passes.h"
 #include "ops/registry.h"
@@ -18,10 +19,9 @@ AmpPolicy amp_policy(const std::string& op) {
   static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa"};
   // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
   // exponentials and logarithms, losses, normalisation statistics, reductions.
-  static const std::set<std::string> f32 = {"softmax",     "log_softmax", "cross_entropy", "nll_loss",
-                                            "mse_loss",    "layernorm",   "rmsnorm",       "batchnorm",
-                                            "reduce_sum",  "reduce_mean", "reduce_max",    "global_avgpool",
-                                            "pow_scalar"};
+  static const std::set<std::string> f32 = {
+      "softmax",   "log_softmax", "cross_entropy", "nll_loss",   "mse_loss",       "layernorm", "rmsnorm",
+      "batchnorm", "reduce_sum",  "reduce_mean",   "reduce_max", "global_avgpool", "pow_scalar"};
   if (low.count(op)) return AmpPolicy::low;
   if (f32.count(op)) return AmpPolicy::f32;
   return AmpPolicy::follow;
@@ -29,9 +29,12 @@ AmpPolicy amp_policy(const std::string& op) {
 
 const char* amp_policy_name(AmpPolicy p) {
   switch (p) {
-    case AmpPolicy::low: return "low";
-    case AmpPolicy::f32: return "f32";
-    case AmpPolicy::follow: return "follow";
+    case AmpPolicy::low:
+      return "low";
+    case AmpPolicy::f32:
+      return "f32";
+    case AmpPolicy::follow:
+      return "follow";
   }
   return "?";
 }
@@ -57,16 +60,21 @@ void auto_mixed_precision(Graph& g, DType low) {
     bool uniform = true;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const DType t = g.value(n.inputs[i]).dtype();
-      if (!is_floating(t)) continue;
+      // State updated in place (batchnorm's running statistics) keeps its dtype.
+      if (!is_floating(t) ||
+          std::find(def.mutates.begin(), def.mutates.end(), static_cast<int>(i)) != def.mutates.end())
+        continue;
       uniform = uniform && (floating.empty() || t == g.value(n.inputs[floating[0]]).dtype());
       floating.push_back(i);
     }
-    bool convertible = !floating.empty() && def.mutates.empty();
+    bool convertible = !floating.empty();
     for (size_t i : floating) convertible = convertible && amp_dtype(g.value(n.inputs[i]).dtype());
     if (convertible) {
       const AmpPolicy p = amp_policy(n.op);
       // Mixed inputs of an op that follows them are promoted to the widest, as in PyTorch's autocast.
-      const DType target = p == AmpPolicy::low ? low : p == AmpPolicy::f32 || !uniform ? DType::f32 : DType::f64;
+      const DType target = p == AmpPolicy::low               ? low
+                           : p == AmpPolicy::f32 || !uniform ? DType::f32
+                                                             : DType::f64;
       if (target != DType::f64)
         for (size_t i : floating) {
           const ValueId v = g.node(id).inputs[i];
@@ -93,10 +101,12 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
   // Backward and optimizer nodes are recognised by the scopes autodiff and the optimizer pass give them.
   auto part = [](const std::string& name) {
     if (name.rfind("grad/", 0) == 0) return 1;
-    if (name.rfind("update/", 0) == 0 || name.rfind("opt/", 0) == 0 || name.rfind("accumulate/", 0) == 0) return 2;
+    if (name.rfind("update/", 0) == 0 || name.rfind("opt/", 0) == 0 || name.rfind("accumulate/", 0) == 0)
+      return 2;
     return 0;
   };
-  std::map<std::tuple<std::string, std::string, std::string>, std::array<int, 3>> rows;  // (op, dtype, kernel)
+  std::map<std::tuple<std::string, std::string, std::string>, std::array<int, 3>>
+      rows;  // (op, dtype, kernel)
   std::ostringstream nodes;
   int casts = 0, param_casts = 0;
   for (NodeId id : order) {
@@ -115,11 +125,12 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
   }
   std::ostringstream os;
   os << std::left << std::setw(20) << "op" << std::setw(6) << "dtype" << std::setw(9) << "kernel"
-     << std::setw(8) << "policy" << "forward / backward / optimizer nodes\n";
+     << std::setw(8) << "policy"
+     << "forward / backward / optimizer nodes\n";
   for (const auto& [key, count] : rows)
-    os << std::setw(20) << std::get<0>(key) << std::setw(6) << std::get<1>(key) << std::setw(9) << std::get<2>(key)
-       << std::setw(8) << (count[0] ? amp_policy_name(amp_policy(std::get<0>(key))) : "-") << count[0] << " / "
-       << count[1] << " / " << count[2] << "\n";
+    os << std::setw(20) << std::get<0>(key) << std::setw(6) << std::get<1>(key) << std::setw(9)
+       << std::get<2>(key) << std::setw(8) << (count[0] ? amp_policy_name(amp_policy(std::get<0>(key))) : "-")
+       << count[0] << " / " << count[1] << " / " << count[2] << "\n";
   os << casts << " casts, " << param_casts << " of them low-precision copies of parameters (one per step)\n";
   if (every_node) os << "\nschedule:\n" << nodes.str();
   return os.str();

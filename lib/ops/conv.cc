@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "graph/builder.h"
+#include "ops/cpu/dnnl_matmul.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -352,7 +353,8 @@ void register_conv_ops(OpRegistry& r) {
     if (c.node.inputs.size() == 3) g.push_back(b.reduce_sum(dy, {0, 2, 3}));
     return g;
   };
-  conv.kernels = {{DeviceKind::cpu, kF, cpu::conv2d}};
+  conv.kernels = {{DeviceKind::cpu, kF, cpu::conv2d},
+                  {DeviceKind::cpu, {DType::bf16}, cpu::conv2d, cpu::has_native_bf16}};
   conv.samples = conv_samples;
   r.add(conv);
 
@@ -378,7 +380,8 @@ void register_conv_ops(OpRegistry& r) {
   gi.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
     return col_bytes(out[0].shape, in[1].shape, a, in[0].dtype);
   };
-  gi.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_input}};
+  gi.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_input},
+                {DeviceKind::cpu, {DType::bf16}, cpu::conv2d_grad_input, cpu::has_native_bf16}};
   gi.covered_by = {"conv2d"};
   r.add(gi);
 
@@ -405,7 +408,8 @@ void register_conv_ops(OpRegistry& r) {
   gw.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
     return col_bytes(in[1].shape, out[0].shape, a, in[0].dtype);
   };
-  gw.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_weight}};
+  gw.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_weight},
+                {DeviceKind::cpu, {DType::bf16}, cpu::conv2d_grad_weight, cpu::has_native_bf16}};
   gw.covered_by = {"conv2d"};
   r.add(gw);
 

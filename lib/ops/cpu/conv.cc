@@ -391,27 +391,29 @@ PoolGeom pool_geom(const Shape& x, const Attrs& a) {
   return g;
 }
 
-// f32 runs through oneDNN (blocked layouts, ~3x the im2col GEMM); f64, which oneDNN lacks, stays on im2col.
-// An empty batch has nothing to convolve, and its weight gradient is zero.
+// f32 and bf16 run through oneDNN (blocked layouts, ~3x the im2col GEMM); f64, which oneDNN lacks, stays on
+// im2col. An empty batch has nothing to convolve, and its weight gradient is zero.
 void conv2d(const KernelCtx& c) {
-  if (c.in[0].dtype != DType::f32) return conv2d_t<double>(c);
+  if (c.in[0].dtype == DType::f64) return conv2d_t<double>(c);
   const ConvGeom g = conv_geom(*c.in[0].shape, *c.in[1].shape, c.attrs());
   if (g.n == 0) return;
-  dnnl_conv2d_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), c.num_in > 2 ? c.in[2].as<float>() : nullptr,
-                  c.out[0].as<float>());
+  dnnl_conv2d(c.in[0].dtype, g, c.in[0].data, c.in[1].data, c.num_in > 2 ? c.in[2].data : nullptr,
+              c.out[0].data);
 }
 void conv2d_grad_input(const KernelCtx& c) {
-  if (c.in[0].dtype != DType::f32) return conv2d_grad_input_t<double>(c);
+  if (c.in[0].dtype == DType::f64) return conv2d_grad_input_t<double>(c);
   const ConvGeom g = conv_geom(c.attrs().ints("in_shape"), *c.in[1].shape, c.attrs());
   if (g.n == 0) return;
-  dnnl_conv2d_grad_input_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), c.out[0].as<float>());
+  dnnl_conv2d_grad_input(c.in[0].dtype, g, c.in[0].data, c.in[1].data, c.out[0].data);
 }
 void conv2d_grad_weight(const KernelCtx& c) {
-  if (c.in[0].dtype != DType::f32) return conv2d_grad_weight_t<double>(c);
+  if (c.in[0].dtype == DType::f64) return conv2d_grad_weight_t<double>(c);
   const ConvGeom g = conv_geom(*c.in[1].shape, c.attrs().ints("w_shape"), c.attrs());
-  float* dw = c.out[0].as<float>();
-  if (g.n == 0) return std::fill(dw, dw + g.o * g.kdim(), 0.0f);
-  dnnl_conv2d_grad_weight_f32(g, c.in[0].as<float>(), c.in[1].as<float>(), dw);
+  if (g.n == 0) {
+    std::memset(c.out[0].data, 0, static_cast<size_t>(g.o * g.kdim()) * dtype_size(c.out[0].dtype));
+    return;
+  }
+  dnnl_conv2d_grad_weight(c.in[0].dtype, g, c.in[0].data, c.in[1].data, c.out[0].data);
 }
 void maxpool2d(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });

@@ -1,8 +1,8 @@
-// oneDNN f32 convolution primitives. Each (op, geometry) builds its primitive once, letting oneDNN choose its
-// blocked layouts (format_tag::any: with plain nchw/oihw descriptors oneDNN 2.6 picks far slower kernels, and
-// a ResNet-20 step spends 800 ms in convolutions instead of 86 ms with the reorders). Reorder buffers and the
-// user scratchpad are shared and grow-only, so a steady-state call only rebinds data handles and allocates
-// nothing of ours.
+// oneDNN f32 and bf16 convolution primitives. Each (op, geometry) builds its primitive once, letting oneDNN
+// choose its blocked layouts (format_tag::any: with plain nchw/oihw descriptors oneDNN 2.6 picks far slower
+// kernels, and a ResNet-20 step spends 800 ms in convolutions instead of 86 ms with the reorders). Reorder
+// buffers and the user scratchpad are shared and grow-only, so a steady-state call only rebinds data handles
+// and allocates nothing of ours.
 #include "ops/cpu/dnnl_conv.h"
 
 #include <omp.h>
@@ -25,7 +25,7 @@ using tag = dnnl::memory::format_tag;
 
 enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
-using Key = std::array<int64_t, 16>;
+using Key = std::array<int64_t, 17>;
 
 // Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
 // and a steady-state step must not allocate.
@@ -82,25 +82,27 @@ dnnl::engine& engine() {
 
 // The thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it
 // builds it, so a changed count (train.threads) gets a primitive made for it.
-Key key_of(Kind k, const ConvGeom& g) {
-  const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k);
-  return {threads, kind, g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
+Key key_of(Kind k, dt t, const ConvGeom& g) {
+  const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k),
+                type = static_cast<int64_t>(t);
+  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,  g.o,     g.kh,
+          g.kw,    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
 }
 
 // Plain descriptors of flowrun's tensors. A grouped weight (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw
 // over the same bytes.
-dnnl::memory::desc src_desc(const ConvGeom& g, tag t) {
-  return {{g.n, g.c, g.h, g.w}, dt::f32, t};
+dnnl::memory::desc src_desc(const ConvGeom& g, dt d, tag t) {
+  return {{g.n, g.c, g.h, g.w}, d, t};
 }
-dnnl::memory::desc dst_desc(const ConvGeom& g, tag t) {
-  return {{g.n, g.o, g.oh, g.ow}, dt::f32, t};
+dnnl::memory::desc dst_desc(const ConvGeom& g, dt d, tag t) {
+  return {{g.n, g.o, g.oh, g.ow}, d, t};
 }
-dnnl::memory::desc wei_desc(const ConvGeom& g, bool any) {
-  if (g.groups == 1) return {{g.o, g.c, g.kh, g.kw}, dt::f32, any ? tag::any : tag::oihw};
-  return {{g.groups, g.og(), g.cg(), g.kh, g.kw}, dt::f32, any ? tag::any : tag::goihw};
+dnnl::memory::desc wei_desc(const ConvGeom& g, dt d, bool any) {
+  if (g.groups == 1) return {{g.o, g.c, g.kh, g.kw}, d, any ? tag::any : tag::oihw};
+  return {{g.groups, g.og(), g.cg(), g.kh, g.kw}, d, any ? tag::any : tag::goihw};
 }
-dnnl::memory::desc bias_desc(const ConvGeom& g) {
-  return {{g.o}, dt::f32, tag::x};
+dnnl::memory::desc bias_desc(const ConvGeom& g, dt d) {
+  return {{g.o}, d, tag::x};
 }
 
 // Stride, dilation (oneDNN counts the gaps: d - 1), and left/right padding. Right padding equals left as in
@@ -119,14 +121,15 @@ dnnl::primitive_attr user_scratchpad() {
 }
 
 // The forward descriptor: its primitive for the forward op, and the hint the backward ones require.
-dnnl::convolution_forward::primitive_desc fwd_pd(const ConvGeom& g, bool bias) {
+dnnl::convolution_forward::primitive_desc fwd_pd(const ConvGeom& g, dt t, bool bias) {
   const Conv v = conv_of(g);
-  const auto s = src_desc(g, tag::any), w = wei_desc(g, true), d = dst_desc(g, tag::any);
+  const auto s = src_desc(g, t, tag::any), w = wei_desc(g, t, true), d = dst_desc(g, t, tag::any);
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto pk = dnnl::prop_kind::forward_training;
-  const auto desc =
-      bias ? dnnl::convolution_forward::desc(pk, alg, s, w, bias_desc(g), d, v.stride, v.dilate, v.pad, v.pad)
-           : dnnl::convolution_forward::desc(pk, alg, s, w, d, v.stride, v.dilate, v.pad, v.pad);
+  const auto desc = bias
+                        ? dnnl::convolution_forward::desc(pk, alg, s, w, bias_desc(g, t), d, v.stride,
+                                                          v.dilate, v.pad, v.pad)
+                        : dnnl::convolution_forward::desc(pk, alg, s, w, d, v.stride, v.dilate, v.pad, v.pad);
   return {desc, user_scratchpad(), engine()};
 }
 
@@ -160,36 +163,37 @@ Entry entry_of(const PD& pd, dnnl::primitive prim, std::vector<Port> ports) {
   return e;
 }
 
-Entry build(Kind k, const ConvGeom& g) {
+Entry build(Kind k, dt t, const ConvGeom& g) {
   const Conv v = conv_of(g);
   const auto alg = dnnl::algorithm::convolution_direct;
-  const auto x = src_desc(g, tag::nchw), y = dst_desc(g, tag::nchw), w = wei_desc(g, false);
+  const auto x = src_desc(g, t, tag::nchw), y = dst_desc(g, t, tag::nchw), w = wei_desc(g, t, false);
   switch (k) {
     case Kind::fwd:
     case Kind::fwd_bias: {
-      const auto pd = fwd_pd(g, k == Kind::fwd_bias);
+      const auto pd = fwd_pd(g, t, k == Kind::fwd_bias);
       std::vector<Port> ps = {port(DNNL_ARG_SRC, false, x, pd.src_desc()),
                               port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
                               port(DNNL_ARG_DST, true, y, pd.dst_desc())};
-      if (k == Kind::fwd_bias) ps.push_back(port(DNNL_ARG_BIAS, false, bias_desc(g), bias_desc(g)));
+      if (k == Kind::fwd_bias) ps.push_back(port(DNNL_ARG_BIAS, false, bias_desc(g, t), bias_desc(g, t)));
       return entry_of(pd, dnnl::convolution_forward(pd), std::move(ps));
     }
     case Kind::bwd_data: {
-      const dnnl::convolution_backward_data::desc d(alg, src_desc(g, tag::any), wei_desc(g, true),
-                                                    dst_desc(g, tag::any), v.stride, v.dilate, v.pad, v.pad);
+      const dnnl::convolution_backward_data::desc d(alg, src_desc(g, t, tag::any), wei_desc(g, t, true),
+                                                    dst_desc(g, t, tag::any), v.stride, v.dilate, v.pad,
+                                                    v.pad);
       const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(),
-                                                               fwd_pd(g, false));
+                                                               fwd_pd(g, t, false));
       return entry_of(pd, dnnl::convolution_backward_data(pd),
                       {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
                        port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
                        port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc())});
     }
     case Kind::bwd_weights: {
-      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, tag::any), wei_desc(g, true),
-                                                       dst_desc(g, tag::any), v.stride, v.dilate, v.pad,
+      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, t, tag::any), wei_desc(g, t, true),
+                                                       dst_desc(g, t, tag::any), v.stride, v.dilate, v.pad,
                                                        v.pad);
       const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(),
-                                                                  fwd_pd(g, false));
+                                                                  fwd_pd(g, t, false));
       return entry_of(
           pd, dnnl::convolution_backward_weights(pd),
           {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()), port(DNNL_ARG_SRC, false, x, pd.src_desc()),
@@ -201,7 +205,7 @@ Entry build(Kind k, const ConvGeom& g) {
 }
 
 // Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
-void run(Kind k, const ConvGeom& g, std::initializer_list<const void*> bufs) {
+void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> bufs) {
   static std::map<Key, Entry> cache;
   // Reorder targets and the scratchpad are shared by all entries (calls run one at a time under mu) and grow
   // to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20.
@@ -209,8 +213,8 @@ void run(Kind k, const ConvGeom& g, std::initializer_list<const void*> bufs) {
   static Buffer scratch_buf;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key_of(k, g));
-  if (it == cache.end()) it = cache.emplace(key_of(k, g), build(k, g)).first;
+  auto it = cache.find(key_of(k, t, g));
+  if (it == cache.end()) it = cache.emplace(key_of(k, t, g), build(k, t, g)).first;
   Entry& e = it->second;
   FR_CHECK(bufs.size() == e.ports.size(), "conv buffer count");
   static dnnl::stream stream(engine());
@@ -229,21 +233,26 @@ void run(Kind k, const ConvGeom& g, std::initializer_list<const void*> bufs) {
   stream.wait();
 }
 
+dt dnnl_type(DType t) {
+  FR_CHECK(t == DType::f32 || t == DType::bf16, "oneDNN convolution: unsupported dtype ", dtype_name(t));
+  return t == DType::f32 ? dt::f32 : dt::bf16;
+}
+
 }  // namespace
 
-void dnnl_conv2d_f32(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y) {
+void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
   if (bias)
-    run(Kind::fwd_bias, g, {x, w, y, bias});
+    run(Kind::fwd_bias, dnnl_type(t), g, {x, w, y, bias});
   else
-    run(Kind::fwd, g, {x, w, y});
+    run(Kind::fwd, dnnl_type(t), g, {x, w, y});
 }
 
-void dnnl_conv2d_grad_input_f32(const ConvGeom& g, const float* dy, const float* w, float* dx) {
-  run(Kind::bwd_data, g, {dy, w, dx});
+void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx) {
+  run(Kind::bwd_data, dnnl_type(t), g, {dy, w, dx});
 }
 
-void dnnl_conv2d_grad_weight_f32(const ConvGeom& g, const float* dy, const float* x, float* dw) {
-  run(Kind::bwd_weights, g, {dy, x, dw});
+void dnnl_conv2d_grad_weight(DType t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
+  run(Kind::bwd_weights, dnnl_type(t), g, {dy, x, dw});
 }
 
 }  // namespace flowrun::cpu
