@@ -115,6 +115,30 @@ TEST(Amp, CastsOnlyOnBoundariesAndOncePerValue) {
   EXPECT_EQ(forward_casts, 8);
 }
 
+// conv2d (low) -> batchnorm (f32, updating its running statistics in place) -> relu: the activations are
+// cast for batchnorm, the running statistics stay f32 state.
+TEST(Amp, BatchnormStatisticsStayF32) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {2, 3, 6, 6});
+  const ValueId c = b.op1("conv2d", {x, b.param("w", {4, 3, 3, 3})}, {}, "conv");
+  const auto bn = b.op("batchnorm",
+                       {c, b.param("g", {4}), b.param("b", {4}), b.state("mean", {4}), b.state("var", {4})}, {},
+                       "bn");
+  const ValueId h = b.op1("relu", {bn[0]});
+  g.mark_output("loss", b.op1("reduce_mean", {h}, {{"axes", std::vector<int64_t>{}}}));
+  Program p = compile(std::move(g), options(DType::bf16, false));
+  EXPECT_EQ(in_dtype(p, forward_node(p, "conv"), 0), DType::bf16);
+  const Node& n = forward_node(p, "bn");
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(in_dtype(p, n, i), DType::f32) << "batchnorm input " << i;
+  EXPECT_EQ(p.graph.value(n.inputs[3]).kind, ValueKind::state);
+  Executor ex(std::move(p));
+  ex.tensor("lr").fill_from({0.1});
+  ex.tensor("var").fill_from(std::vector<double>(4, 1.0));
+  ex.run();
+  EXPECT_TRUE(std::isfinite(ex.output("loss").to_f64()[0]));
+}
+
 TEST(Amp, Fp32CompileHasNoCasts) {
   const Program p = compile(mixed_graph(), options(DType::f32, false));
   for (NodeId id : p.order) EXPECT_NE(p.graph.node(id).op, "cast");
