@@ -50,7 +50,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
 done
 
-field() { grep -o "\"$2\": [0-9.e+-]*" "$1" | awk '{print $2}'; }
+field() { grep -o "\"$2\": [0-9.e+-]*" "$1" | awk '{print $2}' || true; }
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
