@@ -33,6 +33,11 @@ void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std:
              const std::string& path, const char* what) {
   for (const std::string& name : names) {
     auto it = from.find(name);
+    // The loss scaler of a run resumed in fp16 from an fp32 or bf16 checkpoint starts afresh (initial scale).
+    if (it == from.end() && name.rfind("amp/", 0) == 0) {
+      spdlog::info("checkpoint {} has no {}: the loss scaler starts afresh", path, name);
+      continue;
+    }
     if (it == from.end())
       throw input_error(cat("checkpoint ", path, ": ", what, " '", name,
                             "' of the model is missing (was it saved from another model or config?)"));

@@ -43,3 +43,15 @@ awk '
     printf "overflow: %d skipped steps, %d growths, loss %.4f -> %.4f over %d steps\n", prev_skipped, growths, first, last, n
     if (bad || prev_skipped < 10 || growths < 1 || n != 200 || last > 0.8 * first) exit 1
   }' "$M" || fail "the forced overflow did not skip, halve, recover and grow as expected"
+
+# Switching precision on resume: an fp32 checkpoint continues in fp16 (the scaler starts afresh), and an
+# fp16 one in fp32 (its scaler state is left unused).
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/switch" --no-progress \
+  --exit-at-step 5
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/switch" --no-progress \
+  --resume auto --exit-at-step 10 --set precision.dtype=fp16
+expect_log "the loss scaler starts afresh"
+expect_log "stopped at step 10"
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/switch" --no-progress \
+  --resume auto
+expect_log "done: 20 steps"
