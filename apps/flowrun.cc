@@ -17,7 +17,8 @@
 namespace {
 
 struct Args {
-  std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter;
+  std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter, diff;
+  double rtol = 1e-5;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
   bool schema = false, plan = false, progress = false, no_progress = false, json = false;
@@ -78,6 +79,16 @@ int run_check(const Args& a) {
     for (std::string line; std::getline(plan, line);) std::cout << "#   " << line << "\n";
   }
   return 0;
+}
+
+int run_diff(const Args& a) {
+  double worst = 0;
+  const auto diffs = flowrun::compare_checkpoints(flowrun::load_checkpoint(a.checkpoint),
+                                                  flowrun::load_checkpoint(a.diff), a.rtol, &worst);
+  for (const std::string& d : diffs) std::cout << d << "\n";
+  std::cout << (diffs.empty() ? "same within" : "DIFFERENT beyond") << " rtol " << a.rtol
+            << " (largest relative difference " << worst << ")\n";
+  return diffs.empty() ? 0 : 1;
 }
 
 int run_time(const Args& a) {
@@ -162,6 +173,10 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "Show a checkpoint: step, config, tensors, optimizer state, "
                                                 "and verify its checksums");
   inspect->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5)")->required();
+  inspect->add_option("--diff", a.diff,
+                      "Compare with another checkpoint instead: every parameter and state tensor, max |a - b| "
+                      "relative to the tensor's max |a|; exit 1 when one exceeds --rtol");
+  inspect->add_option("--rtol", a.rtol, "Tolerance of --diff (default 1e-5)")->check(CLI::PositiveNumber);
 
   auto* data = app.add_subcommand("data", "Convert a real dataset from its Debian package into HDF5 "
                                           "(training does this on first use)");
@@ -188,7 +203,7 @@ int main(int argc, char** argv) {
     if (*eval) return run_eval(a);
     if (*check) return run_check(a);
     if (*time) return run_time(a);
-    if (*inspect) std::cout << flowrun::describe_checkpoint(a.checkpoint);
+    if (*inspect) return a.diff.empty() ? (std::cout << flowrun::describe_checkpoint(a.checkpoint), 0) : run_diff(a);
     if (*data) return run_data(a);
     if (*models) return run_models(a);
     if (*version) std::cout << "flowrun " << FLOWRUN_VERSION << "\n";

@@ -2,6 +2,9 @@
 // load, discovery of the newest good checkpoint, and the `flowrun inspect` report.
 #include "ckpt/checkpoint.h"
 
+#include <cmath>
+#include <limits>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -416,6 +419,42 @@ std::string describe_checkpoint(const std::string& path) {
     throw;
   }
   return os.str();
+}
+
+std::vector<std::string> compare_checkpoints(const CheckpointData& a, const CheckpointData& b, double rtol,
+                                             double* worst) {
+  std::vector<std::string> out;
+  double max_rel = 0;
+  auto compare = [&](const std::map<std::string, Tensor>& x, const std::map<std::string, Tensor>& y,
+                     const char* group) {
+    for (const auto& [name, t] : x) {
+      auto it = y.find(name);
+      if (it == y.end()) {
+        out.push_back(cat(group, "/", name, ": only in the first checkpoint"));
+        continue;
+      }
+      if (it->second.shape() != t.shape()) {
+        out.push_back(cat(group, "/", name, ": shapes ", shape_str(t.shape()), " and ", shape_str(it->second.shape())));
+        continue;
+      }
+      const std::vector<double> u = t.to_f64(), v = it->second.to_f64();
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < u.size(); ++i) {
+        scale = std::max(scale, std::fabs(u[i]));
+        diff = std::max(diff, std::fabs(u[i] - v[i]));
+        if (std::isnan(u[i]) != std::isnan(v[i])) diff = std::numeric_limits<double>::infinity();
+      }
+      const double rel = scale > 0 ? diff / scale : diff;
+      max_rel = std::max(max_rel, rel);
+      if (rel > rtol) out.push_back(cat(group, "/", name, ": max |a - b| / max |a| = ", rel));
+    }
+    for (const auto& [name, t] : y)
+      if (!x.count(name)) out.push_back(cat(group, "/", name, ": only in the second checkpoint"));
+  };
+  compare(a.params, b.params, "params");
+  compare(a.state, b.state, "state");
+  if (worst) *worst = max_rel;
+  return out;
 }
 
 }  // namespace flowrun

@@ -31,6 +31,13 @@ struct CheckpointData {
   std::map<std::string, double> scalars;
 };
 
+// Compares the parameters and state of two checkpoints tensor by tensor: for each, the largest |a - b|
+// relative to the largest |a| of that tensor (so that entries near zero, e.g. gradients that cancel, do not
+// dominate). Returns one line per tensor over `rtol`, or per tensor missing or of another shape on one side;
+// empty when they agree. `worst` receives the largest relative difference seen.
+std::vector<std::string> compare_checkpoints(const CheckpointData& a, const CheckpointData& b, double rtol,
+                                             double* worst = nullptr);
+
 // Writes `<dir>/step_<step zero-padded to 8>.h5` atomically; creates `dir`. Returns the final path.
 // Then deletes the oldest complete checkpoints beyond `keep` (0 = keep all) and stale *.tmp files.
 std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep);

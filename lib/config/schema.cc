@@ -194,8 +194,9 @@ std::vector<Section> build_schema() {
       {"parallel",
        "How the run is split over devices (sizes of the device-mesh axes).",
        {
-           only(key("data", Type::integer, "1", field(par, &Par::data), "data-parallel ranks", positive), "1",
-                "distributed training is a later milestone"),
+           key("data", Type::integer, "1", field(par, &Par::data),
+               "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of the batch)",
+               positive),
            only(
                key("tensor", Type::integer, "1", field(par, &Par::tensor), "tensor-parallel ranks", positive),
                "1", "tensor parallelism is a later milestone"),

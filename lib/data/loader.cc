@@ -56,6 +56,8 @@ struct Loader::Impl {
   std::exception_ptr error;
   std::thread worker;
 
+  int64_t rows = 0, first_row = 0;  // this shard's rows of each batch (all of it when unsharded)
+
   Impl(const Dataset& d, Split s, int64_t b, bool sh, uint64_t sd)
       : data(d), split(s), batch(b), shuffle(sh && s == Split::train), seed(sd) {}
 
@@ -71,11 +73,11 @@ struct Loader::Impl {
       shuffle_permutation(perm, RngStream{seed, mix_stream(static_cast<uint64_t>(at.epoch), kLoaderStream)});
       perm_epoch = at.epoch;
     }
-    for (int64_t r = 0; r < batch; ++r) {
-      const int64_t k = at.index * batch + r;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t k = at.index * batch + first_row + r;
       data.fill(split, shuffle ? perm[static_cast<size_t>(k)] : k, b.x, b.y, r);
     }
-    b.valid = batch;
+    b.valid = rows;
   }
 
   // In order; rows past the end of the split are zeros with ignored targets.
@@ -142,9 +144,16 @@ struct Loader::Impl {
 };
 
 Loader::Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
-               LoaderPosition start)
+               LoaderPosition start, int shard, int shards)
     : impl_(std::make_unique<Impl>(data, split, batch, shuffle, seed)) {
   Impl& m = *impl_;
+  FR_CHECK(shards >= 1 && shard >= 0 && shard < shards && (shards == 1 || split == Split::train),
+           "loader shard ", shard, " of ", shards);
+  if (batch % shards != 0)
+    throw input_error(
+        cat("batch size ", batch, " does not split evenly over ", shards, " data-parallel ranks"));
+  m.rows = batch / shards;
+  m.first_row = shard * m.rows;
   const char* name = split == Split::train ? "train" : "validation";
   m.size = data.size(split);
   if (batch < 1) throw input_error(cat("batch size ", batch, " must be at least 1"));
@@ -162,9 +171,9 @@ Loader::Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, ui
   if (m.shuffle) m.perm.resize(static_cast<size_t>(m.size));
 
   const DataSpec& spec = data.spec();
-  Shape x_shape{batch};
+  Shape x_shape{m.rows};
   x_shape.insert(x_shape.end(), spec.sample_shape.begin(), spec.sample_shape.end());
-  const Shape y_shape = spec.text ? x_shape : Shape{batch};
+  const Shape y_shape = spec.text ? x_shape : Shape{m.rows};
   m.ring.resize(static_cast<size_t>(prefetch) + 1);
   for (Batch& b : m.ring) {
     b.x = Tensor::zeros(x_shape, spec.text ? DType::i64 : DType::f32);

@@ -27,8 +27,11 @@ class Loader {
  public:
   // Train split: full batches only (an epoch has floor(size / batch) batches, the rest wait for the next
   // epoch's order); shuffled when `shuffle`. Val split: in order, every sample once, last batch padded.
+  // Sharded (shards > 1, train split only): `batch` is the global batch, and this loader yields rows
+  // [shard * batch / shards, (shard + 1) * batch / shards) of each, so data-parallel ranks see exactly the
+  // samples one process would, split between them.
   Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
-         LoaderPosition start = {});
+         LoaderPosition start = {}, int shard = 0, int shards = 1);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -87,7 +87,7 @@ std::vector<ValueId> Graph::add_node(const std::string& op, const std::vector<Va
     for (const auto& t : in_types) shapes += cat(" ", shape_str(t.shape), ":", dtype_name(t.dtype));
     throw Error(e.code(), cat(name.empty() ? op : name, " (", op, "): ", e.what(), "; inputs", shapes));
   }
-  FR_CHECK(static_cast<int>(out_types.size()) == def.num_outputs(attrs), "op ", op, " inferred ",
+  FR_CHECK(def.num_outputs(attrs) < 0 || static_cast<int>(out_types.size()) == def.num_outputs(attrs), "op ", op, " inferred ",
            out_types.size(), " outputs");
   Node n;
   n.id = static_cast<NodeId>(nodes_.size());

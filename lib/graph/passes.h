@@ -40,6 +40,7 @@ struct CompileOptions {
   std::string loss = "loss";  // name of the output to differentiate; empty = inference only
   OptimizerSpec optimizer;
   DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
+  int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
@@ -70,6 +71,10 @@ void auto_mixed_precision(Graph& g, DType low);              // forward graph, b
 // kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
                                bool every_node);
+// Data parallelism over `ranks` processes (after autodiff, before the optimizer): gradients are summed over
+// the ranks in one all_reduce bucket per dtype and scaled by 1/ranks, the `loss` output is averaged likewise,
+// and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
+void data_parallel(Graph& g, int64_t ranks, const std::string& loss);
 void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
 

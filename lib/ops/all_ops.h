@@ -14,6 +14,7 @@ void register_norm_ops(OpRegistry& r);         // ops/norm.cc: layernorm, rmsnor
 void register_conv_ops(OpRegistry& r);         // ops/conv.cc: conv2d and pooling
 void register_attention_ops(OpRegistry& r);    // ops/attention.cc
 void register_optim_ops(OpRegistry& r);        // ops/optim.cc
+void register_comm_ops(OpRegistry& r);         // ops/comm.cc: collectives inserted by the parallel passes
 
 inline void register_all_ops(OpRegistry& r) {
   register_elementwise_ops(r);
@@ -25,6 +26,7 @@ inline void register_all_ops(OpRegistry& r) {
   register_conv_ops(r);
   register_attention_ops(r);
   register_optim_ops(r);
+  register_comm_ops(r);
 }
 
 }  // namespace flowrun

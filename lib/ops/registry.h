@@ -15,6 +15,7 @@
 namespace flowrun {
 
 class GraphBuilder;
+class Communicator;
 
 // A tensor as a kernel sees it: a raw pointer into the arena (or a persistent buffer) plus its type.
 struct TensorView {
@@ -39,6 +40,10 @@ struct KernelCtx {
   void* workspace = nullptr;  // workspace_bytes() of the op, planned in the arena
   size_t workspace_bytes = 0;
   RngStream rng;  // seeded from (run seed, step, node) by the executor
+  // Index of this kernel's first element in the whole (unsplit) tensor, for random ops on a batch split over
+  // data-parallel ranks: element i draws the numbers of element rng_offset + i, as in one process.
+  int64_t rng_offset = 0;
+  Communicator* comm = nullptr;  // the world, for collective ops; null in a one-process program
   const Attrs& attrs() const { return node->attrs; }
 };
 
@@ -86,6 +91,7 @@ struct OpDef {
   std::string name;
   std::string doc;
   int num_inputs = 1;  // -1: variadic (at least one)
+  // -1: one per input (variadic buckets such as all_reduce)
   std::function<int(const Attrs&)> num_outputs = [](const Attrs&) { return 1; };
   // Output types from input types; throws input_error on bad shapes/attrs.
   std::function<std::vector<TensorType>(const std::vector<TensorType>&, const Attrs&)> infer;

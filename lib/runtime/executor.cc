@@ -5,10 +5,12 @@
 #include <cstring>
 
 #include "ops/cpu/elementwise.h"
+#include "parallel/comm.h"
 
 namespace flowrun {
 
-Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared)
+Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared,
+                   Communicator* comm)
     : program_(std::move(program)), device_(device), seed_(seed) {
   const Graph& g = program_.graph;
   const MemoryPlan& mem = program_.memory;
@@ -80,6 +82,9 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
       }
     }
     s.ctx.num_out = static_cast<int>(n.outputs.size());
+    s.ctx.comm = comm;
+    if (comm && n.attrs.b("batch_split") && !n.outputs.empty())
+      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) * numel(g.value(n.outputs[0]).shape());
     if (ws.kernel_bytes > 0) {
       s.ctx.workspace = wbase + ws.kernel_offset;
       s.ctx.workspace_bytes = ws.kernel_bytes;

@@ -19,8 +19,9 @@ class Executor {
   // `shared`: persistent tensors (by value name) to use instead of allocating new ones, so that an eval
   // program reads the training program's parameters and running statistics in place. Shapes and dtypes
   // must match the program's values.
+  // `comm`: the world for collective ops (data-parallel programs); it must outlive the executor.
   Executor(Program program, Device device = kCpu, uint64_t seed = 0,
-           const std::map<std::string, Tensor>& shared = {});
+           const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr);
 
   // One step: every kernel in order, with dropout streams keyed by (seed, step, node). With apply = false
   // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.

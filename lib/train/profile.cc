@@ -93,8 +93,8 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     throw input_error("time: --steps must be >= 1, --warmup and --profile >= 0");
   TrainProgram t = make_train_program(cfg);
   Executor& ex = *t.ex;
-  Loader loader(*t.data, Split::train, cfg.train.micro_batch_size, cfg.data.shuffle, cfg.train.seed,
-                cfg.data.prefetch);
+  const std::unique_ptr<Loader> owned = train_loader(*t.data, cfg, *t.comm);
+  Loader& loader = *owned;
   int64_t step = 0;
   for (; step < opts.warmup; ++step) train_step(ex, loader, cfg, step);
 

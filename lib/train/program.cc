@@ -74,6 +74,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   o.compute = compute_dtype(cfg.precision);
   if (training) {
     o.optimizer = optimizer_spec(cfg);
+    o.data_parallel = cfg.parallel.data;
   } else {
     o.loss = "";  // inference: no backward, no updates
   }
@@ -87,9 +88,23 @@ std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
   return names;
 }
 
+std::shared_ptr<Communicator> join_world(const RunConfig& cfg) {
+  const LaunchInfo launch = detect_launch();
+  const int64_t needed = cfg.parallel.data * cfg.parallel.tensor * cfg.parallel.pipeline;
+  if (launch.world != needed)
+    throw input_error(cat(cfg.where("parallel.data"), "the layout needs ", needed, " process",
+                          needed == 1 ? "" : "es", " (data ", cfg.parallel.data, " x tensor ",
+                          cfg.parallel.tensor, " x pipeline ", cfg.parallel.pipeline, ") but ",
+                          launch.source == "none"
+                              ? std::string("none was launched (use mpirun -np N or srun -n N)")
+                              : cat("the launcher (", launch.source, ") started ", launch.world)));
+  return world_communicator(launch);
+}
+
 TrainProgram make_train_program(const RunConfig& cfg) {
   check_device(cfg);
   TrainProgram t;
+  t.comm = join_world(cfg);
   t.data = open_dataset(cfg.data);
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model);
   t.params = persistent_names(p, ValueKind::param);
@@ -97,10 +112,19 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
                t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
-  t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed);
-  init_parameters(t.model.init, cfg.train.seed, [&](const std::string& n) -> Tensor& { return t.ex->tensor(n); });
+  t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed, std::map<std::string, Tensor>{},
+                                    t.comm.get());
+  init_parameters(t.model.init, cfg.train.seed,
+                  [&](const std::string& n) -> Tensor& { return t.ex->tensor(n); });
   set_scalar<float>(*t.ex, "amp/loss_scale", static_cast<float>(initial_loss_scale(cfg.precision)));
   return t;
+}
+
+std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Communicator& comm,
+                                     LoaderPosition start) {
+  return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * comm.size(),
+                                  cfg.data.shuffle, cfg.train.seed, cfg.data.prefetch, start, comm.rank(),
+                                  comm.size());
 }
 
 void feed(Executor& ex, const Batch& b) {
@@ -115,7 +139,8 @@ void feed(Executor& ex, const Batch& b) {
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
                   const std::function<void(const Node&, double)>* timer) {
   const int64_t accum = cfg.train.grad_accumulation;
-  set_scalar<float>(ex, "lr", static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps)));
+  set_scalar<float>(ex, "lr",
+                    static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps)));
   set_scalar<int64_t>(ex, "opt/step", step + 1);
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < accum; ++micro) {

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "data/loader.h"
 #include "nn/model.h"
+#include "parallel/comm.h"
 #include "runtime/executor.h"
 
 namespace flowrun {
@@ -26,12 +27,22 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {
+  std::shared_ptr<Communicator> comm;  // the world (one process unless launched by mpirun/srun); outlives ex
   std::unique_ptr<Dataset> data;
   BuiltModel model;
   std::unique_ptr<Executor> ex;
   std::vector<std::string> params, state;  // value names, as checkpoints hold them
 };
 TrainProgram make_train_program(const RunConfig& cfg);
+
+// This process's place in the job the launcher started (see detect_launch), checked against the config's
+// layout: an input_error unless the world has data x tensor x pipeline processes.
+std::shared_ptr<Communicator> join_world(const RunConfig& cfg);
+
+// The training loader of this rank: the global micro-batch (micro_batch_size x parallel.data), of which it
+// takes its data-parallel share.
+std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Communicator& comm,
+                                     LoaderPosition start = {});
 
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);

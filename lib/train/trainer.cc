@@ -1,6 +1,7 @@
 // The training loop: programs, data, metrics, progress, evaluation, checkpoints and resume.
 #include "train/trainer.h"
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -26,7 +27,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Copies checkpoint tensors into the executor: every one of `names` must be present with the same type.
 void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std::vector<std::string>& names,
@@ -43,9 +46,9 @@ void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std:
                             "' of the model is missing (was it saved from another model or config?)"));
     Tensor& t = ex.tensor(name);
     if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype())
-      throw input_error(cat("checkpoint ", path, ": ", what, " '", name, "' is ", dtype_name(it->second.dtype()),
-                            shape_str(it->second.shape()), " but the model has ", dtype_name(t.dtype()),
-                            shape_str(t.shape())));
+      throw input_error(cat("checkpoint ", path, ": ", what, " '", name, "' is ",
+                            dtype_name(it->second.dtype()), shape_str(it->second.shape()),
+                            " but the model has ", dtype_name(t.dtype()), shape_str(t.shape())));
     std::memcpy(t.raw(), it->second.raw(), t.nbytes());
   }
 }
@@ -91,7 +94,8 @@ EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
 
 std::string format_eta(double s) {
   const auto t = static_cast<int64_t>(s + 0.5);
-  return t >= 3600 ? cat(t / 3600, "h", (t % 3600) / 60, "m") : cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
+  return t >= 3600 ? cat(t / 3600, "h", (t % 3600) / 60, "m")
+                   : cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
 }
 
 // Keeps metrics.jsonl consistent with a resumed run: lines of steps after the checkpoint are dropped.
@@ -126,6 +130,8 @@ class Run {
 
   const RunConfig& cfg_;
   TrainOptions opts_;
+  std::shared_ptr<Communicator> comm_;  // declared before the executors, which use it
+  bool lead_ = true;                    // rank 0: prints, writes metrics and checkpoints, evaluates
   std::string run_dir_, ckpt_dir_;
   std::unique_ptr<Dataset> data_;
   BuiltModel model_, eval_model_;
@@ -147,6 +153,17 @@ void Run::setup() {
   ckpt_dir_ = (fs::path(run_dir_) / "checkpoints").string();
   fs::create_directories(ckpt_dir_);
   TrainProgram t = make_train_program(cfg_);
+  comm_ = std::move(t.comm);
+  lead_ = comm_->rank() == 0;
+  if (comm_->size() > 1) {
+    // Every rank keeps a log of its own; only the lead rank prints.
+    const std::string log = (fs::path(run_dir_) / cat("rank_", comm_->rank(), ".log")).string();
+    auto logger = spdlog::basic_logger_mt(cat("rank", comm_->rank()), log, /*truncate=*/true);
+    if (lead_) logger->sinks().push_back(spdlog::default_logger()->sinks().front());
+    logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+    spdlog::info("rank {} of {} ({} backend)", comm_->rank(), comm_->size(), comm_->backend());
+  }
   data_ = std::move(t.data);
   model_ = std::move(t.model);
   ex_ = std::move(t.ex);
@@ -166,8 +183,10 @@ void Run::resume_from(const std::string& path) {
   restore(*ex_, ck.params, params_, path, "parameter");
   restore(*ex_, ck.state, state_, path, "state");
   if (ck.seed != cfg_.train.seed)
-    spdlog::warn("checkpoint {} was trained with seed {}, the config says {}: the run will not match an "
-                 "uninterrupted one", path, ck.seed, cfg_.train.seed);
+    spdlog::warn(
+        "checkpoint {} was trained with seed {}, the config says {}: the run will not match an "
+        "uninterrupted one",
+        path, ck.seed, cfg_.train.seed);
   step_ = ck.step;
   position_ = {ck.loader_epoch, ck.loader_index};
   spdlog::info("resumed from {} at step {}", path, step_);
@@ -192,9 +211,10 @@ std::string Run::save() {
 }
 
 void Run::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds) {
+  if (!lead_) return;
   const bool text = data_->spec().text;
-  const double per_step = static_cast<double>(cfg_.train.batch_size) *
-                          (text ? static_cast<double>(cfg_.data.seq_len) : 1.0);
+  const double per_step =
+      static_cast<double>(cfg_.train.batch_size) * (text ? static_cast<double>(cfg_.data.seq_len) : 1.0);
   const double rate = step_seconds > 0 ? per_step / step_seconds : 0.0;
   JsonLine j;
   j.add("step", step).add("loss", loss).add("lr", lr);
@@ -212,9 +232,9 @@ void Run::log_step(int64_t step, double loss, double lr, double grad_norm, doubl
   const double eta = time_in_steps_ / static_cast<double>(std::max<int64_t>(steps_timed_, 1)) *
                      static_cast<double>(cfg_.train.steps - step);
   char buf[160];
-  std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3g  %.0f %s  eta %s", static_cast<long long>(step),
-                static_cast<long long>(cfg_.train.steps), loss, lr, rate, text ? "tok/s" : "samples/s",
-                format_eta(eta).c_str());
+  std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3g  %.0f %s  eta %s",
+                static_cast<long long>(step), static_cast<long long>(cfg_.train.steps), loss, lr, rate,
+                text ? "tok/s" : "samples/s", format_eta(eta).c_str());
   std::string line = buf;
   if (scaled) line += cat("  scale ", fmt_num(scale, 6), "  skipped ", skipped);
   if (live_) {
@@ -228,7 +248,10 @@ void Run::log_step(int64_t step, double loss, double lr, double grad_norm, doubl
 
 void Run::log_eval(int64_t step, const EvalResult& e) {
   JsonLine j;
-  j.add("step", step).add("split", std::string("val")).add("val_loss", e.loss).add("val_accuracy", e.accuracy);
+  j.add("step", step)
+      .add("split", std::string("val"))
+      .add("val_loss", e.loss)
+      .add("val_accuracy", e.accuracy);
   if (e.text) j.add("val_perplexity", std::exp(e.loss)).add("val_bits_per_byte", e.loss / std::log(2.0));
   j.add("time", seconds_since(start_));
   metrics_->write(j);
@@ -240,8 +263,9 @@ void Run::log_eval(int64_t step, const EvalResult& e) {
 TrainResult Run::go() {
   setup();
   if (!opts_.resume.empty() && !opts_.init_from.empty())
-    throw input_error("--resume and --init-from exclude each other: resume continues a run, --init-from starts "
-                      "a new one from another run's weights");
+    throw input_error(
+        "--resume and --init-from exclude each other: resume continues a run, --init-from starts "
+        "a new one from another run's weights");
   if (opts_.resume == "auto") {
     const std::string latest = find_latest_checkpoint(ckpt_dir_);
     if (latest.empty())
@@ -249,7 +273,8 @@ TrainResult Run::go() {
     else
       resume_from(latest);
   } else if (!opts_.resume.empty()) {
-    if (!fs::exists(opts_.resume)) throw input_error(cat("--resume: checkpoint ", opts_.resume, " does not exist"));
+    if (!fs::exists(opts_.resume))
+      throw input_error(cat("--resume: checkpoint ", opts_.resume, " does not exist"));
     resume_from(opts_.resume);
   } else if (!opts_.init_from.empty()) {
     if (!fs::exists(opts_.init_from))
@@ -258,22 +283,25 @@ TrainResult Run::go() {
   }
 
   const std::string metrics_path = (fs::path(run_dir_) / "metrics.jsonl").string();
-  if (step_ > 0)
-    truncate_metrics(metrics_path, step_);
-  else
-    fs::remove(metrics_path);
-  metrics_ = std::make_unique<MetricsWriter>(metrics_path);
-  std::ofstream(fs::path(run_dir_) / "config.yaml") << dump_config(cfg_);
-  live_ = opts_.progress == 1 || (opts_.progress < 0 && isatty(STDERR_FILENO));
+  if (lead_) {
+    if (step_ > 0)
+      truncate_metrics(metrics_path, step_);
+    else
+      fs::remove(metrics_path);
+    metrics_ = std::make_unique<MetricsWriter>(metrics_path);
+    std::ofstream(fs::path(run_dir_) / "config.yaml") << dump_config(cfg_);
+  }
+  live_ = lead_ && (opts_.progress == 1 || (opts_.progress < 0 && isatty(STDERR_FILENO)));
 
   TrainResult result;
   const int64_t total = cfg_.train.steps;
-  Loader loader(*data_, Split::train, cfg_.train.micro_batch_size, cfg_.data.shuffle, cfg_.train.seed,
-                cfg_.data.prefetch, position_);
-  std::printf("training %s: %lld steps from step %lld, %lld parameters, batch %lld, run dir %s\n",
-              cfg_.file.c_str(), static_cast<long long>(total), static_cast<long long>(step_),
-              static_cast<long long>(model_.num_params), static_cast<long long>(cfg_.train.batch_size),
-              run_dir_.c_str());
+  const std::unique_ptr<Loader> owned_loader = train_loader(*data_, cfg_, *comm_, position_);
+  Loader& loader = *owned_loader;
+  if (lead_)
+    std::printf("training %s: %lld steps from step %lld, %lld parameters, batch %lld, run dir %s\n",
+                cfg_.file.c_str(), static_cast<long long>(total), static_cast<long long>(step_),
+                static_cast<long long>(model_.num_params), static_cast<long long>(cfg_.train.batch_size),
+                run_dir_.c_str());
   std::fflush(stdout);
   double loss = std::nan("");
   while (step_ < total) {
@@ -302,18 +330,20 @@ TrainResult Run::go() {
                             : std::nan("");
       log_step(step_, loss, lr, gn, dt);
     }
-    if (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
+    if (lead_ && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
       result.eval = evaluate(*eval_ex_, *data_, cfg_);
       log_eval(step_, result.eval);
     }
     const bool exit_now = opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total;
-    if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || step_ == total ||
-        exit_now)
+    // Parameters and state are replicated: the lead rank's copy is the checkpoint.
+    if (lead_ && ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) ||
+                  step_ == total || exit_now))
       result.checkpoint = save();
     if (exit_now) {
       if (live_) std::fprintf(stderr, "\n");
-      std::printf("stopped at step %lld (--exit-at-step); checkpoint %s\n", static_cast<long long>(step_),
-                  result.checkpoint.c_str());
+      if (lead_)
+        std::printf("stopped at step %lld (--exit-at-step); checkpoint %s\n", static_cast<long long>(step_),
+                    result.checkpoint.c_str());
       result.step = step_;
       result.loss = loss;
       result.stopped_early = true;
@@ -321,6 +351,9 @@ TrainResult Run::go() {
     }
   }
   if (live_) std::fprintf(stderr, "\n");
+  result.step = step_;
+  result.loss = loss;
+  if (!lead_) return result;
   result.eval = evaluate(*eval_ex_, *data_, cfg_);
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);
@@ -334,7 +367,9 @@ TrainResult Run::go() {
 
 }  // namespace
 
-TrainResult train(const RunConfig& cfg, const TrainOptions& opts) { return Run(cfg, opts).go(); }
+TrainResult train(const RunConfig& cfg, const TrainOptions& opts) {
+  return Run(cfg, opts).go();
+}
 
 EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint) {
   check_device(cfg);
@@ -351,7 +386,9 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
 
 std::string eval_summary(const EvalResult& e) {
   std::string s = cat("val_loss ", fmt_num(e.loss, 5), ", val_accuracy ", fmt_num(e.accuracy, 5));
-  if (e.text) s += cat(", perplexity ", fmt_num(std::exp(e.loss), 5), ", bits/byte ", fmt_num(e.loss / std::log(2.0), 4));
+  if (e.text)
+    s += cat(", perplexity ", fmt_num(std::exp(e.loss), 5), ", bits/byte ",
+             fmt_num(e.loss / std::log(2.0), 4));
   return s;
 }
 

@@ -335,15 +335,20 @@ void dropout(const KernelCtx& c) {
       return;
     }
     const RngStream rng = c.rng;
-    parallel_for((n + 3) / 4, kGrain / 4, [&](int64_t s, int64_t e) {
-      for (int64_t b = s; b < e; ++b) {
+    // Element i uses word (o + i) % 4 of Philox block (o + i) / 4, o = rng_offset: a rank holding a slice of
+    // the batch draws what one process would for those elements. Blocks are processed whole, so the loop
+    // runs over the global blocks this slice touches.
+    const int64_t o = c.rng_offset, first = o / 4, last = (o + n + 3) / 4;
+    parallel_for(last - first, kGrain / 4, [&](int64_t s, int64_t e) {
+      for (int64_t b = first + s; b < first + e; ++b) {
         const std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(b));
-        const int64_t i0 = 4 * b, len = std::min<int64_t>(4, n - i0);
-        for (int64_t k = 0; k < len; ++k) {
+        for (int64_t k = 0; k < 4; ++k) {
+          const int64_t i = 4 * b + k - o;
+          if (i < 0 || i >= n) continue;
           const float u = static_cast<float>(w[static_cast<size_t>(k)] >> 8) * (1.0f / 16777216.0f);
           const bool keep = static_cast<double>(u) >= p;
-          mask[i0 + k] = keep;
-          y[i0 + k] = keep ? x[i0 + k] * scale : T(0);
+          mask[i] = keep;
+          y[i] = keep ? x[i] * scale : T(0);
         }
       }
     });

@@ -1,0 +1,10 @@
+// CPU kernels of the collective ops (ops/comm.cc).
+#pragma once
+
+#include "ops/registry.h"
+
+namespace flowrun::cpu {
+
+void all_reduce(const KernelCtx& c);
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,133 @@
+// The single-process communicator and the MPI backend.
+#include "parallel/comm.h"
+
+#include <mpi.h>
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace flowrun {
+
+namespace {
+
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "single"; }
+  void all_reduce(void*, int64_t, DType, ReduceOp) override {}
+  void broadcast(void*, int64_t, DType, int) override {}
+  void all_gather(const void* in, void* out, int64_t n, DType t) override { copy(in, out, n, t); }
+  void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp) override {
+    copy(in, out, n, t);
+  }
+  void send(const void*, int64_t, DType, int peer) override { no_peer(peer); }
+  void recv(void*, int64_t, DType, int peer) override { no_peer(peer); }
+  void barrier() override {}
+
+ private:
+  static void copy(const void* in, void* out, int64_t n, DType t) {
+    if (in != out) std::memmove(out, in, static_cast<size_t>(n) * dtype_size(t));
+  }
+  [[noreturn]] static void no_peer(int peer) { FR_CHECK(false, "a one-process world has no peer ", peer); }
+};
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+    default:
+      FR_CHECK(false, "MPI collectives take f32, f64 and integers, not ", dtype_name(t));
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
+// MPI counts are int: every call here moves fewer than 2^31 elements (checked).
+int count(int64_t n) {
+  FR_CHECK(n >= 0 && n < (int64_t{1} << 31), "MPI transfer of ", n, " elements");
+  return static_cast<int>(n);
+}
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw runtime_error(cat("MPI ", what, " failed: ", std::string(msg, static_cast<size_t>(len))));
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const LaunchInfo& launch) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      // Only the main thread calls MPI (the loader thread and OpenMP workers never do).
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init");
+      owner_ = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    if (rank_ != launch.rank || size_ != launch.world)
+      throw input_error(cat("the launcher's environment (", launch.source, ") says rank ", launch.rank,
+                            " of ", launch.world, " but MPI says rank ", rank_, " of ", size_,
+                            " (Debian's OpenMPI under srun needs --mpi=pmix)"));
+  }
+  ~MpiCommunicator() override {
+    if (owner_) MPI_Finalize();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+  void all_reduce(void* data, int64_t n, DType t, ReduceOp op) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), mpi_type(t), mpi_op(op), MPI_COMM_WORLD), "all-reduce");
+  }
+  void broadcast(void* data, int64_t n, DType t, int root) override {
+    check(MPI_Bcast(data, count(n), mpi_type(t), root, MPI_COMM_WORLD), "broadcast");
+  }
+  void all_gather(const void* in, void* out, int64_t n, DType t) override {
+    check(MPI_Allgather(in, count(n), mpi_type(t), out, count(n), mpi_type(t), MPI_COMM_WORLD), "all-gather");
+  }
+  void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp op) override {
+    check(MPI_Reduce_scatter_block(in, out, count(n), mpi_type(t), mpi_op(op), MPI_COMM_WORLD),
+          "reduce-scatter");
+  }
+  void send(const void* data, int64_t n, DType t, int peer) override {
+    check(MPI_Send(data, count(n), mpi_type(t), peer, 0, MPI_COMM_WORLD), "send");
+  }
+  void recv(void* data, int64_t n, DType t, int peer) override {
+    check(MPI_Recv(data, count(n), mpi_type(t), peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "recv");
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  bool owner_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_communicator() {
+  return std::make_unique<SingleCommunicator>();
+}
+
+std::shared_ptr<Communicator> world_communicator(const LaunchInfo& launch) {
+  if (launch.world <= 1) return make_single_communicator();
+  return std::make_shared<MpiCommunicator>(launch);
+}
+
+}  // namespace flowrun

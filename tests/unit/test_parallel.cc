@@ -1,0 +1,143 @@
+// Data parallelism without a launcher: rank detection from the environment, the data_parallel pass, the
+// sharded loader, and checkpoint comparison.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "ckpt/checkpoint.h"
+#include "data/loader.h"
+#include "graph/builder.h"
+#include "graph/passes.h"
+#include "parallel/comm.h"
+#include "parallel/launch.h"
+
+namespace flowrun {
+namespace {
+
+LaunchInfo launch_with(const std::map<std::string, std::string>& vars) {
+  return detect_launch([&](const char* n) -> const char* {
+    auto it = vars.find(n);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(ParallelLaunch, EnvironmentsInPriorityOrder) {
+  EXPECT_EQ(launch_with({}).world, 1);
+  EXPECT_EQ(launch_with({}).source, "none");
+  // mpirun inside sbatch: every rank sees SLURM_PROCID=0, OpenMPI's variables win.
+  const LaunchInfo m = launch_with({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"},
+                                    {"SLURM_NTASKS", "1"}});
+  EXPECT_EQ(m.rank, 3);
+  EXPECT_EQ(m.world, 4);
+  EXPECT_EQ(m.local_rank, 1);
+  EXPECT_EQ(m.source, "OMPI");
+  // srun --mpi=pmix: PMIX_RANK and SLURM_* only.
+  const LaunchInfo p = launch_with({{"PMIX_RANK", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_PROCID", "1"}});
+  EXPECT_EQ(p.source, "PMIX");
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.world, 2);
+  EXPECT_EQ(launch_with({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}}).source, "SLURM");
+  const LaunchInfo r = launch_with({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  EXPECT_EQ(r.source, "RANK");
+  EXPECT_EQ(r.world, 2);
+}
+
+TEST(ParallelLaunch, MalformedEnvironmentIsAnInputError) {
+  EXPECT_THROW(launch_with({{"RANK", "x"}, {"WORLD_SIZE", "2"}}), Error);
+  EXPECT_THROW(launch_with({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), Error);
+  EXPECT_THROW(launch_with({{"RANK", "0"}}), Error);
+  try {
+    launch_with({{"OMPI_COMM_WORLD_RANK", "-1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_RANK"), std::string::npos);
+  }
+}
+
+TEST(ParallelComm, SingleProcessWorld) {
+  const auto c = world_communicator({});
+  EXPECT_EQ(c->size(), 1);
+  EXPECT_EQ(std::string(c->backend()), "single");
+  float x[2] = {1, 2}, y[2] = {0, 0};
+  c->all_reduce(x, 2, DType::f32, ReduceOp::sum);
+  c->all_gather(x, y, 2, DType::f32);
+  EXPECT_EQ(y[1], 2.0f);
+}
+
+// A linear model with dropout: the pass buckets every gradient into one all_reduce scaled 1/ranks, reduces
+// the loss, and marks the random op.
+TEST(ParallelPass, GradientsBucketedAndLossReduced) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {4, 3});
+  const ValueId h = b.op("dropout", {x}, {{"p", 0.5}})[0];
+  const ValueId y = b.op1("linear", {h, b.param("w", {2, 3}), b.param("b", {2})});
+  g.mark_output("loss", b.op1("mse_loss", {y, b.input("t", {4, 2})}));
+  CompileOptions o;
+  o.optimizer.type = "sgd";
+  o.data_parallel = 4;
+  const Program p = compile(std::move(g), o);
+  int buckets = 0, loss_reduce = 0;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    if (n.op == "dropout") {
+      EXPECT_TRUE(n.attrs.b("batch_split"));
+    }
+    if (n.op != "all_reduce") continue;
+    EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
+    (n.inputs.size() == 2 ? buckets : loss_reduce) += 1;
+  }
+  EXPECT_EQ(buckets, 1);
+  EXPECT_EQ(loss_reduce, 1);
+  for (const auto& [param, grad] : p.graph.param_grads())
+    EXPECT_EQ(p.graph.node(p.graph.value(grad).producer).op, "all_reduce") << p.graph.value(param).name;
+  EXPECT_EQ(p.graph.node(p.graph.value(p.graph.outputs().at("loss")).producer).op, "all_reduce");
+}
+
+// Two shards of a sharded loader together hold exactly the rows of the unsharded one, in order.
+TEST(ParallelLoader, ShardsPartitionTheGlobalBatch) {
+  class Rows final : public Dataset {
+   public:
+    Rows() { spec_.sample_shape = {1}, spec_.num_classes = 10; }
+    const DataSpec& spec() const override { return spec_; }
+    int64_t size(Split) const override { return 40; }
+    void fill(Split, int64_t i, Tensor& x, Tensor& y, int64_t row) const override {
+      x.data<float>()[row] = static_cast<float>(i);
+      y.data<int64_t>()[row] = i % 10;
+    }
+
+   private:
+    DataSpec spec_;
+  } data;
+  Loader whole(data, Split::train, 8, true, 5, 0);
+  Loader s0(data, Split::train, 8, true, 5, 0, {}, 0, 2), s1(data, Split::train, 8, true, 5, 0, {}, 1, 2);
+  for (int step = 0; step < 7; ++step) {  // crosses an epoch (5 batches of 8)
+    const Batch& w = whole.next();
+    const Batch &a = s0.next(), &c = s1.next();
+    ASSERT_EQ(a.x.numel(), 4);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(a.x.data<float>()[r], w.x.data<float>()[r]) << "step " << step;
+      EXPECT_EQ(c.x.data<float>()[r], w.x.data<float>()[4 + r]) << "step " << step;
+    }
+    EXPECT_EQ(a.position.epoch, w.position.epoch);
+    EXPECT_EQ(a.position.index, w.position.index);
+  }
+  EXPECT_THROW(Loader(data, Split::train, 9, true, 5, 0, {}, 0, 2), Error);
+}
+
+TEST(ParallelCheckpoint, CompareIsRelativeToEachTensorsScale) {
+  CheckpointData a, b;
+  a.params.emplace("w", Tensor::from<float>({3}, {100.0f, 1e-6f, -50.0f}));
+  b.params.emplace("w", Tensor::from<float>({3}, {100.0f, 5e-5f, -50.0f}));  // 5e-5 off at scale 100
+  double worst = 0;
+  EXPECT_TRUE(compare_checkpoints(a, b, 1e-6, &worst).empty());
+  EXPECT_NEAR(worst, 4.9e-7, 1e-8);
+  EXPECT_EQ(compare_checkpoints(a, b, 1e-7).size(), 1u);
+  b.state.emplace("m", Tensor::from<float>({1}, {1.0f}));
+  EXPECT_EQ(compare_checkpoints(a, b, 1e-6).size(), 1u);  // only in the second
+}
+
+}  // namespace
+}  // namespace flowrun
