@@ -2,6 +2,7 @@
 // path, run directory, batch split) and cross-field consistency. Each error names the key it is about.
 #include "config/checks.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -109,7 +110,14 @@ void check_supported(const RunConfig& cfg) {
     for (const auto& key : section.keys) {
       if (key.supported.empty()) continue;
       const std::string value = to_yaml(key.bind.load(cfg)).Scalar();
-      if (value != key.supported) {
+      // `supported` lists the accepted values as "a" or "a or b".
+      bool ok = false;
+      for (size_t at = 0; at <= key.supported.size();) {
+        const size_t end = std::min(key.supported.find(" or ", at), key.supported.size());
+        ok = ok || key.supported.compare(at, end - at, value) == 0;
+        at = end + 4;
+      }
+      if (!ok) {
         throw input_error(cat(cfg.where(section.name + "." + key.name), value, " is not supported yet (",
                               key.unsupported_why, "); use ", key.supported));
       }

@@ -203,9 +203,10 @@ std::vector<Section> build_schema() {
            only(key("pipeline", Type::integer, "1", field(par, &Par::pipeline), "pipeline stages", positive),
                 "1", "pipeline parallelism is a later milestone"),
            only(key("zero", Type::integer, "0", field(par, &Par::zero),
-                    "ZeRO stage: shard optimizer state (1), gradients (2), parameters (3)",
+                    "ZeRO stage over the data-parallel ranks: shard optimizer state (1), gradients (2), "
+                    "parameters (3)",
                     Bounds{Bounds::closed, 0, 3}),
-                "0", "ZeRO sharding is a later milestone"),
+                "0 or 1", "ZeRO-2 and -3 are a later milestone"),
            only(key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
                     "pipeline micro-batches per step", positive),
                 "1", "pipeline parallelism is a later milestone"),
@@ -530,7 +531,7 @@ std::string schema_markdown() {
     for (const auto& k : section.keys) {
       std::string doc = k.doc;
       if (!k.supported.empty())
-        doc += cat("; only `", k.supported, "` is supported yet (", k.unsupported_why, ")");
+        doc += cat("; only ", k.supported, " is supported yet (", k.unsupported_why, ")");
       md << "| `" << section.name << "." << k.name << "` | " << k.type_text() << " | `" << k.default_yaml
          << "` | " << doc << " |\n";
     }

@@ -80,6 +80,11 @@ struct TensorType {
 // "one device, whole tensor".
 struct Placement {
   std::vector<std::string> sbp;
+  // A value split over the data-parallel ranks as flat, equal, zero-padded shards (ZeRO's optimizer state):
+  // the shape of the whole tensor, of which this value is one rank's numel / ranks (rounded up) elements.
+  // Empty for whole tensors.
+  Shape global_shape;
+  bool sharded() const { return !global_shape.empty(); }
 };
 
 struct Value {

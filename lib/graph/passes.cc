@@ -116,28 +116,38 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
   return kNoValue;
 }
 
-// One parameter's update node "update/<param>", with its state.
+// One parameter's update node "update/<param>", with its state. Under ZeRO (spec.zero_shards > 1) the update
+// runs on this rank's flat shard of the parameter and gradient, with state of the shard's size, and the
+// updated shards are gathered back into the parameter.
 void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, ValueId lr, ValueId step,
                 ValueId coef) {
   GraphBuilder b(g);
   const Value pv = g.value(p);
   // Biases and norm scales (rank < 2) are left undecayed when decay_1d is off, as in common PyTorch recipes.
   const double wd = !spec.decay_1d && pv.shape().size() < 2 ? 0.0 : spec.weight_decay;
+  const bool zero = spec.zero_shards > 1;
+  const Attrs shards{{"shards", spec.zero_shards}};
+  const ValueId target = zero ? b.op1("local_shard", {p}, shards, cat("zero/", pv.name, "/param")) : p;
+  if (zero) grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
+  const Shape state_shape = g.value(target).shape();
+  auto state = [&](const std::string& name, const Shape& shape) {
+    const ValueId v = g.add_state(cat("opt/", pv.name, "/", name), shape, pv.dtype());
+    if (zero && numel(shape) > 0) g.value(v).placement.global_shape = pv.shape();
+    return v;
+  };
   std::vector<ValueId> in;
   Attrs attrs;
   if (spec.type == "sgd") {
-    const ValueId mom = spec.momentum != 0.0
-                            ? g.add_state(cat("opt/", pv.name, "/momentum"), pv.shape(), pv.dtype())
-                            : g.add_state(cat("opt/", pv.name, "/unused"), {0}, pv.dtype());
-    in = {p, grad, mom, lr};
+    const ValueId mom = spec.momentum != 0.0 ? state("momentum", state_shape) : state("unused", {0});
+    in = {target, grad, mom, lr};
     attrs = {{"momentum", spec.momentum},
              {"dampening", spec.dampening},
              {"nesterov", spec.nesterov},
              {"weight_decay", wd}};
   } else {
-    const ValueId m = g.add_state(cat("opt/", pv.name, "/m"), pv.shape(), pv.dtype());
-    const ValueId v = g.add_state(cat("opt/", pv.name, "/v"), pv.shape(), pv.dtype());
-    in = {p, grad, m, v, lr, step};
+    const ValueId m = state("m", state_shape);
+    const ValueId v = state("v", state_shape);
+    in = {target, grad, m, v, lr, step};
     attrs = {{"beta1", spec.beta1},
              {"beta2", spec.beta2},
              {"eps", spec.eps},
@@ -146,6 +156,8 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   }
   if (coef != kNoValue) in.push_back(coef);
   b.op(spec.type == "sgd" ? "sgd_update" : "adamw_update", in, attrs, "update/" + pv.name);
+  // Created after the update: among the nodes that only mutate, the schedule keeps creation order.
+  if (zero) b.op("all_gather_into", {p, target}, shards, cat("zero/", pv.name, "/gather"));
 }
 
 }  // namespace

@@ -31,6 +31,10 @@ struct OptimizerSpec {
   // fp16 loss scaling: the backward pass starts from state "amp/loss_scale" (f32 scalar) instead of 1; the
   // updates apply 1/scale through their coefficient and skip a step whose gradients are not finite, and
   // loss_scale_update adapts the scale (states "amp/good_steps", "amp/skipped_steps", i64).
+  // ZeRO-1 over this many data-parallel ranks (> 1): each rank keeps the optimizer state of, and updates,
+  // one flat shard of every parameter ("local_shard"), then the shards are gathered back into the full
+  // parameter ("all_gather_into"). State values carry Placement::global_shape.
+  int64_t zero_shards = 1;
   bool loss_scaling = false;
   bool dynamic_scale = true;  // false: a fixed scale (overflowing steps are still skipped and counted)
   int64_t growth_interval = 2000;

@@ -1,8 +1,10 @@
 // Collective ops, inserted by the parallel passes (never written in a model): all_reduce sums a bucket of
-// tensors over the ranks of the world in one transfer.
+// tensors over the ranks of the world in one transfer; local_shard and all_gather_into split a tensor into
+// per-rank flat shards and put it back together (ZeRO).
 #include "ops/cpu/comm.h"
 
 #include "ops/registry.h"
+#include "parallel/comm.h"
 
 namespace flowrun {
 
@@ -54,6 +56,70 @@ void register_comm_ops(OpRegistry& r) {
     return std::vector<OpSample>{o};
   };
   r.add(d);
+
+  OpDef ls;
+  ls.name = "local_shard";
+  ls.doc =
+      "this rank's flat shard of x: elements [rank * s, (rank + 1) * s) of x flattened, s = ceil(numel / "
+      "shards), zero-padded past the end; attr shards (the data-parallel ranks)";
+  ls.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const int64_t shards = a.i("shards");
+    if (shards < 1) throw input_error("local_shard: shards must be >= 1");
+    return {{{shard_size(numel(in[0].shape), shards)}, in[0].dtype}};
+  };
+  ls.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
+    return Cost{0, 2.0 * static_cast<double>(numel(out[0].shape) * static_cast<int64_t>(dtype_size(out[0].dtype)))};
+  };
+  ls.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::local_shard}};
+  ls.samples = [] {
+    OpSample o;
+    o.label = "one shard";
+    o.inputs = {{{3, 5}, DType::f64}};
+    o.attrs = Attrs{{"shards", int64_t{1}}};
+    o.gradcheck = false;
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      Tensor y = in[0].clone();
+      return std::vector<Tensor>{y.reshape({15})};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(ls);
+
+  OpDef ag;
+  ag.name = "all_gather_into";
+  ag.doc =
+      "inputs (dst, shard): the shards of every rank, in rank order, written over dst (flattened, the "
+      "padding dropped): the inverse of local_shard; attr shards";
+  ag.num_inputs = 2;
+  ag.num_outputs = [](const Attrs&) { return 0; };
+  ag.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const int64_t s = shard_size(numel(in[0].shape), a.i("shards"));
+    if (in[1].shape != Shape{s} || in[1].dtype != in[0].dtype)
+      throw input_error(cat("all_gather_into: the shard must be [", s, "] of ", dtype_name(in[0].dtype)));
+    return {};
+  };
+  ag.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{0, 2.0 * static_cast<double>(numel(in[0].shape) * static_cast<int64_t>(dtype_size(in[0].dtype)))};
+  };
+  ag.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+    return static_cast<size_t>(shard_size(numel(in[0].shape), a.i("shards")) * a.i("shards")) *
+           dtype_size(in[0].dtype);
+  };
+  ag.nondiff_inputs = {0, 1};
+  ag.mutates = {0};
+  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::all_gather_into}};
+  ag.samples = [] {
+    OpSample o;
+    o.label = "one shard";
+    o.inputs = {{{3, 5}, DType::f64}, {{15}, DType::f64}};
+    o.attrs = Attrs{{"shards", int64_t{1}}};
+    o.gradcheck = false;
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      return std::vector<Tensor>{in[1].clone().reshape({3, 5})};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(ag);
 }
 
 }  // namespace flowrun

@@ -31,6 +31,9 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+// Elements per rank when n elements are split into `shards` equal flat shards (the last ones zero-padded).
+inline int64_t shard_size(int64_t n, int64_t shards) { return (n + shards - 1) / shards; }
+
 // The communicator of a one-process world: every collective is the identity.
 std::unique_ptr<Communicator> make_single_communicator();
 

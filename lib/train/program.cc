@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -75,6 +76,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   if (training) {
     o.optimizer = optimizer_spec(cfg);
     o.data_parallel = cfg.parallel.data;
+    if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;
   } else {
     o.loss = "";  // inference: no backward, no updates
   }
@@ -125,6 +127,46 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
   return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * comm.size(),
                                   cfg.data.shuffle, cfg.train.seed, cfg.data.prefetch, start, comm.rank(),
                                   comm.size());
+}
+
+namespace {
+const Value& value_named(const Executor& ex, const std::string& name) {
+  const ValueId id = ex.program().graph.find_value(name);
+  FR_CHECK(id != kNoValue, "no value ", name);
+  return ex.program().graph.value(id);
+}
+}  // namespace
+
+Tensor gather_value(Executor& ex, const std::string& name, Communicator& comm) {
+  const Value& v = value_named(ex, name);
+  Tensor& local = ex.tensor(name);
+  if (!v.placement.sharded()) return local;
+  const int64_t s = local.numel();
+  Tensor all = Tensor::empty({s * comm.size()}, local.dtype());
+  comm.all_gather(local.raw(), all.raw(), s, local.dtype());
+  Tensor whole = Tensor::empty(v.placement.global_shape, local.dtype());
+  std::memcpy(whole.raw(), all.raw(), whole.nbytes());
+  return whole;
+}
+
+void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Communicator& comm,
+                   const std::string& source) {
+  const Value& v = value_named(ex, name);
+  Tensor& t = ex.tensor(name);
+  const Shape& want = v.placement.sharded() ? v.placement.global_shape : t.shape();
+  if (whole.shape() != want || whole.dtype() != t.dtype())
+    throw input_error(cat(source, ": '", name, "' is ", dtype_name(whole.dtype()), shape_str(whole.shape()),
+                          " but the model has ", dtype_name(t.dtype()), shape_str(want)));
+  if (!v.placement.sharded()) {
+    std::memcpy(t.raw(), whole.raw(), t.nbytes());
+    return;
+  }
+  // This rank's flat shard, zero-padded past the end (as local_shard cuts it).
+  const int64_t s = t.numel(), first = comm.rank() * s, have = std::clamp<int64_t>(whole.numel() - first, 0, s);
+  const size_t esize = dtype_size(t.dtype());
+  std::memset(t.raw(), 0, t.nbytes());
+  std::memcpy(t.raw(), static_cast<const char*>(whole.raw()) + static_cast<size_t>(first) * esize,
+              static_cast<size_t>(have) * esize);
 }
 
 void feed(Executor& ex, const Batch& b) {

@@ -47,6 +47,15 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);
 
+// The whole tensor of persistent value `name`: the value itself, or for a sharded one (ZeRO optimizer state,
+// Placement::global_shape) every rank's shard gathered. Collective for sharded values: every rank calls it,
+// for the same names in the same order.
+Tensor gather_value(Executor& ex, const std::string& name, Communicator& comm);
+// Loads `whole` into value `name`: a copy, or this rank's shard of it for a sharded value. An input_error
+// when its shape is not the value's (whole) shape.
+void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Communicator& comm,
+                   const std::string& source);
+
 // Copies a batch into the program's inputs "x" and "y".
 void feed(Executor& ex, const Batch& b);
 

@@ -33,7 +33,7 @@ double seconds_since(Clock::time_point t0) {
 
 // Copies checkpoint tensors into the executor: every one of `names` must be present with the same type.
 void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std::vector<std::string>& names,
-             const std::string& path, const char* what) {
+             const std::string& path, const char* what, const Communicator& comm) {
   for (const std::string& name : names) {
     auto it = from.find(name);
     // The loss scaler of a run resumed in fp16 from an fp32 or bf16 checkpoint starts afresh (initial scale).
@@ -44,12 +44,7 @@ void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std:
     if (it == from.end())
       throw input_error(cat("checkpoint ", path, ": ", what, " '", name,
                             "' of the model is missing (was it saved from another model or config?)"));
-    Tensor& t = ex.tensor(name);
-    if (it->second.shape() != t.shape() || it->second.dtype() != t.dtype())
-      throw input_error(cat("checkpoint ", path, ": ", what, " '", name, "' is ",
-                            dtype_name(it->second.dtype()), shape_str(it->second.shape()),
-                            " but the model has ", dtype_name(t.dtype()), shape_str(t.shape())));
-    std::memcpy(t.raw(), it->second.raw(), t.nbytes());
+    scatter_value(ex, name, it->second, comm, cat("checkpoint ", path, ": ", what));
   }
 }
 
@@ -180,8 +175,8 @@ void Run::setup() {
 
 void Run::resume_from(const std::string& path) {
   const CheckpointData ck = load_checkpoint(path);
-  restore(*ex_, ck.params, params_, path, "parameter");
-  restore(*ex_, ck.state, state_, path, "state");
+  restore(*ex_, ck.params, params_, path, "parameter", *comm_);
+  restore(*ex_, ck.state, state_, path, "state", *comm_);
   if (ck.seed != cfg_.train.seed)
     spdlog::warn(
         "checkpoint {} was trained with seed {}, the config says {}: the run will not match an "
@@ -194,7 +189,7 @@ void Run::resume_from(const std::string& path) {
 
 void Run::init_from(const std::string& path) {
   const CheckpointData ck = load_checkpoint(path);
-  restore(*ex_, ck.params, params_, path, "parameter");
+  restore(*ex_, ck.params, params_, path, "parameter", *comm_);
   spdlog::info("initialised parameters from {}", path);
 }
 
@@ -205,9 +200,10 @@ std::string Run::save() {
   ck.config_yaml = dump_config(cfg_);
   ck.loader_epoch = position_.epoch;
   ck.loader_index = position_.index;
-  for (const auto& n : params_) ck.params.emplace(n, ex_->tensor(n));
-  for (const auto& n : state_) ck.state.emplace(n, ex_->tensor(n));
-  return save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints);
+  // Every rank takes part in gathering sharded state; the lead rank writes.
+  for (const auto& n : params_) ck.params.emplace(n, gather_value(*ex_, n, *comm_));
+  for (const auto& n : state_) ck.state.emplace(n, gather_value(*ex_, n, *comm_));
+  return lead_ ? save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints) : std::string();
 }
 
 void Run::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds) {
@@ -335,9 +331,8 @@ TrainResult Run::go() {
       log_eval(step_, result.eval);
     }
     const bool exit_now = opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total;
-    // Parameters and state are replicated: the lead rank's copy is the checkpoint.
-    if (lead_ && ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) ||
-                  step_ == total || exit_now))
+    if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || step_ == total ||
+        exit_now)
       result.checkpoint = save();
     if (exit_now) {
       if (live_) std::fprintf(stderr, "\n");
@@ -379,8 +374,9 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
   BuiltModel m;
   Executor ex(compile_model(cfg, data->spec(), cfg.train.eval_batch_size, false, &m), kCpu, cfg.train.seed);
   const Program& p = ex.program();
-  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter");
-  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state");
+  const auto one = make_single_communicator();
+  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", *one);
+  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", *one);
   return evaluate(ex, *data, cfg);
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Data parallelism against one process: the MLP (SGD Nesterov, dropout) and the GPT (AdamW, dropout,
-# clipping; also with gradient accumulation) trained 20 steps on 2 MPI ranks (parallel.data 2, same global
-# batch) log the same per-step losses within 1e-5 relative and end with the same weights; a DP2 checkpoint
-# resumes in one process; a layout that does not match the launch is refused; a killed rank ends the job.
+# clipping; also with gradient accumulation, and both under ZeRO-1) trained 20 steps on 2 MPI ranks
+# (parallel.data 2, same global batch) log the same per-step losses within 1e-5 relative and end with the
+# same weights and optimizer state; DP2 and ZeRO-1 checkpoints resume in one process and back; a layout
+# that does not match the launch is refused; a killed rank ends the job.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
@@ -36,6 +37,9 @@ check_case mlp "$SRC/tests/configs/tiny_mlp.yaml" 1e-5 --set train.steps=20
 # tensor agrees only to ~1e-4 of its scale (checked to 1e-3); every other tensor agrees within 1e-5.
 check_case gpt "$SRC/tests/configs/tiny_gpt.yaml" 1e-3
 check_case gpt-accum "$SRC/tests/configs/tiny_gpt.yaml" 1e-3 --set train.grad_accumulation=2
+# ZeRO-1: each rank keeps the optimizer state of half of every parameter; checkpoints hold it whole.
+check_case mlp-zero1 "$SRC/tests/configs/tiny_mlp.yaml" 1e-5 --set train.steps=20 --set parallel.zero=1
+check_case gpt-zero1 "$SRC/tests/configs/tiny_gpt.yaml" 1e-3 --set parallel.zero=1
 
 # A DP2 checkpoint resumes in one process and continues as the uninterrupted one-process run.
 expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/switch" \
@@ -45,6 +49,17 @@ expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SC
 rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$SCRATCH/switch/metrics.jsonl")
 within "$rel" 1e-5 || fail "DP2 -> 1 process resume: losses differ by $rel"
 echo "DP2 checkpoint resumed in one process: losses within $rel"
+
+# A ZeRO-1 checkpoint resumes in one process, and a one-process checkpoint under ZeRO-1 on 2 ranks.
+expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/zswitch" \
+  "${COMMON[@]}" --set parallel.data=2 --set parallel.zero=1 --exit-at-step 5
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/zswitch" "${COMMON[@]}" \
+  --resume auto --exit-at-step 10
+expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/zswitch" \
+  "${COMMON[@]}" --set parallel.data=2 --set parallel.zero=1 --resume auto
+rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$SCRATCH/zswitch/metrics.jsonl")
+within "$rel" 1e-5 || fail "ZeRO-1 -> 1 process -> ZeRO-1 resume: losses differ by $rel"
+echo "ZeRO-1 DP2 -> one process -> ZeRO-1 DP2 resumes: losses within $rel"
 
 # The layout must match the launch.
 expect_exit 2 "$FLOWRUN" train "$SRC/tests/configs/tiny_mlp.yaml" --run-dir "$SCRATCH/bad" --set parallel.data=2

@@ -136,7 +136,7 @@ TEST(ConfigSchema, MarkdownMentionsEveryKey) {
   }
   EXPECT_TRUE(Contains(md, "| `optimizer.lr` | positive number | `0.001` |"));
   EXPECT_TRUE(Contains(md, "| `optimizer.type` | one of sgd, adam, adamw | `adamw` |"));
-  EXPECT_TRUE(Contains(md, "only `1` is supported yet"));
+  EXPECT_TRUE(Contains(md, "only 0 or 1 is supported yet"));
   // Sections in schema order.
   EXPECT_LT(md.find("## model"), md.find("## data"));
   EXPECT_LT(md.find("## schedule"), md.find("## precision"));

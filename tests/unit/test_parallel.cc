@@ -96,6 +96,39 @@ TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   EXPECT_EQ(p.graph.node(p.graph.value(p.graph.outputs().at("loss")).producer).op, "all_reduce");
 }
 
+// ZeRO-1 over 4 ranks: AdamW's moments hold a quarter of each parameter (rounded up) and remember its whole
+// shape; every parameter is cut into its local shard and gathered back after the update.
+TEST(ParallelZero, OptimizerStateIsSharded) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId y = b.op1("linear", {b.input("x", {4, 5}), b.param("w", {2, 5}), b.param("b", {2})});
+  g.mark_output("loss", b.op1("mse_loss", {y, b.input("t", {4, 2})}));
+  CompileOptions o;
+  o.optimizer.type = "adamw";
+  o.optimizer.zero_shards = 4;
+  o.data_parallel = 4;
+  const Program p = compile(std::move(g), o);
+  const Graph& pg = p.graph;
+  EXPECT_EQ(pg.value(pg.find_value("opt/w/m")).shape(), (Shape{3}));  // ceil(10 / 4)
+  EXPECT_EQ(pg.value(pg.find_value("opt/w/v")).placement.global_shape, (Shape{2, 5}));
+  EXPECT_EQ(pg.value(pg.find_value("opt/b/m")).shape(), (Shape{1}));
+  int shards = 0, gathers = 0;
+  for (NodeId id : p.order) {
+    shards += pg.node(id).op == "local_shard";
+    gathers += pg.node(id).op == "all_gather_into";
+  }
+  EXPECT_EQ(shards, 4);  // parameter and gradient of each
+  EXPECT_EQ(gathers, 2);
+  // Each gather comes after its parameter's update.
+  auto pos = [&](const std::string& name) {
+    for (size_t i = 0; i < p.order.size(); ++i)
+      if (pg.node(p.order[i]).name == name) return static_cast<int>(i);
+    return -1;
+  };
+  EXPECT_LT(pos("update/w"), pos("zero/w/gather"));
+  EXPECT_GE(pos("update/w"), 0);
+}
+
 // Two shards of a sharded loader together hold exactly the rows of the unsharded one, in order.
 TEST(ParallelLoader, ShardsPartitionTheGlobalBatch) {
   class Rows final : public Dataset {

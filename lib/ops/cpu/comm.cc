@@ -1,6 +1,7 @@
 // all_reduce on CPU tensors: pack the bucket, one collective through the communicator, unpack scaled.
 #include "ops/cpu/comm.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/cpu/parallel.h"
@@ -36,6 +37,37 @@ void all_reduce(const KernelCtx& c) {
     });
     at += n;
   }
+}
+
+// The shards attribute must be the world's size: a program sharded for D ranks runs only on D ranks.
+void check_shards(const KernelCtx& c) {
+  const int64_t world = c.comm ? c.comm->size() : 1;
+  FR_CHECK(c.attrs().i("shards") == world, c.node->name, ": sharded ", c.attrs().i("shards"), " ways on ", world,
+           " ranks");
+}
+
+void local_shard(const KernelCtx& c) {
+  check_shards(c);
+  const int64_t n = c.in[0].numel(), s = c.out[0].numel();
+  const int64_t first = (c.comm ? c.comm->rank() : 0) * s;
+  const size_t esize = dtype_size(c.in[0].dtype);
+  const int64_t have = std::clamp<int64_t>(n - first, 0, s);
+  std::memcpy(c.out[0].data, static_cast<const char*>(c.in[0].data) + first * static_cast<int64_t>(esize),
+              static_cast<size_t>(have) * esize);
+  std::memset(static_cast<char*>(c.out[0].data) + have * static_cast<int64_t>(esize), 0,
+              static_cast<size_t>(s - have) * esize);
+}
+
+void all_gather_into(const KernelCtx& c) {
+  check_shards(c);
+  const int64_t n = c.in[0].numel(), s = c.in[1].numel();
+  const size_t esize = dtype_size(c.in[0].dtype);
+  if (!c.comm || c.comm->size() == 1) {
+    std::memcpy(c.in[0].data, c.in[1].data, static_cast<size_t>(n) * esize);
+    return;
+  }
+  c.comm->all_gather(c.in[1].data, c.workspace, s, c.in[0].dtype);
+  std::memcpy(c.in[0].data, c.workspace, static_cast<size_t>(n) * esize);
 }
 
 }  // namespace flowrun::cpu

@@ -6,5 +6,7 @@
 namespace flowrun::cpu {
 
 void all_reduce(const KernelCtx& c);
+void local_shard(const KernelCtx& c);
+void all_gather_into(const KernelCtx& c);
 
 }  // namespace flowrun::cpu
