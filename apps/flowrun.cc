@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "ops/listing.h"
+#include "train/plan.h"
 #include "train/profile.h"
 #include "train/program.h"
 #include "train/trainer.h"
@@ -19,6 +20,7 @@ namespace {
 struct Args {
   std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter, diff;
   double rtol = 1e-5;
+  int64_t world_size = 0;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
   bool schema = false, plan = false, progress = false, no_progress = false, json = false;
@@ -89,6 +91,22 @@ int run_diff(const Args& a) {
   std::cout << (diffs.empty() ? "same within" : "DIFFERENT beyond") << " rtol " << a.rtol
             << " (largest relative difference " << worst << ")\n";
   return diffs.empty() ? 0 : 1;
+}
+
+int run_plan(Args a) {
+  if (a.world_size > 0) {
+    // The world is the data axis times the others: plan the data-parallel width that fills it.
+    const flowrun::RunConfig base = load(a);
+    const int64_t others = base.parallel.tensor * base.parallel.pipeline;
+    if (a.world_size % others != 0)
+      throw flowrun::input_error(flowrun::cat("--world-size ", a.world_size, " is not a multiple of parallel.tensor x ",
+                                              "parallel.pipeline = ", others));
+    a.set.push_back(flowrun::cat("parallel.data=", a.world_size / others));
+  }
+  const flowrun::PlanReport r = flowrun::plan_layout(load(a));
+  std::cout << r.table;
+  if (a.json) std::cout << r.json << "\n";
+  return 0;
 }
 
 int run_time(const Args& a) {
@@ -170,6 +188,15 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   time->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
 
+  auto* plan = app.add_subcommand("plan", "Without running: per-device memory (parameters, optimizer state, "
+                                          "arena), FLOPs per step and collective traffic of CONFIG's layout");
+  plan->add_option("config", a.config, "YAML config file")->required();
+  plan->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  plan->add_option("--world-size", a.world_size,
+                   "Plan for N processes: parallel.data = N / (tensor x pipeline)")
+      ->check(CLI::PositiveNumber);
+  plan->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
+
   auto* inspect = app.add_subcommand("inspect", "Show a checkpoint: step, config, tensors, optimizer state, "
                                                 "and verify its checksums");
   inspect->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5)")->required();
@@ -203,6 +230,7 @@ int main(int argc, char** argv) {
     if (*eval) return run_eval(a);
     if (*check) return run_check(a);
     if (*time) return run_time(a);
+    if (*plan) return run_plan(a);
     if (*inspect) return a.diff.empty() ? (std::cout << flowrun::describe_checkpoint(a.checkpoint), 0) : run_diff(a);
     if (*data) return run_data(a);
     if (*models) return run_models(a);

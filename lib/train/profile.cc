@@ -52,26 +52,6 @@ std::string layer_of(const Node& n) {
   return slash == std::string::npos ? name : name.substr(0, slash);
 }
 
-// FLOPs of one node, from its op's registered cost (0 for ops without one).
-double node_flops(const Graph& g, const Node& n) {
-  const OpDef& def = OpRegistry::get().at(n.op);
-  if (!def.cost) return 0;
-  std::vector<TensorType> in, out;
-  for (ValueId v : n.inputs) in.push_back(g.value(v).type);
-  for (ValueId v : n.outputs) out.push_back(g.value(v).type);
-  return def.cost(in, out, n.attrs).flops;
-}
-
-// FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
-double step_flops(const Program& p, int64_t accumulation) {
-  double flops = 0;
-  for (NodeId id : p.order) {
-    const Node& n = p.graph.node(id);
-    flops += node_flops(p.graph, n) * (n.phase == 1 ? 1.0 : static_cast<double>(accumulation));
-  }
-  return flops;
-}
-
 struct Bucket {
   double seconds[3] = {0, 0, 0};  // forward, backward, update
   double flops = 0;
@@ -131,6 +111,11 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   r.peak_rss_mib = peak_rss_mib();
   r.arena_mib = static_cast<double>(prog.memory.arena_bytes) / (1 << 20);
   r.params = t.model.num_params;
+  // What this process actually holds, for comparison with `flowrun plan`.
+  for (const Value& v : prog.graph.values()) {
+    if (v.kind != ValueKind::param && v.kind != ValueKind::state) continue;
+    (v.kind == ValueKind::param ? r.param_bytes : r.state_bytes) += static_cast<double>(ex.tensor(v.name).nbytes());
+  }
   r.threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
   r.text = t.data->spec().text;
   r.items_per_step = cfg.train.batch_size * (r.text ? cfg.data.seq_len : 1);
@@ -178,6 +163,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   JsonLine j;
   j.add("config", cfg.file).add("median_step_ms", r.median_ms).add("p10_step_ms", r.p10_ms).add("p90_step_ms", r.p90_ms);
   j.add("peak_rss_mib", r.peak_rss_mib).add("arena_mib", r.arena_mib).add("params", r.params);
+  j.add("param_bytes", r.param_bytes).add("state_bytes", r.state_bytes);
   j.add("flops_per_step", r.flops_per_step).add("threads", r.threads).add(r.text ? "tokens_per_step" : "samples_per_step", r.items_per_step);
   r.json = j.str();
   return r;

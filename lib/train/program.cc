@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/registry.h"
 #include "optim/schedule.h"
 
 namespace flowrun {
@@ -167,6 +168,24 @@ void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, c
   std::memset(t.raw(), 0, t.nbytes());
   std::memcpy(t.raw(), static_cast<const char*>(whole.raw()) + static_cast<size_t>(first) * esize,
               static_cast<size_t>(have) * esize);
+}
+
+double node_flops(const Graph& g, const Node& n) {
+  const OpDef& def = OpRegistry::get().at(n.op);
+  if (!def.cost) return 0;
+  std::vector<TensorType> in, out;
+  for (ValueId v : n.inputs) in.push_back(g.value(v).type);
+  for (ValueId v : n.outputs) out.push_back(g.value(v).type);
+  return def.cost(in, out, n.attrs).flops;
+}
+
+double step_flops(const Program& p, int64_t accumulation) {
+  double flops = 0;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    flops += node_flops(p.graph, n) * (n.phase == 1 ? 1.0 : static_cast<double>(accumulation));
+  }
+  return flops;
 }
 
 void feed(Executor& ex, const Batch& b) {

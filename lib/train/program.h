@@ -56,6 +56,11 @@ Tensor gather_value(Executor& ex, const std::string& name, Communicator& comm);
 void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Communicator& comm,
                    const std::string& source);
 
+// FLOPs of one node, from its op's registered cost (0 for ops without one).
+double node_flops(const Graph& g, const Node& n);
+// FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
+double step_flops(const Program& p, int64_t accumulation);
+
 // Copies a batch into the program's inputs "x" and "y".
 void feed(Executor& ex, const Batch& b);
 

@@ -1,0 +1,31 @@
+// `flowrun plan`: what a config's layout costs each device, without running it: memory (parameters,
+// gradients, optimizer state, the planned arena), FLOPs per step, and the bytes every collective moves.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace flowrun {
+
+struct CollectivePlan {
+  std::string node, op;    // e.g. "data_parallel/grads_f32", "all_reduce"
+  double tensor_bytes = 0;  // what the collective covers on one device
+  double calls = 0;         // per optimizer step
+  double sent_bytes = 0;    // per device per step: ring all-reduce 2T(p-1)/p, all-gather T(p-1)/p
+};
+
+struct PlanReport {
+  int64_t world = 1, data = 1;
+  double param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0, other_state_bytes = 0, input_bytes = 0;
+  double arena_bytes = 0, flops_per_step = 0, sent_bytes_per_step = 0;
+  std::vector<CollectivePlan> collectives;
+  std::string table, json;
+};
+
+// The plan of one rank of cfg's layout (every rank's is the same in data parallelism and ZeRO-1).
+PlanReport plan_layout(const RunConfig& cfg);
+
+}  // namespace flowrun

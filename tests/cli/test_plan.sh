@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `flowrun plan` against what a run holds (`flowrun time --json` of the same layout): parameter and state
+# bytes exactly, the arena within 10%, and the FLOPs per step; in one process and under ZeRO-1 on 2 ranks,
+# where each rank holds half of the optimizer state.
+source "$(dirname "$0")/lib.sh"
+FLOWRUN=$1 SRC=$2
+CFG="$SRC/tests/configs/tiny_gpt.yaml"
+
+num() { grep -o "\"$2\": [0-9.e+-]*" "$1" | head -1 | awk '{print $2}'; }
+same() { awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= t * b)}' ||
+  fail "$1: plan $2, run $3 (tolerance $4)"; }
+
+compare() {  # name plan-json time-json
+  same "$1 parameter bytes" "$(num "$2" param_bytes)" "$(num "$3" param_bytes)" 0
+  local state
+  state=$(awk -v a="$(num "$2" optimizer_state_bytes)" -v b="$(num "$2" other_state_bytes)" 'BEGIN {print a + b}')
+  same "$1 state bytes" "$state" "$(num "$3" state_bytes)" 0
+  same "$1 arena" "$(num "$2" arena_bytes)" "$(awk -v m="$(num "$3" arena_mib)" 'BEGIN {print m * 1048576}')" 0.1
+  same "$1 FLOPs" "$(num "$2" flops_per_step)" "$(num "$3" flops_per_step)" 1e-9
+  echo "$1: plan matches the run ($(num "$2" param_bytes) parameter bytes, $state state bytes)"
+}
+
+expect_exit 0 "$FLOWRUN" plan "$CFG" --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan1.json"
+expect_log "collectives: none"
+expect_exit 0 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 --profile 0 --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/time1.json"
+compare "one process" "$SCRATCH/plan1.json" "$SCRATCH/time1.json"
+
+expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.zero=1 --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan2.json"
+expect_log "all_gather_into"
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
+  --profile 0 --json --set parallel.data=2 --set parallel.zero=1
+grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time2.json"
+compare "ZeRO-1 on 2 ranks" "$SCRATCH/plan2.json" "$SCRATCH/time2.json"
+# Half the optimizer state of one process (AdamW: two moments; shards round up, so at least half).
+awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRATCH/plan1.json" optimizer_state_bytes)" \
+  'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-1 state is not half of one process's"
+
+expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
