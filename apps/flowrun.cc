@@ -40,8 +40,8 @@ int run_train(const Args& a) {
   o.init_from = a.init_from;
   o.exit_at_step = a.exit_at_step;
   o.progress = a.progress ? 1 : a.no_progress ? 0 : -1;
-  flowrun::train(load(a), o);
-  return 0;
+  const flowrun::TrainResult r = flowrun::train(load(a), o);
+  return static_cast<int>(r.interrupted ? flowrun::ExitCode::stopped : flowrun::ExitCode::ok);
 }
 
 int run_eval(const Args& a) {

@@ -63,11 +63,6 @@ std::optional<pid_t> temp_writer(const std::string& name) {
   return static_cast<pid_t>(std::stol(m[1].str()));
 }
 
-std::string step_name(int64_t step) {
-  std::ostringstream os;
-  os << "step_" << std::setw(8) << std::setfill('0') << step << ".h5";
-  return os.str();
-}
 
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
   throw runtime_error(cat(what, " ", path, ": ", std::strerror(errno)));
@@ -324,7 +319,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw runtime_error(cat("cannot create checkpoint directory ", dir, ": ", ec.message()));
-  const std::string final_path = (fs::path(dir) / step_name(data.step)).string();
+  const std::string final_path = (fs::path(dir) / checkpoint_file_name(data.step)).string();
   const std::string tmp = cat(final_path, ".tmp.", ::getpid());
   try {
     write_checkpoint(tmp, data);
@@ -418,6 +413,12 @@ std::string describe_checkpoint(const std::string& path) {
     std::cout << os.str() << "integrity: FAILED\n" << std::flush;
     throw;
   }
+  return os.str();
+}
+
+std::string checkpoint_file_name(int64_t step) {
+  std::ostringstream os;
+  os << "step_" << std::setw(8) << std::setfill('0') << step << ".h5";
   return os.str();
 }
 

@@ -38,6 +38,9 @@ struct CheckpointData {
 std::vector<std::string> compare_checkpoints(const CheckpointData& a, const CheckpointData& b, double rtol,
                                              double* worst = nullptr);
 
+// "step_<step zero-padded to 8>.h5": the name a checkpoint of `step` gets in its directory.
+std::string checkpoint_file_name(int64_t step);
+
 // Writes `<dir>/step_<step zero-padded to 8>.h5` atomically; creates `dir`. Returns the final path.
 // Then deletes the oldest complete checkpoints beyond `keep` (0 = keep all) and stale *.tmp files.
 std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep);

@@ -59,6 +59,8 @@ struct TrainConfig {
   int64_t eval_every = 0;                 // 0 = only at the end
   int64_t checkpoint_every = 0;           // 0 = only at the end
   int64_t keep_checkpoints = 3;
+  bool async_checkpoint = true;           // write checkpoints from a background thread
+  double max_wall_time = 0.0;             // seconds; then checkpoint and exit 3 (0 = no budget)
   double clip_grad_norm = 0.0;            // 0 = no clipping
   std::string run_dir;                    // default runs/<config file stem>
   std::string device = "cpu";             // cpu | cuda

@@ -131,6 +131,12 @@ std::vector<Section> build_schema() {
                "steps between checkpoints (0 = only at the end)", non_negative),
            key("keep_checkpoints", Type::integer, "3", field(t, &T::keep_checkpoints),
                "checkpoints kept in the run directory (older ones are deleted)", positive),
+           key("async_checkpoint", Type::boolean, "true", field(t, &T::async_checkpoint),
+               "write checkpoints from a background thread: the step loop waits only for a snapshot copy"),
+           key("max_wall_time", Type::number, "0.0", field(t, &T::max_wall_time),
+               "seconds of training after which the run checkpoints and exits with code 3, as on SIGTERM or "
+               "SIGUSR1 (0 = no budget)",
+               non_negative),
            key("clip_grad_norm", Type::number, "0.0", field(t, &T::clip_grad_norm),
                "clip the global gradient norm to this (0 = no clipping)", non_negative),
            key("run_dir", Type::string, "\"\"", field(t, &T::run_dir),

@@ -1,4 +1,5 @@
-// Errors: one exception type carrying the process exit code (2 = bad input, 1 = runtime failure).
+// Errors: one exception type carrying the process exit code (2 = bad input, 1 = runtime failure); 3 is a
+// clean stop on request (signal or wall-time budget) after a checkpoint, for batch scripts to requeue.
 #pragma once
 
 #include <sstream>
@@ -7,7 +8,7 @@
 
 namespace flowrun {
 
-enum class ExitCode : int { ok = 0, runtime = 1, bad_input = 2 };
+enum class ExitCode : int { ok = 0, runtime = 1, bad_input = 2, stopped = 3 };
 
 class Error : public std::runtime_error {
  public:

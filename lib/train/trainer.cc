@@ -18,7 +18,9 @@
 #include "nn/model.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
+#include "train/ckpt_writer.h"
 #include "train/program.h"
+#include "train/stop.h"
 
 namespace flowrun {
 namespace fs = std::filesystem;
@@ -120,6 +122,9 @@ class Run {
   void resume_from(const std::string& path);
   void init_from(const std::string& path);
   std::string save();
+  void finish_checkpoints();  // waits for the async write in flight and logs it
+  void log_checkpoint(const CheckpointWriter::Done& d, double blocked);
+  bool stop_requested(const StopRequests& stop, std::string* why);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
   void log_eval(int64_t step, const EvalResult& e);
 
@@ -135,6 +140,8 @@ class Run {
   int64_t step_ = 0;
   LoaderPosition position_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<CheckpointWriter> writer_;  // async checkpoints (lead rank)
+  double pending_blocked_ = 0;                // step-loop time of the checkpoint being written
   bool live_ = false;
   Clock::time_point start_ = Clock::now();
   int64_t steps_timed_ = 0;
@@ -194,16 +201,65 @@ void Run::init_from(const std::string& path) {
 }
 
 std::string Run::save() {
+  const auto t0 = Clock::now();
   CheckpointData ck;
   ck.step = step_;
   ck.seed = cfg_.train.seed;
   ck.config_yaml = dump_config(cfg_);
   ck.loader_epoch = position_.epoch;
   ck.loader_index = position_.index;
-  // Every rank takes part in gathering sharded state; the lead rank writes.
-  for (const auto& n : params_) ck.params.emplace(n, gather_value(*ex_, n, *comm_));
-  for (const auto& n : state_) ck.state.emplace(n, gather_value(*ex_, n, *comm_));
-  return lead_ ? save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints) : std::string();
+  // Every rank takes part in gathering sharded state; the lead rank writes. An async write gets copies: the
+  // step loop goes on updating the live tensors.
+  const bool async = cfg_.train.async_checkpoint;
+  auto take = [&](const std::string& n) {
+    Tensor t = gather_value(*ex_, n, *comm_);
+    return async ? t.clone() : t;
+  };
+  for (const auto& n : params_) ck.params.emplace(n, take(n));
+  for (const auto& n : state_) ck.state.emplace(n, take(n));
+  if (!lead_) return std::string();
+  const std::string path = (fs::path(ckpt_dir_) / checkpoint_file_name(step_)).string();
+  if (!async) {
+    const std::string written = save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints);
+    const double s = seconds_since(t0);
+    log_checkpoint({written, step_, s}, s);
+    return written;
+  }
+  if (!writer_) writer_ = std::make_unique<CheckpointWriter>(ckpt_dir_, cfg_.train.keep_checkpoints);
+  const double blocked_before = pending_blocked_;
+  if (auto previous = writer_->submit(std::move(ck))) log_checkpoint(*previous, blocked_before);
+  pending_blocked_ = seconds_since(t0);
+  return path;
+}
+
+void Run::finish_checkpoints() {
+  if (!writer_) return;
+  if (auto d = writer_->wait()) log_checkpoint(*d, pending_blocked_);
+}
+
+void Run::log_checkpoint(const CheckpointWriter::Done& d, double blocked) {
+  JsonLine j;
+  j.add("step", d.step).add("checkpoint", d.path).add("blocked_s", blocked).add("write_s", d.seconds);
+  metrics_->write(j);
+  spdlog::debug("checkpoint {}: step loop blocked {:.3f} s, write {:.3f} s", d.path, blocked, d.seconds);
+}
+
+// A stop is due when a signal arrived or the wall-time budget is spent, on any rank: the ranks agree (one
+// tiny all-reduce), so that all of them checkpoint together.
+bool Run::stop_requested(const StopRequests& stop, std::string* why) {
+  const int sig = stop.signal();
+  const bool out_of_time = cfg_.train.max_wall_time > 0 && seconds_since(start_) >= cfg_.train.max_wall_time;
+  int64_t code = sig != 0 ? sig : out_of_time ? -1 : 0;
+  if (comm_->size() > 1) {
+    int64_t any = code != 0 ? 1 : 0;
+    comm_->all_reduce(&any, 1, DType::i64, ReduceOp::max);
+    if (any && code == 0) code = -2;
+  }
+  if (code == 0) return false;
+  *why = code > 0 ? std::string(signal_name(static_cast<int>(code)))
+         : code == -1 ? cat("train.max_wall_time ", cfg_.train.max_wall_time, " s")
+                      : std::string("another rank's request");
+  return true;
 }
 
 void Run::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds) {
@@ -299,6 +355,7 @@ TrainResult Run::go() {
                 static_cast<long long>(model_.num_params), static_cast<long long>(cfg_.train.batch_size),
                 run_dir_.c_str());
   std::fflush(stdout);
+  const StopRequests stop;
   double loss = std::nan("");
   while (step_ < total) {
     const auto t0 = Clock::now();
@@ -330,21 +387,28 @@ TrainResult Run::go() {
       result.eval = evaluate(*eval_ex_, *data_, cfg_);
       log_eval(step_, result.eval);
     }
-    const bool exit_now = opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total;
+    std::string why;
+    const bool requested = step_ < total && stop_requested(stop, &why);
+    const bool exit_now = requested || (opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total);
     if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || step_ == total ||
         exit_now)
       result.checkpoint = save();
     if (exit_now) {
+      finish_checkpoints();
       if (live_) std::fprintf(stderr, "\n");
       if (lead_)
-        std::printf("stopped at step %lld (--exit-at-step); checkpoint %s\n", static_cast<long long>(step_),
-                    result.checkpoint.c_str());
+        std::printf("stopped at step %lld (%s); checkpoint %s%s\n", static_cast<long long>(step_),
+                    requested ? why.c_str() : "--exit-at-step", result.checkpoint.c_str(),
+                    requested ? "; continue with --resume auto" : "");
+      std::fflush(stdout);
       result.step = step_;
       result.loss = loss;
       result.stopped_early = true;
+      result.interrupted = requested;
       return result;
     }
   }
+  finish_checkpoints();
   if (live_) std::fprintf(stderr, "\n");
   result.step = step_;
   result.loss = loss;

@@ -30,7 +30,8 @@ struct TrainResult {
   double loss = 0.0;          // training loss of the last step
   EvalResult eval;            // the last evaluation
   std::string checkpoint;     // the last checkpoint written
-  bool stopped_early = false; // --exit-at-step
+  bool stopped_early = false; // --exit-at-step, a signal or the wall-time budget
+  bool interrupted = false;   // a signal or the wall-time budget: exit with ExitCode::stopped
 };
 
 // Runs training as configured; the run directory is cfg.train.run_dir.

@@ -18,5 +18,6 @@ expect_log() {
   grep -qF -- "$1" "$SCRATCH/last.log" || { cat "$SCRATCH/last.log" >&2; fail "output lacks '$1'"; }
 }
 
-# The per-step training records of a metrics.jsonl without wall-clock fields (rates, time).
-losses() { sed -E 's/, "(tokens_per_s|samples_per_s|time)": [^,}]*//g' "$1"; }
+# The per-step training records of a metrics.jsonl without wall-clock fields (rates, time) and without the
+# checkpoint records (paths and timings).
+losses() { grep -v '"checkpoint"' "$1" | sed -E 's/, "(tokens_per_s|samples_per_s|time)": [^,}]*//g'; }

@@ -61,6 +61,28 @@ rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$SCRATCH/zswitch/metrics.jsonl")
 within "$rel" 1e-5 || fail "ZeRO-1 -> 1 process -> ZeRO-1 resume: losses differ by $rel"
 echo "ZeRO-1 DP2 -> one process -> ZeRO-1 DP2 resumes: losses within $rel"
 
+# SIGUSR1 to mpirun reaches every rank: they agree to stop after the same step, checkpoint, exit 3, and a
+# resume continues bit for bit as the uninterrupted DP2 run.
+LONG=(--set train.steps=300 --set train.checkpoint_every=0)
+expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-straight" \
+  "${COMMON[@]}" "${LONG[@]}" --set parallel.data=2
+"${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-dp2" "${COMMON[@]}" \
+  "${LONG[@]}" --set parallel.data=2 >"$SCRATCH/long.log" 2>&1 &
+job=$!
+for _ in $(seq 200); do
+  [[ $(grep -c '"loss"' "$SCRATCH/long-dp2/metrics.jsonl" 2>/dev/null || true) -ge 30 ]] && break
+  sleep 0.05
+done
+kill -USR1 "$job"
+code=0
+wait "$job" || code=$?
+[[ $code -eq 3 ]] || { tail "$SCRATCH/long.log" >&2; fail "SIGUSR1 under mpirun: exit code $code, expected 3"; }
+expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-dp2" \
+  "${COMMON[@]}" "${LONG[@]}" --set parallel.data=2 --resume auto
+diff <(losses "$SCRATCH/long-straight/metrics.jsonl") <(losses "$SCRATCH/long-dp2/metrics.jsonl") ||
+  fail "DP2 stopped by SIGUSR1 and resumed: per-step records differ from the uninterrupted DP2 run"
+echo "DP2 $(grep -o 'stopped at step [0-9]* (SIGUSR1)' "$SCRATCH/long.log"), resumed bit-exactly"
+
 # The layout must match the launch.
 expect_exit 2 "$FLOWRUN" train "$SRC/tests/configs/tiny_mlp.yaml" --run-dir "$SCRATCH/bad" --set parallel.data=2
 expect_log "parallel.data: the layout needs 2 processes"
