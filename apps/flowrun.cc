@@ -23,7 +23,7 @@ struct Args {
   int64_t world_size = 0;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
-  bool schema = false, plan = false, progress = false, no_progress = false, json = false;
+  bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
 };
 
@@ -40,6 +40,7 @@ int run_train(const Args& a) {
   o.init_from = a.init_from;
   o.exit_at_step = a.exit_at_step;
   o.progress = a.progress ? 1 : a.no_progress ? 0 : -1;
+  o.detect_anomaly = a.detect_anomaly;
   const flowrun::TrainResult r = flowrun::train(load(a), o);
   return static_cast<int>(r.interrupted ? flowrun::ExitCode::stopped : flowrun::ExitCode::ok);
 }
@@ -159,6 +160,8 @@ int main(int argc, char** argv) {
   train->add_option("--exit-at-step", a.exit_at_step,
                     "Save a checkpoint and exit cleanly after N steps (the schedule still follows train.steps)")
       ->check(CLI::PositiveNumber);
+  train->add_flag("--detect-anomaly", a.detect_anomaly,
+                  "Check every op's outputs each step (slower) and stop at the first inf/NaN, naming the op");
   train->add_flag("--progress", a.progress, "Always draw the live progress line");
   train->add_flag("--no-progress", a.no_progress, "Plain log lines instead of the live progress line");
 

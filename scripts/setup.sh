@@ -50,7 +50,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libdnnl-dev libopenblas-openmp-dev libyaml-cpp-dev libhdf5-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge
   zlib1g-dev python3-sklearn python3-matplotlib dataset-fashion-mnist bible-kjv hdf5-tools
 )
 

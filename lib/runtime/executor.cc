@@ -2,6 +2,7 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "ops/cpu/elementwise.h"
@@ -117,6 +118,51 @@ void Executor::run_timed(const std::function<void(const Node&, double)>& timer, 
     timer(*s.ctx.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   ++step_;
+}
+
+namespace {
+bool all_finite(const TensorView& t) {
+  const int64_t n = t.numel();
+  switch (t.dtype) {
+    case DType::f32:
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(t.as<float>()[i])) return false;
+      return true;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(t.as<double>()[i])) return false;
+      return true;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i)
+        if ((t.as<f16>()[i].bits & 0x7c00u) == 0x7c00u) return false;  // all-ones exponent: inf or NaN
+      return true;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i)
+        if ((t.as<bf16>()[i].bits & 0x7f80u) == 0x7f80u) return false;
+      return true;
+    default: return true;
+  }
+}
+}  // namespace
+
+const Node* Executor::run_checked(bool apply, const std::function<bool(const Node&)>& skip) {
+  const Node* bad = nullptr;
+  for (Step& s : steps_) {
+    if (!apply && s.ctx.node->phase == 1) continue;
+    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
+    execute(s);
+    if (skip && skip(*s.ctx.node)) continue;
+    for (int i = 0; i < s.ctx.num_out && !bad; ++i) {
+      // A widened kernel's result is checked where it was stored, after rounding (f16 overflows there).
+      TensorView out = s.ctx.out[i];
+      for (const Convert& c : s.narrow_out)
+        if (c.src == out.data) out = TensorView{c.dst, out.shape, c.to};
+      if (!all_finite(out)) bad = s.ctx.node;
+    }
+    if (bad) break;
+  }
+  ++step_;
+  return bad;
 }
 
 Tensor& Executor::tensor(const std::string& name) {

@@ -28,6 +28,10 @@ class Executor {
   void run(bool apply = true);
   // As run(), calling `timer(node, seconds)` after each kernel (for `flowrun time`).
   void run_timed(const std::function<void(const Node&, double)>& timer, bool apply = true);
+  // As run(), checking every floating output after its kernel (--detect-anomaly): returns the first node that
+  // produced an inf or NaN (the rest of the step is not run), or null. `skip` exempts nodes (e.g. the
+  // backward pass under fp16 loss scaling, where overflow is expected and handled).
+  const Node* run_checked(bool apply = true, const std::function<bool(const Node&)>& skip = nullptr);
 
   // Persistent tensors by value name: inputs (fed each step), params and state (trained / updated in place).
   Tensor& tensor(const std::string& name);

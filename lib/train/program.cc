@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -198,7 +199,7 @@ void feed(Executor& ex, const Batch& b) {
 }
 
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
-                  const std::function<void(const Node&, double)>* timer) {
+                  const std::function<void(const Node&, double)>* timer, const Node** anomaly) {
   const int64_t accum = cfg.train.grad_accumulation;
   set_scalar<float>(ex, "lr",
                     static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps)));
@@ -208,10 +209,16 @@ double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t st
     feed(ex, loader.next());
     set_scalar<int64_t>(ex, "opt/micro", micro);
     ex.set_step(step * accum + micro);  // the dropout streams of this micro-batch
-    if (timer)
+    if (anomaly) {
+      const bool scaled = ex.has_tensor("amp/loss_scale");
+      *anomaly = ex.run_checked(micro == accum - 1,
+                                [&](const Node& n) { return scaled && n.name.rfind("grad/", 0) == 0; });
+      if (*anomaly) return std::nan("");
+    } else if (timer) {
       ex.run_timed(*timer, micro == accum - 1);
-    else
+    } else {
       ex.run(micro == accum - 1);
+    }
     loss_sum += ex.output("loss").data<float>()[0];
   }
   return loss_sum / static_cast<double>(accum);

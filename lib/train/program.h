@@ -67,7 +67,10 @@ void feed(Executor& ex, const Batch& b);
 // Optimizer step `step` (0-based): lr from the schedule, every micro-batch of the accumulation window with
 // its dropout stream, the update on the last one. Returns the mean loss of the micro-batches. `timer`, when
 // given, receives each kernel's time (flowrun time).
+// With `anomaly` (--detect-anomaly) every kernel's outputs are checked; the first node to produce an inf or
+// NaN is stored there and the step stops (the caller reports it). Under fp16 loss scaling the backward pass is
+// exempt: its overflows are expected and skip the step.
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
-                  const std::function<void(const Node&, double)>* timer = nullptr);
+                  const std::function<void(const Node&, double)>* timer = nullptr, const Node** anomaly = nullptr);
 
 }  // namespace flowrun

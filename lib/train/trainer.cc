@@ -360,7 +360,12 @@ TrainResult Run::go() {
   while (step_ < total) {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
-    loss = train_step(*ex_, loader, cfg_, step_);
+    const Node* anomaly = nullptr;
+    loss = train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    if (anomaly)
+      throw runtime_error(cat("step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
+                              ") produced a non-finite value (--detect-anomaly); stopping (the last checkpoint is ",
+                              "intact)"));
     position_ = loader.position();
     ++step_;
     const double dt = seconds_since(t0);

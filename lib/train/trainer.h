@@ -16,6 +16,7 @@ struct TrainOptions {
   std::string init_from;      // a checkpoint whose parameters initialise the model (fine-tuning)
   int64_t exit_at_step = 0;   // > 0: save a checkpoint after this many steps and return (schedule unchanged)
   int progress = -1;          // 1: live progress line, 0: plain log lines, -1: live when stderr is a terminal
+  bool detect_anomaly = false;  // check every kernel's outputs; name the first op to produce an inf/NaN
 };
 
 struct EvalResult {

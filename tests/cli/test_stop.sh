@@ -64,3 +64,14 @@ for s in 15 20; do
 done
 grep -q '"blocked_s"' "$SCRATCH/async/metrics.jsonl" || fail "no checkpoint records in metrics.jsonl"
 echo "async checkpoints equal synchronous ones"
+
+# A diverging run (lr 1e6) stops on the first non-finite loss, and with --detect-anomaly on the first op
+# whose output is not finite, naming it; the checkpoint before it stays intact.
+BAD=(train "$SRC/tests/configs/tiny_mlp.yaml" --no-progress --set optimizer.lr=1e6 --set train.checkpoint_every=2)
+expect_exit 1 "$FLOWRUN" "${BAD[@]}" --run-dir "$SCRATCH/nan"
+expect_log "the loss is"
+expect_exit 1 "$FLOWRUN" "${BAD[@]}" --run-dir "$SCRATCH/anomaly" --detect-anomaly
+expect_log "(op linear) produced a non-finite value (--detect-anomaly)"
+culprit=$(grep -o '[^ ]* (op [a-z_]*)' "$SCRATCH/last.log" | head -1)
+expect_exit 0 "$FLOWRUN" inspect "$SCRATCH/anomaly/checkpoints/step_00000002.h5"
+echo "non-finite values stop the run; --detect-anomaly names $culprit"
