@@ -38,10 +38,13 @@ for _ in $(seq 600); do
   [[ $(grep -c '"loss"' "$SCRATCH/preempt/metrics.jsonl" 2>/dev/null || true) -ge 30 ]] && break
   sleep 0.1
 done
-scancel --signal=USR1 "$job"
-for _ in $(seq 300); do
-  [[ "$(squeue -h -j "$job" -o %T 2>/dev/null)" == PENDING ]] && break
-  sleep 0.1
+# Signal until the job is requeued (a signal that reaches the step before its tasks run is lost).
+for _ in 1 2 3 4 5; do
+  scancel --signal=USR1 "$job"
+  for _ in $(seq 30); do
+    [[ "$(squeue -h -j "$job" -o %T 2>/dev/null)" == PENDING ]] && break 2
+    sleep 0.1
+  done
 done
 grep -q "requeueing job $job" "$SCRATCH/preempt.out" || { cat "$SCRATCH/preempt.out" >&2; fail "the job was not requeued"; }
 scontrol update JobId="$job" StartTime=now  # Slurm holds a requeued job ~2 minutes: release it now
