@@ -21,3 +21,12 @@ expect_log() {
 # The per-step training records of a metrics.jsonl without wall-clock fields (rates, time) and without the
 # checkpoint records (paths and timings).
 losses() { grep -v '"checkpoint"' "$1" | sed -E 's/, "(tokens_per_s|samples_per_s|time)": [^,}]*//g'; }
+
+# wait_logged METRICS N: until a running trainer has logged N steps to METRICS (at most 30 s).
+wait_logged() {
+  for _ in $(seq 600); do
+    [[ $(grep -c '"loss"' "$1" 2>/dev/null || true) -ge $2 ]] && return 0
+    sleep 0.05
+  done
+  fail "$1 did not reach $2 logged steps in 30 s"
+}

@@ -69,10 +69,7 @@ expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml"
 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-dp2" "${COMMON[@]}" \
   "${LONG[@]}" --set parallel.data=2 >"$SCRATCH/long.log" 2>&1 &
 job=$!
-for _ in $(seq 200); do
-  [[ $(grep -c '"loss"' "$SCRATCH/long-dp2/metrics.jsonl" 2>/dev/null || true) -ge 30 ]] && break
-  sleep 0.05
-done
+wait_logged "$SCRATCH/long-dp2/metrics.jsonl" 30
 kill -USR1 "$job"
 code=0
 wait "$job" || code=$?

@@ -34,10 +34,7 @@ TRAIN=(tests/configs/tiny_gpt.yaml --set train.steps=800 --set train.checkpoint_
 expect_exit 0 "$FLOWRUN" train "$SRC/${TRAIN[0]}" --run-dir "$SCRATCH/straight" --no-progress "${TRAIN[@]:1}"
 job=$(sbatch --parsable --output="$SCRATCH/preempt.out" "$SRC/scripts/slurm/train.sbatch" "$SRC/${TRAIN[0]}" \
   --run-dir "$SCRATCH/preempt" "${TRAIN[@]:1}")
-for _ in $(seq 600); do
-  [[ $(grep -c '"loss"' "$SCRATCH/preempt/metrics.jsonl" 2>/dev/null || true) -ge 30 ]] && break
-  sleep 0.1
-done
+wait_logged "$SCRATCH/preempt/metrics.jsonl" 30
 # Signal until the job is requeued (a signal that reaches the step before its tasks run is lost).
 for _ in 1 2 3 4 5; do
   scancel --signal=USR1 "$job"

@@ -12,10 +12,7 @@ expect_exit 0 "$FLOWRUN" train "$CFG" --run-dir "$SCRATCH/straight" "${COMMON[@]
 # SIGUSR1 once 30 steps are logged.
 "$FLOWRUN" train "$CFG" --run-dir "$SCRATCH/usr1" "${COMMON[@]}" >"$SCRATCH/usr1.log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do
-  [[ $(grep -c '"loss"' "$SCRATCH/usr1/metrics.jsonl" 2>/dev/null || true) -ge 30 ]] && break
-  sleep 0.05
-done
+wait_logged "$SCRATCH/usr1/metrics.jsonl" 30
 kill -USR1 "$pid"
 code=0
 wait "$pid" || code=$?
