@@ -27,6 +27,8 @@ Options:
   --ttl-eval-every N Evaluate every N steps in the race (default: 50; 20 validation batches of 16).
   --no-ttl          Skip the time-to-loss race.
   --no-compile      Skip torch.compile (eager PyTorch only).
+  --precision P     fp32 (default) or bf16: flowrun with precision.dtype=bf16 against PyTorch under
+                    torch.autocast("cpu", dtype=torch.bfloat16), for the step times and the race.
   --quick           Smoke test: 1 round of 3 steps after 1 warm-up, race to loss 3.0 evaluating every 10.
   --out DIR         Results directory (default: bench-results/<date>).
   --help            Show this help and exit.
@@ -54,10 +56,16 @@ TTL_TARGET=2.0
 TTL_MAX_STEPS=3000
 EVAL_EVERY=50
 COMPILE=1
+PRECISION=fp32
 OUT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --help | -h) usage; exit 0 ;;
+    --precision)
+      [[ "${2:-}" == fp32 || "${2:-}" == bf16 ]] || die_usage "--precision is fp32 or bf16, got '${2:-}'"
+      PRECISION=$2
+      shift 2
+      ;;
     --models | --threads | --rounds | --steps | --warmup | --ttl-target | --ttl-max-steps | --ttl-eval-every | --out)
       [[ $# -ge 2 ]] || die_usage "$1 needs a value"
       case "$1" in
@@ -182,6 +190,9 @@ for t in "${THREAD_LIST[@]}"; do
 done
 
 # ---- step times: flowrun, eager, compiled, alternating ----
+FR_PREC=(--set "precision.dtype=$PRECISION")
+TORCH_PREC=()
+[[ $PRECISION == bf16 ]] && TORCH_PREC=(--bf16)
 for m in "${MODEL_LIST[@]}"; do
   extra=()
   [[ "$m" == resnet ]] && extra=(--set "data.path=$FASHION32")
@@ -190,13 +201,14 @@ for m in "${MODEL_LIST[@]}"; do
       tag="$OUT/log-$m-${t}T-r$r"
       if [[ $HAVE_TIME == 1 ]]; then
         record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
-          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${extra[@]}" --json
+          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${extra[@]}" "${FR_PREC[@]}" --json
       fi
       record "$m" "$t" eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
-        --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA"
+        --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA" "${TORCH_PREC[@]}"
       if [[ $COMPILE == 1 ]]; then
         record "$m" "$t" compiled "$r" "$tag-compiled.txt" "$PY" scripts/bench/torch_step.py "$m" --compile \
-          --threads "$t" --steps "$STEPS" --warmup "$((WARMUP > 2 ? WARMUP : 2))" --data-dir "$FLOWRUN_DATA"
+          --threads "$t" --steps "$STEPS" --warmup "$((WARMUP > 2 ? WARMUP : 2))" --data-dir "$FLOWRUN_DATA" \
+          "${TORCH_PREC[@]}"
       fi
     done
   done
@@ -209,13 +221,13 @@ if [[ $TTL == 1 ]]; then
   OMP_NUM_THREADS=$t "$PY" scripts/bench/flowrun_ttl.py --target "$TTL_TARGET" --run-dir "$OUT/ttl-flowrun" \
     --threads "$t" -- "$FLOWRUN" train configs/bench/gpt_tiny.yaml --no-progress --set "train.threads=$t" \
     --set "train.steps=$TTL_MAX_STEPS" --set "train.eval_every=$EVAL_EVERY" --set "train.log_every=$EVAL_EVERY" \
-    --set "train.run_dir=$OUT/ttl-flowrun" >>"$OUT/ttl.jsonl" || log "flowrun time-to-loss failed"
+    --set "train.run_dir=$OUT/ttl-flowrun" "${FR_PREC[@]}" >>"$OUT/ttl.jsonl" || log "flowrun time-to-loss failed"
   modes=(eager)
   [[ $COMPILE == 1 ]] && modes+=(compiled)
   for mode in "${modes[@]}"; do
     log "time to loss $TTL_TARGET: $mode PyTorch"
-    flag=()
-    [[ $mode == compiled ]] && flag=(--compile)
+    flag=("${TORCH_PREC[@]}")
+    [[ $mode == compiled ]] && flag+=(--compile)
     OMP_NUM_THREADS=$t "$PY" scripts/bench/time_to_loss.py "${flag[@]}" --target "$TTL_TARGET" --threads "$t" \
       --eval-every "$EVAL_EVERY" --eval-batches 20 --max-steps "$TTL_MAX_STEPS" --data-dir "$FLOWRUN_DATA" \
       2>"$OUT/log-ttl-$mode.txt" | tail -n 1 | jq -c '. + {impl: .mode}' >>"$OUT/ttl.jsonl" ||
@@ -230,8 +242,8 @@ jq -n --arg date "$(date -u +%Y-%m-%dT%H:%MZ)" --arg cpu "$(lscpu | sed -n 's/^M
   --arg cpus "$(nproc)" --arg flowrun "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   --arg torch "$TORCH_VERSION" --arg torch_source "$TORCH_SOURCE" --argjson steps "$STEPS" \
   --argjson warmup "$WARMUP" --argjson rounds "$ROUNDS" --argjson notes "$notes_json" \
-  --argjson models "$models_json" \
-  '{date: $date, cpu: $cpu, cpus: $cpus, flowrun: $flowrun, torch: $torch, torch_source: $torch_source,
+  --argjson models "$models_json" --arg precision "$PRECISION" \
+  '{precision: $precision, date: $date, cpu: $cpu, cpus: $cpus, flowrun: $flowrun, torch: $torch, torch_source: $torch_source,
     steps: $steps, warmup: $warmup, rounds: $rounds, notes: $notes, models: $models}' >"$OUT/meta.json"
 "$PY" scripts/bench/report.py "$OUT" | tee "$OUT/report.md"
 log "raw results and logs in $OUT/"

@@ -102,7 +102,9 @@ def main(argv):
     with open(os.path.join(d, "meta.json")) as f:
         meta = json.load(f)
     runs, sgemm = read_jsonl(os.path.join(d, "runs.jsonl")), read_jsonl(os.path.join(d, "sgemm.jsonl"))
-    lines = [f"Measured {meta['date']} on {meta['cpu']} ({meta['cpus']} CPUs); flowrun {meta['flowrun']}, "
+    lines = [f"Precision: {meta.get('precision', 'fp32')} (flowrun precision.dtype; PyTorch "
+             f"{'torch.autocast(cpu, bfloat16)' if meta.get('precision') == 'bf16' else 'fp32'}).", ""]
+    lines += [f"Measured {meta['date']} on {meta['cpu']} ({meta['cpus']} CPUs); flowrun {meta['flowrun']}, "
              f"PyTorch {meta['torch']} ({meta['torch_source']}); {meta['steps']} timed steps after "
              f"{meta['warmup']} warm-up, median of {meta['rounds']} alternating rounds; step = zero-grad + forward "
              "+ loss + backward + optimizer step.", ""]

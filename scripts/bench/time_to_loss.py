@@ -7,7 +7,7 @@ built and the data loaded, as flowrun's `time` in metrics.jsonl does, and includ
 --compile, the compilation). The last line of stdout is
 {"mode", "target", "reached", "step", "seconds", "val_loss", "threads", "torch"}.
 
-Usage: time_to_loss.py [--target 2.0] [--eval-every 50] [--eval-batches 20] [--max-steps 3000] [--compile]
+Usage: time_to_loss.py [--target 2.0] [--eval-every 50] [--eval-batches 20] [--max-steps 3000] [--compile] [--bf16]
 """
 import argparse
 import json
@@ -29,6 +29,7 @@ def parse_args(argv):
     p.add_argument("--eval-batches", type=int, default=20, help="= data.eval_batches of the flowrun run")
     p.add_argument("--max-steps", type=int, default=3000, help="give up after this many steps")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast(cpu, bfloat16)")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--data-dir", default="data/cache")
     p.add_argument("--seed", type=int, default=1)
@@ -65,7 +66,9 @@ def main(argv):
     for step in range(1, a.max_steps + 1):
         x, y = batches.next()
         opt.zero_grad(set_to_none=True)
-        tm.loss_of(fwd, x, y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = tm.loss_of(fwd, x, y)
+        loss.backward()
         opt.step()
         if step % a.eval_every == 0:
             v = val_loss(fwd, held_out)

@@ -6,7 +6,7 @@ on another thread). The last line of stdout is
 {"model", "mode", "median_step_ms", "p10_step_ms", "p90_step_ms", "peak_rss_mib", "import_rss_mib" (peak
 RSS right after `import torch`), "params", "threads", "torch", "batch", "items_per_step", "unit", "steps", "warmup", "final_loss"}.
 
-Usage: torch_step.py MODEL [--compile] [--threads T] [--steps N] [--warmup W] [--data-dir DIR]
+Usage: torch_step.py MODEL [--compile] [--bf16] [--threads T] [--steps N] [--warmup W] [--data-dir DIR]
 """
 import argparse
 import json
@@ -24,6 +24,7 @@ import torch_models as tm  # noqa: E402
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", choices=sorted(tm.BENCH))
+    p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast(cpu, bfloat16)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="timed steps")
@@ -60,7 +61,8 @@ def main(argv):
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = tm.loss_of(fwd, x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = tm.loss_of(fwd, x, y)
         loss.backward()
         opt.step()
         return loss
@@ -77,7 +79,7 @@ def main(argv):
         sys.exit(f"torch_step: {a.model}: the loss is {loss.item()}")
     times.sort()
     out = {
-        "model": a.model, "mode": "compiled" if a.compile else "eager",
+        "model": a.model, "mode": "compiled" if a.compile else "eager", "bf16": a.bf16,
         "median_step_ms": percentile(times, 0.5), "p10_step_ms": percentile(times, 0.1),
         "p90_step_ms": percentile(times, 0.9), "peak_rss_mib": peak_rss_mib(),
         "import_rss_mib": import_rss,
