@@ -203,9 +203,10 @@ std::vector<Section> build_schema() {
            key("data", Type::integer, "1", field(par, &Par::data),
                "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of the batch)",
                positive),
-           only(
-               key("tensor", Type::integer, "1", field(par, &Par::tensor), "tensor-parallel ranks", positive),
-               "1", "tensor parallelism is a later milestone"),
+           key("tensor", Type::integer, "1", field(par, &Par::tensor),
+               "tensor-parallel ranks: layers split Megatron-style (column- then row-parallel linears, heads, "
+               "vocabulary), derived by SBP deduction",
+               positive),
            only(key("pipeline", Type::integer, "1", field(par, &Par::pipeline), "pipeline stages", positive),
                 "1", "pipeline parallelism is a later milestone"),
            only(key("zero", Type::integer, "0", field(par, &Par::zero),

@@ -44,4 +44,10 @@ uint64_t mix_stream(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+uint64_t name_stream(const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
 }  // namespace flowrun

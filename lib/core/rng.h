@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace flowrun {
 
@@ -23,5 +24,8 @@ struct RngStream {
 
 // Mix several ids into one stream id (e.g. op id and step).
 uint64_t mix_stream(uint64_t a, uint64_t b);
+// FNV-1a 64: a stable hash of a name (a parameter's, a node's), so that its RNG stream does not depend on
+// build order or on the nodes other passes add.
+uint64_t name_stream(const std::string& name);
 
 }  // namespace flowrun

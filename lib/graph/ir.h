@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
+#include "parallel/sbp.h"
 
 namespace flowrun {
 
@@ -76,15 +77,24 @@ struct TensorType {
   DType dtype = DType::f32;
 };
 
-// Placement of a value on the device mesh (SBP per mesh axis); filled by the distributed passes. Empty means
-// "one device, whole tensor".
+// Placement of a value on the device mesh, filled by the distributed passes; the default is "one device,
+// whole tensor".
 struct Placement {
-  std::vector<std::string> sbp;
+  // The tensor axis (graph/tensor_parallel.cc): this value's SBP over `tensor_parts` ranks, and the shape of
+  // the whole value when it is split (the value's own shape is then one rank's piece). Before that pass,
+  // `hint` (a model's `sbp:` override, "B" or "S(i)") and `groups` (a fused projection's blocks, e.g. 3 for
+  // q|k|v) steer the choice for parameters.
+  Sbp tensor;
+  int64_t tensor_parts = 1;
+  Shape whole;
+  std::string hint;
+  int groups = 1;
   // A value split over the data-parallel ranks as flat, equal, zero-padded shards (ZeRO's optimizer state):
-  // the shape of the whole tensor, of which this value is one rank's numel / ranks (rounded up) elements.
-  // Empty for whole tensors.
+  // the shape of the (tensor-axis local) tensor, of which this value is one rank's numel / ranks (rounded up)
+  // elements. Empty for whole tensors.
   Shape global_shape;
   bool sharded() const { return !global_shape.empty(); }
+  bool tensor_split() const { return tensor.kind == Sbp::S && tensor_parts > 1; }
 };
 
 struct Value {

@@ -70,6 +70,14 @@ void set_phase_from(Graph& g, size_t first, int phase) {
 
 // Sums each gradient over the micro-steps of a window into "opt/<param>/grad_acc" (every step, phase 0);
 // returns param -> accumulator, the gradient sum the apply phase reads.
+// A parameter's optimizer state is split over the tensor axis as the parameter is.
+void split_like(Graph& g, ValueId state, const Value& param) {
+  Placement& p = g.value(state).placement;
+  p.tensor = param.placement.tensor;
+  p.tensor_parts = param.placement.tensor_parts;
+  p.whole = param.placement.whole;
+}
+
 std::map<ValueId, ValueId> accumulate_gradients(Graph& g, const std::map<ValueId, ValueId>& grads) {
   GraphBuilder b(g);
   const ValueId micro = scalar_input(g, "opt/micro", DType::i64);
@@ -77,9 +85,27 @@ std::map<ValueId, ValueId> accumulate_gradients(Graph& g, const std::map<ValueId
   for (const auto& [p, grad] : grads) {
     const Value pv = g.value(p);
     acc[p] = g.add_state(cat("opt/", pv.name, "/grad_acc"), g.value(grad).shape(), g.value(grad).dtype());
+    split_like(g, acc[p], pv);
     b.op("grad_accumulate", {acc[p], grad, micro}, {}, cat("accumulate/", pv.name));
   }
   return acc;
+}
+
+// The gradients whose norm is taken: those of parameters split over the tensor axis first (global_norm sums
+// their squares over its ranks), then the others.
+std::vector<ValueId> norm_inputs(const Graph& g, const std::map<ValueId, ValueId>& grads) {
+  std::vector<ValueId> split, whole;
+  for (const auto& [p, grad] : grads) (g.value(p).placement.tensor_split() ? split : whole).push_back(grad);
+  split.insert(split.end(), whole.begin(), whole.end());
+  return split;
+}
+
+Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale) {
+  int64_t split = 0;
+  for (const auto& [p, grad] : grads) split += g.value(p).placement.tensor_split();
+  Attrs a{{"scale", scale}};
+  if (split > 0) a.set("split_inputs", split);
+  return a;
 }
 
 // The scalar every gradient is multiplied by before its update: the clipping factor (with the "grad_norm"
@@ -91,9 +117,7 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
   if (spec.loss_scaling) {
     // The norm of the scaled gradients tells both whether they are finite and, divided by the scale, the
     // true norm for clipping.
-    std::vector<ValueId> all;
-    for (const auto& [p, grad] : grads) all.push_back(grad);
-    const ValueId norm = b.op1("global_norm", all, {{"scale", scale}}, "opt/scaled_grad_norm");
+    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale), "opt/scaled_grad_norm");
     const ValueId loss_scale = g.find_value("amp/loss_scale");
     FR_CHECK(loss_scale != kNoValue, "loss scaling without the amp/loss_scale state");
     const auto coef = b.op("unscale_coef", {norm, loss_scale}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}},
@@ -106,9 +130,7 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
     return coef[0];
   }
   if (spec.clip_grad_norm > 0) {
-    std::vector<ValueId> all;
-    for (const auto& [p, grad] : grads) all.push_back(grad);
-    const ValueId norm = b.op1("global_norm", all, {{"scale", scale}}, "opt/grad_norm");
+    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale), "opt/grad_norm");
     g.mark_output("grad_norm", norm);
     return b.op1("clip_coef", {norm}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}}, "opt/clip_coef");
   }
@@ -132,6 +154,7 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   const Shape state_shape = g.value(target).shape();
   auto state = [&](const std::string& name, const Shape& shape) {
     const ValueId v = g.add_state(cat("opt/", pv.name, "/", name), shape, pv.dtype());
+    if (numel(shape) > 0) split_like(g, v, pv);
     if (zero && numel(shape) > 0) g.value(v).placement.global_shape = pv.shape();
     return v;
   };
@@ -213,6 +236,9 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
   if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions&) { fuse_ops(g); }});
+  if (opts.tensor_parallel > 1)
+    p.push_back({"tensor_parallel",
+                 [](Graph& g, const CompileOptions& o) { tensor_parallel(g, o.tensor_parallel, o.tensor_rank); }});
   if (opts.compute != DType::f32)
     p.push_back({"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});
   if (!opts.loss.empty()) {

@@ -45,6 +45,8 @@ struct CompileOptions {
   OptimizerSpec optimizer;
   DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
   int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
+  int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 runs tensor_parallel for rank tensor_rank
+  int64_t tensor_rank = 0;
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
@@ -79,6 +81,12 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
 // the ranks in one all_reduce bucket per dtype and scaled by 1/ranks, the `loss` output is averaged likewise,
 // and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
 void data_parallel(Graph& g, int64_t ranks, const std::string& loss);
+// Tensor parallelism over `parts` ranks (forward graph, before mixed precision and autodiff): SBP deduction
+// on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole shape
+// in Value::placement (see graph/tensor_parallel.cc).
+void tensor_parallel(Graph& g, int64_t parts, int64_t rank);
+// One line per parameter: name, whole shape, SBP on the tensor axis.
+std::string describe_layout(const Graph& g);
 void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
 

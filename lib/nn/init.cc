@@ -56,13 +56,6 @@ std::map<std::string, InitSpec> resolve_init(const Ctx& ctx, const std::string& 
 
 namespace {
 
-// FNV-1a 64: a stable hash of a parameter name, so its RNG stream does not depend on build order.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
 double draw(const InitSpec& s, const RngStream& r, uint64_t i, uint64_t n) {
   if (s.kind == "zeros") return 0.0;
   if (s.kind == "ones") return 1.0;
@@ -85,7 +78,7 @@ void init_parameters(const std::map<std::string, InitSpec>& init, uint64_t seed,
     Tensor& t = tensor(name);
     float* p = t.data<float>();
     const uint64_t n = static_cast<uint64_t>(t.numel());
-    const RngStream r{seed, fnv1a(name)};
+    const RngStream r{seed, name_stream(name)};
     for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<float>(draw(s, r, i, n));
   }
 }

@@ -3,10 +3,129 @@
 // per-rank flat shards and put it back together (ZeRO).
 #include "ops/cpu/comm.h"
 
+#include "graph/builder.h"
+
 #include "ops/registry.h"
 #include "parallel/comm.h"
 
 namespace flowrun {
+
+namespace {
+
+double bytes_of(const std::vector<TensorType>& ts) {
+  double b = 0;
+  for (const TensorType& t : ts) b += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
+  return b;
+}
+
+// The boxing ops of the tensor axis (graph/tensor_parallel.cc), each the other's gradient: attrs parts (the
+// axis's ranks) and, for the split ones, axis and groups (an S(axis)xgroups split, parallel/sbp.h).
+void register_tensor_axis_ops(OpRegistry& r) {
+  auto attrs_of = [](const Node& n) { return n.attrs; };
+  auto split_shape = [](const TensorType& t, const Attrs& a, bool gather) -> TensorType {
+    const int64_t parts = a.i("parts"), axis = a.i("axis"), groups = a.i("groups", 1);
+    if (parts < 1 || groups < 1 || axis < 0 || axis >= static_cast<int64_t>(t.shape.size()))
+      throw input_error(cat("tensor-axis op: bad parts ", parts, ", axis ", axis, " or groups ", groups, " for ",
+                            shape_str(t.shape)));
+    TensorType out = t;
+    int64_t& d = out.shape[static_cast<size_t>(axis)];
+    if (gather) {
+      if (d % groups != 0) throw input_error(cat("tensor-axis gather: axis ", axis, " not divisible by groups"));
+      d *= parts;
+    } else {
+      if (d % (parts * groups) != 0)
+        throw input_error(cat("tensor-axis split: ", shape_str(t.shape), " axis ", axis, " is not divisible by ",
+                              parts, " x ", groups));
+      d /= parts;
+    }
+    return out;
+  };
+  auto sample = [](const std::string& label, Attrs a) {
+    OpSample o;
+    o.label = label;
+    o.inputs = {{{2, 6}, DType::f64}};
+    o.attrs = std::move(a);
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) { return std::vector<Tensor>{in[0].clone()}; };
+    return o;
+  };
+  const Attrs one{{"parts", int64_t{1}}};
+  const Attrs one_split{{"parts", int64_t{1}}, {"axis", int64_t{1}}, {"groups", int64_t{3}}};
+  auto bytes = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+    return Cost{0, bytes_of(in) + bytes_of(out)};
+  };
+
+  OpDef ar;
+  ar.name = "tp_all_reduce";
+  ar.doc = "P -> B on the tensor axis: the sum over its ranks (Megatron's g); gradient: the identity";
+  ar.infer = same_as_input0;
+  ar.cost = bytes;
+  ar.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.dout(0)}; };
+  ar.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_all_reduce}};
+  ar.samples = [=] { return std::vector<OpSample>{sample("one rank", one)}; };
+  r.add(ar);
+
+  OpDef en;
+  en.name = "tp_enter";
+  en.doc =
+      "a B value read by ops split over the tensor axis: the identity, whose gradient (each rank's partial "
+      "sum) is all-reduced (Megatron's f)";
+  en.infer = same_as_input0;
+  en.cost = bytes;
+  en.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1("tp_all_reduce", {c.dout(0)}, attrs_of(c.node))};
+  };
+  en.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_copy}};
+  en.samples = [=] { return std::vector<OpSample>{sample("one rank", one)}; };
+  r.add(en);
+
+  OpDef ag;
+  ag.name = "tp_all_gather";
+  ag.doc = "S(axis) -> B on the tensor axis: every rank's block, in rank order; gradient: tp_slice";
+  ag.infer = [=](const std::vector<TensorType>& in, const Attrs& a) {
+    return std::vector<TensorType>{split_shape(in[0], a, true)};
+  };
+  ag.cost = bytes;
+  ag.workspace = [](const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
+    return static_cast<size_t>(bytes_of(out));
+  };
+  ag.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1("tp_slice", {c.dout(0)}, attrs_of(c.node))};
+  };
+  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_all_gather}};
+  ag.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
+  r.add(ag);
+
+  OpDef sl;
+  sl.name = "tp_slice";
+  sl.doc = "B -> S(axis) on the tensor axis: this rank's block, no transfer; gradient: tp_all_gather";
+  sl.infer = [=](const std::vector<TensorType>& in, const Attrs& a) {
+    return std::vector<TensorType>{split_shape(in[0], a, false)};
+  };
+  sl.cost = bytes;
+  sl.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1("tp_all_gather", {c.dout(0)}, attrs_of(c.node))};
+  };
+  sl.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_slice}};
+  sl.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
+  r.add(sl);
+
+  OpDef rs;
+  rs.name = "tp_reduce_scatter";
+  rs.doc = "P -> S(axis) on the tensor axis: this rank's block of the sum; gradient: tp_all_gather";
+  rs.infer = sl.infer;
+  rs.cost = bytes;
+  rs.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return static_cast<size_t>(bytes_of(in));
+  };
+  rs.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1("tp_all_gather", {c.dout(0)}, attrs_of(c.node))};
+  };
+  rs.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_reduce_scatter}};
+  rs.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
+  r.add(rs);
+}
+
+}  // namespace
 
 void register_comm_ops(OpRegistry& r) {
   OpDef d;
@@ -120,6 +239,7 @@ void register_comm_ops(OpRegistry& r) {
     return std::vector<OpSample>{o};
   };
   r.add(ag);
+  register_tensor_axis_ops(r);
 }
 
 }  // namespace flowrun

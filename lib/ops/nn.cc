@@ -527,7 +527,9 @@ void register_nn_ops(OpRegistry& r) {
 
   OpDef emb;
   emb.name = "embedding";
-  emb.doc = "(ids i64 (...), table (V, D)) -> table rows (..., D); ids outside [0, V) give zero rows";
+  emb.doc =
+      "(ids i64 (...), table (V, D)) -> table rows (..., D); attr offset (default 0): id i reads row i - offset, "
+      "ids outside [offset, offset + V) give zero rows";
   emb.num_inputs = 2;
   emb.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
     if (in[0].dtype != DType::i64)
@@ -545,7 +547,8 @@ void register_nn_ops(OpRegistry& r) {
   emb.nondiff_inputs = {0};
   emb.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const int64_t V = c.b.shape(c.in(1))[0];
-    return {kNoValue, c.b.op1("embedding_grad", {c.dout(0), c.in(0)}, {{"num_embeddings", V}})};
+    return {kNoValue, c.b.op1("embedding_grad", {c.dout(0), c.in(0)},
+                              {{"num_embeddings", V}, {"offset", c.attrs().i("offset", 0)}})};
   };
   emb.kernels = {{DeviceKind::cpu, kF, cpu::embedding}};
   emb.samples = embedding_samples;
@@ -556,7 +559,8 @@ void register_nn_ops(OpRegistry& r) {
   embg.doc =
       "gradient of embedding from (dy (..., D), ids (...)) {num_embeddings V} -> (V, D): rows of dy summed "
       "into "
-      "their ids' rows in id order (deterministic, no atomics); ids outside [0, V) are skipped";
+      "their ids' rows in id order (deterministic, no atomics); ids outside [offset, offset + V) are skipped"
+      " (attr offset, default 0)";
   embg.num_inputs = 2;
   embg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const std::string op = "embedding_grad";

@@ -43,7 +43,8 @@ struct KernelCtx {
   // Index of this kernel's first element in the whole (unsplit) tensor, for random ops on a batch split over
   // data-parallel ranks: element i draws the numbers of element rng_offset + i, as in one process.
   int64_t rng_offset = 0;
-  Communicator* comm = nullptr;  // the world, for collective ops; null in a one-process program
+  Communicator* comm = nullptr;  // the data axis's group, for its collectives; null in a one-process program
+  Communicator* tp = nullptr;    // the tensor axis's group (tp_* ops); null without tensor parallelism
   const Attrs& attrs() const { return node->attrs; }
 };
 

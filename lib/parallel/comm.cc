@@ -25,6 +25,7 @@ class SingleCommunicator final : public Communicator {
   void send(const void*, int64_t, DType, int peer) override { no_peer(peer); }
   void recv(void*, int64_t, DType, int peer) override { no_peer(peer); }
   void barrier() override {}
+  std::shared_ptr<Communicator> split(int, int) override { return std::make_shared<SingleCommunicator>(); }
 
  private:
   static void copy(const void* in, void* out, int64_t n, DType t) {
@@ -69,7 +70,7 @@ void check(int rc, const char* what) {
   throw runtime_error(cat("MPI ", what, " failed: ", std::string(msg, static_cast<size_t>(len))));
 }
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public Communicator, public std::enable_shared_from_this<MpiCommunicator> {
  public:
   explicit MpiCommunicator(const LaunchInfo& launch) {
     int inited = 0;
@@ -87,42 +88,68 @@ class MpiCommunicator final : public Communicator {
                             " of ", launch.world, " but MPI says rank ", rank_, " of ", size_,
                             " (Debian's OpenMPI under srun needs --mpi=pmix)"));
   }
+  // A sub-communicator; `parent` (the world) stays alive while it does, so MPI is finalized last.
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<Communicator> parent) : comm_(comm), parent_(std::move(parent)) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   ~MpiCommunicator() override {
+    if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owner_) MPI_Finalize();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
   void all_reduce(void* data, int64_t n, DType t, ReduceOp op) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), mpi_type(t), mpi_op(op), MPI_COMM_WORLD), "all-reduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), mpi_type(t), mpi_op(op), comm_), "all-reduce");
   }
   void broadcast(void* data, int64_t n, DType t, int root) override {
-    check(MPI_Bcast(data, count(n), mpi_type(t), root, MPI_COMM_WORLD), "broadcast");
+    check(MPI_Bcast(data, count(n), mpi_type(t), root, comm_), "broadcast");
   }
   void all_gather(const void* in, void* out, int64_t n, DType t) override {
-    check(MPI_Allgather(in, count(n), mpi_type(t), out, count(n), mpi_type(t), MPI_COMM_WORLD), "all-gather");
+    check(MPI_Allgather(in, count(n), mpi_type(t), out, count(n), mpi_type(t), comm_), "all-gather");
   }
   void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp op) override {
-    check(MPI_Reduce_scatter_block(in, out, count(n), mpi_type(t), mpi_op(op), MPI_COMM_WORLD),
+    check(MPI_Reduce_scatter_block(in, out, count(n), mpi_type(t), mpi_op(op), comm_),
           "reduce-scatter");
   }
   void send(const void* data, int64_t n, DType t, int peer) override {
-    check(MPI_Send(data, count(n), mpi_type(t), peer, 0, MPI_COMM_WORLD), "send");
+    check(MPI_Send(data, count(n), mpi_type(t), peer, 0, comm_), "send");
   }
   void recv(void* data, int64_t n, DType t, int peer) override {
-    check(MPI_Recv(data, count(n), mpi_type(t), peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "recv");
+    check(MPI_Recv(data, count(n), mpi_type(t), peer, 0, comm_, MPI_STATUS_IGNORE), "recv");
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
+  void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &sub), "comm split");
+    return std::make_shared<MpiCommunicator>(sub, shared_from_this());
+  }
 
  private:
   int rank_ = 0, size_ = 1;
   bool owner_ = false;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
+  std::shared_ptr<Communicator> parent_;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
+}
+
+Mesh make_mesh(std::shared_ptr<Communicator> world, int64_t tensor) {
+  FR_CHECK(tensor >= 1 && world->size() % tensor == 0, "a world of ", world->size(), " ranks has no tensor axis of ",
+           tensor);
+  Mesh m;
+  const int r = world->rank(), t = static_cast<int>(tensor);
+  // Every rank makes the same calls in the same order: splits are collective.
+  const bool whole = world->size() == t;
+  m.data = t == 1 ? world : whole ? std::shared_ptr<Communicator>(make_single_communicator()) : world->split(r % t, r / t);
+  m.tensor = t == 1 ? std::shared_ptr<Communicator>(make_single_communicator()) : whole ? world : world->split(r / t, r % t);
+  m.world = std::move(world);
+  return m;
 }
 
 std::shared_ptr<Communicator> world_communicator(const LaunchInfo& launch) {

@@ -11,7 +11,7 @@
 namespace flowrun {
 
 Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared,
-                   Communicator* comm)
+                   Communicator* comm, Communicator* tp)
     : program_(std::move(program)), device_(device), seed_(seed) {
   const Graph& g = program_.graph;
   const MemoryPlan& mem = program_.memory;
@@ -55,7 +55,7 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
                       : nullptr;
     FR_CHECK(ws.bytes == 0 || (wbase && mem.workspace_bytes[static_cast<size_t>(id)] == ws.bytes),
              "workspace of ", n.name, " was not planned");
-    Step s{k.kernel->fn, {}, {}, {}};
+    Step s{k.kernel->fn, {}, 0, {}, {}};
     s.ctx.node = &n;
     s.ctx.in = views_.data() + views_.size();
     for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -84,8 +84,14 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     }
     s.ctx.num_out = static_cast<int>(n.outputs.size());
     s.ctx.comm = comm;
+    s.ctx.tp = tp;
+    s.stream = name_stream(n.name);
+    // The batch is split over the data axis; a value also split over the tensor axis numbers its elements in
+    // the tensor-axis whole (attr rng_whole, see the dropout kernel).
     if (comm && n.attrs.b("batch_split") && !n.outputs.empty())
-      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) * numel(g.value(n.outputs[0]).shape());
+      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) *
+                         (n.attrs.has("rng_whole") ? numel(Shape(n.attrs.ints("rng_whole")))
+                                                   : numel(g.value(n.outputs[0]).shape()));
     if (ws.kernel_bytes > 0) {
       s.ctx.workspace = wbase + ws.kernel_offset;
       s.ctx.workspace_bytes = ws.kernel_bytes;
@@ -103,7 +109,7 @@ void Executor::execute(const Step& s) {
 void Executor::run(bool apply) {
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
+    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     execute(s);
   }
   ++step_;
@@ -112,7 +118,7 @@ void Executor::run(bool apply) {
 void Executor::run_timed(const std::function<void(const Node&, double)>& timer, bool apply) {
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
+    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     const auto t0 = std::chrono::steady_clock::now();
     execute(s);
     timer(*s.ctx.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -149,7 +155,7 @@ const Node* Executor::run_checked(bool apply, const std::function<bool(const Nod
   const Node* bad = nullptr;
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), static_cast<uint64_t>(s.ctx.node->id))};
+    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     execute(s);
     if (skip && skip(*s.ctx.node)) continue;
     for (int i = 0; i < s.ctx.num_out && !bad; ++i) {

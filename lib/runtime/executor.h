@@ -19,9 +19,10 @@ class Executor {
   // `shared`: persistent tensors (by value name) to use instead of allocating new ones, so that an eval
   // program reads the training program's parameters and running statistics in place. Shapes and dtypes
   // must match the program's values.
-  // `comm`: the world for collective ops (data-parallel programs); it must outlive the executor.
+  // `comm`: the data axis's group, `tp`: the tensor axis's, for collective ops (parallel programs); they
+  // must outlive the executor.
   Executor(Program program, Device device = kCpu, uint64_t seed = 0,
-           const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr);
+           const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr, Communicator* tp = nullptr);
 
   // One step: every kernel in order, with dropout streams keyed by (seed, step, node). With apply = false
   // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.
@@ -58,6 +59,7 @@ class Executor {
   struct Step {
     KernelFn fn;
     KernelCtx ctx;
+    uint64_t stream;  // the node's RNG stream: by name, so that a rank's extra boxing nodes change nothing
     std::vector<Convert> widen_in, narrow_out;
   };
   static void execute(const Step& s);

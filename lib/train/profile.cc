@@ -73,7 +73,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     throw input_error("time: --steps must be >= 1, --warmup and --profile >= 0");
   TrainProgram t = make_train_program(cfg);
   Executor& ex = *t.ex;
-  const std::unique_ptr<Loader> owned = train_loader(*t.data, cfg, *t.comm);
+  const std::unique_ptr<Loader> owned = train_loader(*t.data, cfg, t.mesh);
   Loader& loader = *owned;
   int64_t step = 0;
   for (; step < opts.warmup; ++step) train_step(ex, loader, cfg, step);

@@ -70,11 +70,13 @@ void check_device(const RunConfig& c) {
 }
 
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built) {
+                      BuiltModel* built, int64_t tensor_rank) {
   Graph g;
   *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
   CompileOptions o;
   o.compute = compute_dtype(cfg.precision);
+  o.tensor_parallel = cfg.parallel.tensor;
+  o.tensor_rank = tensor_rank;
   if (training) {
     o.optimizer = optimizer_spec(cfg);
     o.data_parallel = cfg.parallel.data;
@@ -92,7 +94,7 @@ std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
   return names;
 }
 
-std::shared_ptr<Communicator> join_world(const RunConfig& cfg) {
+Mesh join_world(const RunConfig& cfg) {
   const LaunchInfo launch = detect_launch();
   const int64_t needed = cfg.parallel.data * cfg.parallel.tensor * cfg.parallel.pipeline;
   if (launch.world != needed)
@@ -102,33 +104,40 @@ std::shared_ptr<Communicator> join_world(const RunConfig& cfg) {
                           launch.source == "none"
                               ? std::string("none was launched (use mpirun -np N or srun -n N)")
                               : cat("the launcher (", launch.source, ") started ", launch.world)));
-  return world_communicator(launch);
+  return make_mesh(world_communicator(launch), cfg.parallel.tensor);
 }
 
 TrainProgram make_train_program(const RunConfig& cfg) {
   check_device(cfg);
   TrainProgram t;
-  t.comm = join_world(cfg);
+  t.mesh = join_world(cfg);
   t.data = open_dataset(cfg.data);
-  Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model);
+  Program p =
+      compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model, t.mesh.tensor->rank());
   t.params = persistent_names(p, ValueKind::param);
   t.state = persistent_names(p, ValueKind::state);
   spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
                t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
   t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed, std::map<std::string, Tensor>{},
-                                    t.comm.get());
-  init_parameters(t.model.init, cfg.train.seed,
-                  [&](const std::string& n) -> Tensor& { return t.ex->tensor(n); });
+                                    t.mesh.data.get(), t.mesh.tensor.get());
+  // Every rank draws whole tensors, as one process would, and keeps its piece.
+  std::map<std::string, Tensor> whole;
+  init_parameters(t.model.init, cfg.train.seed, [&](const std::string& n) -> Tensor& {
+    const Value& v = t.ex->program().graph.value(t.ex->program().graph.find_value(n));
+    const Shape shape = v.placement.tensor_split() ? v.placement.whole : v.shape();
+    return whole.emplace(n, Tensor::empty(shape, v.dtype())).first->second;
+  });
+  for (const auto& [n, w] : whole) scatter_value(*t.ex, n, w, t.mesh, "initialisation");
   set_scalar<float>(*t.ex, "amp/loss_scale", static_cast<float>(initial_loss_scale(cfg.precision)));
   return t;
 }
 
-std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Communicator& comm,
+std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Mesh& mesh,
                                      LoaderPosition start) {
-  return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * comm.size(),
-                                  cfg.data.shuffle, cfg.train.seed, cfg.data.prefetch, start, comm.rank(),
-                                  comm.size());
+  const Communicator& d = *mesh.data;
+  return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * d.size(), cfg.data.shuffle,
+                                  cfg.train.seed, cfg.data.prefetch, start, d.rank(), d.size());
 }
 
 namespace {
@@ -139,35 +148,52 @@ const Value& value_named(const Executor& ex, const std::string& name) {
 }
 }  // namespace
 
-Tensor gather_value(Executor& ex, const std::string& name, Communicator& comm) {
+Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh) {
   const Value& v = value_named(ex, name);
-  Tensor& local = ex.tensor(name);
-  if (!v.placement.sharded()) return local;
-  const int64_t s = local.numel();
-  Tensor all = Tensor::empty({s * comm.size()}, local.dtype());
-  comm.all_gather(local.raw(), all.raw(), s, local.dtype());
-  Tensor whole = Tensor::empty(v.placement.global_shape, local.dtype());
-  std::memcpy(whole.raw(), all.raw(), whole.nbytes());
+  Tensor local = ex.tensor(name);
+  if (v.placement.sharded()) {  // ZeRO: flat shards over the data axis
+    const int64_t s = local.numel();
+    Tensor all = Tensor::empty({s * mesh.data->size()}, local.dtype());
+    mesh.data->all_gather(local.raw(), all.raw(), s, local.dtype());
+    Tensor piece = Tensor::empty(v.placement.global_shape, local.dtype());
+    std::memcpy(piece.raw(), all.raw(), piece.nbytes());
+    local = piece;
+  }
+  if (!v.placement.tensor_split()) return local;
+  const int64_t parts = v.placement.tensor_parts, n = local.numel();
+  Tensor all = Tensor::empty({n * parts}, local.dtype());
+  mesh.tensor->all_gather(local.raw(), all.raw(), n, local.dtype());
+  Tensor whole = Tensor::empty(v.placement.whole, local.dtype());
+  for (int64_t r = 0; r < parts; ++r) {
+    Tensor one = Tensor::empty(local.shape(), local.dtype());
+    std::memcpy(one.raw(), static_cast<const char*>(all.raw()) + static_cast<size_t>(r * n) * dtype_size(local.dtype()),
+                one.nbytes());
+    put_part(whole, one, v.placement.tensor, r, parts);
+  }
   return whole;
 }
 
-void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Communicator& comm,
+void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Mesh& mesh,
                    const std::string& source) {
   const Value& v = value_named(ex, name);
   Tensor& t = ex.tensor(name);
-  const Shape& want = v.placement.sharded() ? v.placement.global_shape : t.shape();
+  const Shape& local_shape = v.placement.sharded() ? v.placement.global_shape : t.shape();
+  const Shape& want = v.placement.tensor_split() ? v.placement.whole : local_shape;
   if (whole.shape() != want || whole.dtype() != t.dtype())
     throw input_error(cat(source, ": '", name, "' is ", dtype_name(whole.dtype()), shape_str(whole.shape()),
                           " but the model has ", dtype_name(t.dtype()), shape_str(want)));
+  const Tensor piece = v.placement.tensor_split()
+                           ? take_part(whole, v.placement.tensor, mesh.tensor->rank(), v.placement.tensor_parts)
+                           : whole;
   if (!v.placement.sharded()) {
-    std::memcpy(t.raw(), whole.raw(), t.nbytes());
+    std::memcpy(t.raw(), piece.raw(), t.nbytes());
     return;
   }
   // This rank's flat shard, zero-padded past the end (as local_shard cuts it).
-  const int64_t s = t.numel(), first = comm.rank() * s, have = std::clamp<int64_t>(whole.numel() - first, 0, s);
+  const int64_t s = t.numel(), first = mesh.data->rank() * s, have = std::clamp<int64_t>(piece.numel() - first, 0, s);
   const size_t esize = dtype_size(t.dtype());
   std::memset(t.raw(), 0, t.nbytes());
-  std::memcpy(t.raw(), static_cast<const char*>(whole.raw()) + static_cast<size_t>(first) * esize,
+  std::memcpy(t.raw(), static_cast<const char*>(piece.raw()) + static_cast<size_t>(first) * esize,
               static_cast<size_t>(have) * esize);
 }
 

@@ -22,12 +22,14 @@ DType compute_dtype(const PrecisionConfig& p);
 void check_device(const RunConfig& cfg);
 
 // A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer pass) or
-// evaluation (forward and loss only: dropout off, batchnorm on running statistics).
-Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training, BuiltModel* built);
+// evaluation (forward and loss only: dropout off, batchnorm on running statistics). Under tensor parallelism
+// (parallel.tensor > 1) it is the local program of tensor rank `tensor_rank`.
+Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training, BuiltModel* built,
+                      int64_t tensor_rank = 0);
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {
-  std::shared_ptr<Communicator> comm;  // the world (one process unless launched by mpirun/srun); outlives ex
+  Mesh mesh;  // the world (one process unless launched by mpirun/srun) and its axes; outlives ex
   std::unique_ptr<Dataset> data;
   BuiltModel model;
   std::unique_ptr<Executor> ex;
@@ -36,24 +38,24 @@ struct TrainProgram {
 TrainProgram make_train_program(const RunConfig& cfg);
 
 // This process's place in the job the launcher started (see detect_launch), checked against the config's
-// layout: an input_error unless the world has data x tensor x pipeline processes.
-std::shared_ptr<Communicator> join_world(const RunConfig& cfg);
+// layout (an input_error unless the world has data x tensor x pipeline processes), as a device mesh.
+Mesh join_world(const RunConfig& cfg);
 
 // The training loader of this rank: the global micro-batch (micro_batch_size x parallel.data), of which it
-// takes its data-parallel share.
-std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Communicator& comm,
+// takes its data-parallel share (the ranks of one tensor-parallel group read the same samples).
+std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Mesh& mesh,
                                      LoaderPosition start = {});
 
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);
 
 // The whole tensor of persistent value `name`: the value itself, or for a sharded one (ZeRO optimizer state,
-// Placement::global_shape) every rank's shard gathered. Collective for sharded values: every rank calls it,
-// for the same names in the same order.
-Tensor gather_value(Executor& ex, const std::string& name, Communicator& comm);
-// Loads `whole` into value `name`: a copy, or this rank's shard of it for a sharded value. An input_error
+// Placement::global_shape; a split over the tensor axis, Placement::tensor) every rank's piece gathered.
+// Collective for sharded values: every rank calls it, for the same names in the same order.
+Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh);
+// Loads `whole` into value `name`: a copy, or this rank's piece of it for a sharded value. An input_error
 // when its shape is not the value's (whole) shape.
-void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Communicator& comm,
+void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Mesh& mesh,
                    const std::string& source);
 
 // FLOPs of one node, from its op's registered cost (0 for ops without one).

@@ -35,7 +35,7 @@ double seconds_since(Clock::time_point t0) {
 
 // Copies checkpoint tensors into the executor: every one of `names` must be present with the same type.
 void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std::vector<std::string>& names,
-             const std::string& path, const char* what, const Communicator& comm) {
+             const std::string& path, const char* what, const Mesh& mesh) {
   for (const std::string& name : names) {
     auto it = from.find(name);
     // The loss scaler of a run resumed in fp16 from an fp32 or bf16 checkpoint starts afresh (initial scale).
@@ -46,7 +46,7 @@ void restore(Executor& ex, const std::map<std::string, Tensor>& from, const std:
     if (it == from.end())
       throw input_error(cat("checkpoint ", path, ": ", what, " '", name,
                             "' of the model is missing (was it saved from another model or config?)"));
-    scatter_value(ex, name, it->second, comm, cat("checkpoint ", path, ": ", what));
+    scatter_value(ex, name, it->second, mesh, cat("checkpoint ", path, ": ", what));
   }
 }
 
@@ -130,8 +130,10 @@ class Run {
 
   const RunConfig& cfg_;
   TrainOptions opts_;
-  std::shared_ptr<Communicator> comm_;  // declared before the executors, which use it
-  bool lead_ = true;                    // rank 0: prints, writes metrics and checkpoints, evaluates
+  Mesh mesh_;          // declared before the executors, which use it
+  Communicator* comm_;  // the world
+  bool lead_ = true;    // rank 0: prints, writes metrics and checkpoints, evaluates
+  bool evaluates_ = true;  // the ranks of rank 0's tensor-parallel group: they run the eval program together
   std::string run_dir_, ckpt_dir_;
   std::unique_ptr<Dataset> data_;
   BuiltModel model_, eval_model_;
@@ -155,8 +157,10 @@ void Run::setup() {
   ckpt_dir_ = (fs::path(run_dir_) / "checkpoints").string();
   fs::create_directories(ckpt_dir_);
   TrainProgram t = make_train_program(cfg_);
-  comm_ = std::move(t.comm);
+  mesh_ = std::move(t.mesh);
+  comm_ = mesh_.world.get();
   lead_ = comm_->rank() == 0;
+  evaluates_ = mesh_.data->rank() == 0;
   if (comm_->size() > 1) {
     // Every rank keeps a log of its own; only the lead rank prints.
     const std::string log = (fs::path(run_dir_) / cat("rank_", comm_->rank(), ".log")).string();
@@ -176,14 +180,15 @@ void Run::setup() {
   std::map<std::string, Tensor> shared;
   for (const auto& n : params_) shared.emplace(n, ex_->tensor(n));
   for (const auto& n : state_) shared.emplace(n, ex_->tensor(n));
-  Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_);
-  eval_ex_ = std::make_unique<Executor>(std::move(eval), kCpu, cfg_.train.seed, shared);
+  Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_,
+                               mesh_.tensor->rank());
+  eval_ex_ = std::make_unique<Executor>(std::move(eval), kCpu, cfg_.train.seed, shared, nullptr, mesh_.tensor.get());
 }
 
 void Run::resume_from(const std::string& path) {
   const CheckpointData ck = load_checkpoint(path);
-  restore(*ex_, ck.params, params_, path, "parameter", *comm_);
-  restore(*ex_, ck.state, state_, path, "state", *comm_);
+  restore(*ex_, ck.params, params_, path, "parameter", mesh_);
+  restore(*ex_, ck.state, state_, path, "state", mesh_);
   if (ck.seed != cfg_.train.seed)
     spdlog::warn(
         "checkpoint {} was trained with seed {}, the config says {}: the run will not match an "
@@ -196,7 +201,7 @@ void Run::resume_from(const std::string& path) {
 
 void Run::init_from(const std::string& path) {
   const CheckpointData ck = load_checkpoint(path);
-  restore(*ex_, ck.params, params_, path, "parameter", *comm_);
+  restore(*ex_, ck.params, params_, path, "parameter", mesh_);
   spdlog::info("initialised parameters from {}", path);
 }
 
@@ -212,7 +217,7 @@ std::string Run::save() {
   // step loop goes on updating the live tensors.
   const bool async = cfg_.train.async_checkpoint;
   auto take = [&](const std::string& n) {
-    Tensor t = gather_value(*ex_, n, *comm_);
+    Tensor t = gather_value(*ex_, n, mesh_);
     return async ? t.clone() : t;
   };
   for (const auto& n : params_) ck.params.emplace(n, take(n));
@@ -347,7 +352,7 @@ TrainResult Run::go() {
 
   TrainResult result;
   const int64_t total = cfg_.train.steps;
-  const std::unique_ptr<Loader> owned_loader = train_loader(*data_, cfg_, *comm_, position_);
+  const std::unique_ptr<Loader> owned_loader = train_loader(*data_, cfg_, mesh_, position_);
   Loader& loader = *owned_loader;
   if (lead_)
     std::printf("training %s: %lld steps from step %lld, %lld parameters, batch %lld, run dir %s\n",
@@ -388,9 +393,9 @@ TrainResult Run::go() {
                             : std::nan("");
       log_step(step_, loss, lr, gn, dt);
     }
-    if (lead_ && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
+    if (evaluates_ && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
       result.eval = evaluate(*eval_ex_, *data_, cfg_);
-      log_eval(step_, result.eval);
+      if (lead_) log_eval(step_, result.eval);
     }
     std::string why;
     const bool requested = step_ < total && stop_requested(stop, &why);
@@ -417,8 +422,9 @@ TrainResult Run::go() {
   if (live_) std::fprintf(stderr, "\n");
   result.step = step_;
   result.loss = loss;
-  if (!lead_) return result;
+  if (!evaluates_) return result;
   result.eval = evaluate(*eval_ex_, *data_, cfg_);
+  if (!lead_) return result;
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);
   result.step = step_;
@@ -441,11 +447,13 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
   const CheckpointData ck = load_checkpoint(checkpoint);
   const auto data = open_dataset(cfg.data);
   BuiltModel m;
-  Executor ex(compile_model(cfg, data->spec(), cfg.train.eval_batch_size, false, &m), kCpu, cfg.train.seed);
+  RunConfig one_process = cfg;  // checkpoints hold whole tensors: any layout evaluates in one process
+  one_process.parallel = ParallelConfig{};
+  Executor ex(compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m), kCpu, cfg.train.seed);
   const Program& p = ex.program();
-  const auto one = make_single_communicator();
-  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", *one);
-  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", *one);
+  const Mesh one = make_mesh(make_single_communicator(), 1);
+  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);
+  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", one);
   return evaluate(ex, *data, cfg);
 }
 

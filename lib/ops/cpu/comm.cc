@@ -6,6 +6,7 @@
 
 #include "ops/cpu/parallel.h"
 #include "parallel/comm.h"
+#include "parallel/sbp.h"
 
 namespace flowrun::cpu {
 
@@ -68,6 +69,94 @@ void all_gather_into(const KernelCtx& c) {
   }
   c.comm->all_gather(c.in[1].data, c.workspace, s, c.in[0].dtype);
   std::memcpy(c.in[0].data, c.workspace, static_cast<size_t>(n) * esize);
+}
+
+}  // namespace flowrun::cpu
+
+namespace flowrun::cpu {
+
+namespace {
+
+// A tensor of the tensor axis as [outer, parts, chunk] (parallel/sbp.h): copies rank-major blocks
+// [parts][outer][chunk] (as collectives move them) to and from the interleaved layout.
+struct Blocks {
+  int64_t outer, chunk, parts;
+  size_t esize;
+};
+
+Blocks blocks_of(const KernelCtx& c, const Shape& whole) {
+  const int64_t parts = c.attrs().i("parts");
+  const Sbp s = Sbp::split(static_cast<int>(c.attrs().i("axis")), static_cast<int>(c.attrs().i("groups", 1)));
+  const SplitView v = split_view(whole, s, parts);
+  return {v.outer, v.chunk, parts, dtype_size(c.in[0].dtype)};
+}
+
+void rank_major_to_whole(const Blocks& b, const char* src, char* dst) {
+  const size_t row = static_cast<size_t>(b.chunk) * b.esize;
+  for (int64_t r = 0; r < b.parts; ++r)
+    for (int64_t o = 0; o < b.outer; ++o)
+      std::memcpy(dst + static_cast<size_t>(o * b.parts + r) * row, src + static_cast<size_t>(r * b.outer + o) * row,
+                  row);
+}
+
+void whole_to_rank_major(const Blocks& b, const char* src, char* dst) {
+  const size_t row = static_cast<size_t>(b.chunk) * b.esize;
+  for (int64_t r = 0; r < b.parts; ++r)
+    for (int64_t o = 0; o < b.outer; ++o)
+      std::memcpy(dst + static_cast<size_t>(r * b.outer + o) * row, src + static_cast<size_t>(o * b.parts + r) * row,
+                  row);
+}
+
+// The group must have as many ranks as the program was split for.
+int tp_rank(const KernelCtx& c) {
+  const int64_t size = c.tp ? c.tp->size() : 1;
+  FR_CHECK(c.attrs().i("parts") == size, c.node->name, ": split ", c.attrs().i("parts"), " ways on a tensor axis of ",
+           size, " ranks");
+  return c.tp ? c.tp->rank() : 0;
+}
+
+}  // namespace
+
+void tp_all_reduce(const KernelCtx& c) {
+  tp_rank(c);
+  if (c.out[0].data != c.in[0].data) std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
+  if (c.tp) c.tp->all_reduce(c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
+}
+
+void tp_copy(const KernelCtx& c) {
+  if (c.out[0].data != c.in[0].data) std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
+}
+
+void tp_all_gather(const KernelCtx& c) {
+  tp_rank(c);
+  const Blocks b = blocks_of(c, *c.out[0].shape);
+  if (!c.tp) {
+    std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * b.esize);
+    return;
+  }
+  c.tp->all_gather(c.in[0].data, c.workspace, c.in[0].numel(), c.in[0].dtype);
+  rank_major_to_whole(b, static_cast<const char*>(c.workspace), static_cast<char*>(c.out[0].data));
+}
+
+void tp_slice(const KernelCtx& c) {
+  const int r = tp_rank(c);
+  const Blocks b = blocks_of(c, *c.in[0].shape);
+  const size_t row = static_cast<size_t>(b.chunk) * b.esize;
+  const char* src = static_cast<const char*>(c.in[0].data);
+  char* dst = static_cast<char*>(c.out[0].data);
+  for (int64_t o = 0; o < b.outer; ++o)
+    std::memcpy(dst + static_cast<size_t>(o) * row, src + static_cast<size_t>(o * b.parts + r) * row, row);
+}
+
+void tp_reduce_scatter(const KernelCtx& c) {
+  tp_rank(c);
+  const Blocks b = blocks_of(c, *c.in[0].shape);
+  if (!c.tp) {
+    std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * b.esize);
+    return;
+  }
+  whole_to_rank_major(b, static_cast<const char*>(c.in[0].data), static_cast<char*>(c.workspace));
+  c.tp->reduce_scatter(c.workspace, c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
 }
 
 }  // namespace flowrun::cpu

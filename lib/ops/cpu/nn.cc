@@ -335,6 +335,38 @@ void dropout(const KernelCtx& c) {
       return;
     }
     const RngStream rng = c.rng;
+    auto draw = [&](int64_t i, uint32_t word) {
+      const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
+      const bool keep = static_cast<double>(u) >= p;
+      mask[i] = keep;
+      y[i] = keep ? x[i] * scale : T(0);
+    };
+    if (c.attrs().has("rng_whole")) {
+      // A piece of a tensor split over the tensor axis (attrs rng_whole: the whole shape, rng_start: this
+      // piece's first index on every axis): each element draws the numbers of its index in the whole.
+      const std::vector<int64_t>& whole = c.attrs().ints("rng_whole");
+      const std::vector<int64_t>& start = c.attrs().ints("rng_start");
+      const Shape& local = *c.in[0].shape;
+      const size_t rank = local.size();
+      const int64_t len = local.back(), rows = len > 0 ? n / len : 0;
+      parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)), [&](int64_t s, int64_t e) {
+        for (int64_t row = s; row < e; ++row) {
+          int64_t g = start[rank - 1], stride = whole[rank - 1], rem = row;
+          for (size_t a = rank - 1; a-- > 0;) {
+            g += (start[a] + rem % local[a]) * stride;
+            rem /= local[a];
+            stride *= whole[a];
+          }
+          g += c.rng_offset;
+          std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(g / 4));
+          for (int64_t j = 0; j < len; ++j, ++g) {
+            if (j > 0 && g % 4 == 0) w = rng.block(static_cast<uint64_t>(g / 4));
+            draw(row * len + j, w[static_cast<size_t>(g % 4)]);
+          }
+        }
+      });
+      return;
+    }
     // Element i uses word (o + i) % 4 of Philox block (o + i) / 4, o = rng_offset: a rank holding a slice of
     // the batch draws what one process would for those elements. Blocks are processed whole, so the loop
     // runs over the global blocks this slice touches.
@@ -345,10 +377,7 @@ void dropout(const KernelCtx& c) {
         for (int64_t k = 0; k < 4; ++k) {
           const int64_t i = 4 * b + k - o;
           if (i < 0 || i >= n) continue;
-          const float u = static_cast<float>(w[static_cast<size_t>(k)] >> 8) * (1.0f / 16777216.0f);
-          const bool keep = static_cast<double>(u) >= p;
-          mask[i] = keep;
-          y[i] = keep ? x[i] * scale : T(0);
+          draw(i, w[static_cast<size_t>(k)]);
         }
       }
     });
@@ -369,7 +398,8 @@ void dropout_grad(const KernelCtx& c) {
   });
 }
 
-// Ids outside [0, V) read nothing: their rows of the output are zeros.
+// Ids outside [offset, offset + V) read nothing: their rows of the output are zeros (attr offset: the first
+// row of a vocabulary split over the tensor axis).
 void embedding(const KernelCtx& c) {
   each_float(c, 1, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -377,8 +407,9 @@ void embedding(const KernelCtx& c) {
     const T* table = c.in[1].as<T>();
     const int64_t V = c.in[1].dim(0), D = c.in[1].dim(1), n = c.in[0].numel();
     T* y = c.out[0].as<T>();
+    const int64_t offset = c.attrs().i("offset", 0);
     for_rows(n, D, [&](int64_t i) {
-      const int64_t id = ids[i];
+      const int64_t id = ids[i] - offset;
       if (in_range(id, V))
         std::copy(table + id * D, table + (id + 1) * D, y + i * D);
       else
@@ -397,11 +428,12 @@ void embedding_grad(const KernelCtx& c) {
     const int64_t* ids = c.in[1].as<int64_t>();
     T* dt = c.out[0].as<T>();
     const int64_t V = c.out[0].dim(0), D = c.out[0].dim(1), n = c.in[1].numel();
+    const int64_t offset = c.attrs().i("offset", 0);
     const bool small = (V + n) * D <= kGrain;
     parallel_for(D, small ? D : 8, [&](int64_t d0, int64_t d1) {
       for (int64_t v = 0; v < V; ++v) std::fill(dt + v * D + d0, dt + v * D + d1, T(0));
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t id = ids[i];
+        const int64_t id = ids[i] - offset;
         if (!in_range(id, V)) continue;
         T* dst = dt + id * D;
         const T* src = dy + i * D;

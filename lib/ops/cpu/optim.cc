@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ops/cpu/parallel.h"
+#include "parallel/comm.h"
 
 namespace flowrun::cpu {
 namespace {
@@ -104,8 +105,18 @@ void global_norm(const KernelCtx& c) {
     });
     nblocks += blocks;
   }
-  double total = 0;
-  for (int64_t b = 0; b < nblocks; ++b) total += partial[b];
+  // Inputs [0, split_inputs) are pieces of gradients split over the tensor axis: their squares are summed over
+  // its ranks (in a fixed order: the same bits on every rank).
+  const int64_t split_inputs = c.attrs().i("split_inputs", 0);
+  double split_total = 0, total = 0;
+  int64_t b = 0;
+  for (int k = 0; k < c.num_in; ++k) {
+    const int64_t blocks = (c.in[k].numel() + kNormBlock - 1) / kNormBlock;
+    double& into = k < split_inputs ? split_total : total;
+    for (int64_t e = b + blocks; b < e; ++b) into += partial[b];
+  }
+  if (split_inputs > 0 && c.tp) c.tp->all_reduce(&split_total, 1, DType::f64, ReduceOp::sum);
+  total += split_total;
   *c.out[0].as<float>() = static_cast<float>(c.attrs().f("scale", 1.0) * std::sqrt(total));
 }
 
