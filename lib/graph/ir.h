@@ -145,6 +145,7 @@ class Graph {
 
   // Named outputs the caller wants to read after a step (e.g. "loss"); they are kept alive by passes.
   void mark_output(const std::string& name, ValueId v);
+  void unmark_output(const std::string& name) { outputs_.erase(name); }
   const std::map<std::string, ValueId>& outputs() const { return outputs_; }
   // Gradient of each parameter, filled by autodiff (param -> gradient value).
   std::map<ValueId, ValueId>& param_grads() { return param_grads_; }

@@ -177,6 +177,11 @@ std::vector<Sig> layernorm_rule(const NodeInfo& n) {
   return sigs;
 }
 
+// Vocabulary-parallel cross-entropy: logits split by class, the row statistics reduced inside the kernel.
+std::vector<Sig> cross_entropy_rule(const NodeInfo& n) {
+  return {{{Sbp::split(rank_of(n.in[0]) - 1), Sbp::broadcast()}, {Sbp::broadcast(), Sbp::broadcast()}}};
+}
+
 using Rule = std::vector<Sig> (*)(const NodeInfo&);
 
 // The ops with signatures beyond all-B. Unlisted ops run replicated (every input boxed to B).
@@ -189,6 +194,7 @@ Rule rule_of(const std::string& op, bool random) {
       {"sdpa", sdpa_rule},
       {"embedding", embedding_rule},
       {"layernorm", layernorm_rule},
+      {"cross_entropy", cross_entropy_rule},
       {"add", [](const NodeInfo& n) { return elementwise(n, true); }},
       {"sub", [](const NodeInfo& n) { return elementwise(n, true); }},
       {"mul_scalar", [](const NodeInfo& n) { return elementwise(n, true); }},
@@ -259,33 +265,41 @@ class TensorParallel {
     if (Rule rule = rule_of(node.op, def.random)) sigs = rule(n);
     sigs.push_back(
         {std::vector<Sbp>(n.in.size(), Sbp::broadcast()), std::vector<Sbp>(n.out.size(), Sbp::broadcast())});
+    // The cheapest signature; among equally cheap ones, the one with the fewest conversions (a free slice of
+    // a B value is still a change of layout that later ops may have to undo), then the one that splits more.
     const Sig* best = nullptr;
     double best_cost = 0;
-    int best_split = 0;
+    int best_boxes = 0, best_split = 0;
     for (const Sig& s : sigs) {
-      std::optional<double> cost = 0.0;
-      for (size_t i = 0; i < n.in.size() && cost; ++i) {
-        if (!splittable(n.in[i].shape, s.in[i], parts_))
-          cost = std::nullopt;
-        else if (!n.cur[i])
-          cost = s.in[i].kind == Sbp::P ? std::nullopt : std::optional<double>(0.0);
-        else if (auto b = boxing_bytes(*n.cur[i], s.in[i], n.in[i], parts_))
-          *cost += *b;
-        else
-          cost = std::nullopt;
-        // Integer inputs (ids, labels) can only be sliced or kept whole.
-        if (cost && n.cur[i] && n.cur[i]->kind != s.in[i].kind && s.in[i].kind != Sbp::S &&
-            !is_floating(n.in[i].dtype))
-          cost = std::nullopt;
+      double cost = 0;
+      bool ok = true;
+      int boxes = 0;
+      for (size_t i = 0; i < n.in.size() && ok; ++i) {
+        if (!splittable(n.in[i].shape, s.in[i], parts_)) {
+          ok = false;
+        } else if (!n.cur[i]) {  // a free parameter takes any layout but P
+          ok = s.in[i].kind != Sbp::P;
+        } else if (auto b = boxing_bytes(*n.cur[i], s.in[i], n.in[i], parts_)) {
+          cost += *b;
+          boxes += *n.cur[i] != s.in[i];
+          // Integer inputs (ids, labels) can only be sliced or gathered.
+          ok = *n.cur[i] == s.in[i] || s.in[i].kind == Sbp::S || n.cur[i]->kind == Sbp::S ||
+               is_floating(n.in[i].dtype);
+        } else {
+          ok = false;
+        }
       }
-      for (size_t o = 0; o < n.out.size() && cost; ++o)
-        if (!splittable(n.out[o].shape, s.out[o], parts_)) cost = std::nullopt;
-      if (!cost) continue;
+      for (size_t o = 0; o < n.out.size() && ok; ++o) ok = splittable(n.out[o].shape, s.out[o], parts_);
+      if (!ok) continue;
       int split = 0;
       for (const Sbp& o : s.out) split += o.kind != Sbp::B;
-      if (!best || *cost < best_cost || (*cost == best_cost && split > best_split)) {
+      const bool better =
+          !best || cost < best_cost ||
+          (cost == best_cost && (boxes < best_boxes || (boxes == best_boxes && split > best_split)));
+      if (better) {
         best = &s;
-        best_cost = *cost;
+        best_cost = cost;
+        best_boxes = boxes;
         best_split = split;
       }
     }
@@ -340,10 +354,15 @@ class TensorParallel {
     const Value& out0 = g_.value(node.outputs.at(0));
     const Sbp& s0 = sig.out.at(0);
     if (node.op == "reshape") a.set("shape", local_shape(out0.shape(), s0, parts_));
-    if (node.op == "split" && s0.kind == Sbp::S && sig.in[0].axis == s0.axis && sig.in[0].groups == 1) {
+    if (node.op == "split" && s0.kind == Sbp::S && sig.in[0].kind == Sbp::S && sig.in[0].groups > 1) {
       std::vector<int64_t> sizes = a.ints("sizes");
       for (int64_t& v : sizes) v /= parts_;
       a.set("sizes", sizes);
+    }
+    if (node.op == "cross_entropy" && sig.in[0].kind == Sbp::S) {
+      const int64_t classes = g_.value(node.inputs[0]).shape().back();
+      a.set("classes", classes);
+      a.set("offset", rank_ * classes / parts_);
     }
     if (node.op == "embedding" && s0.kind == Sbp::P) a.set("offset", rank_ * ng_.value(inputs[1]).shape()[0]);
     if (OpRegistry::get().at(node.op).random && s0.kind == Sbp::S) {

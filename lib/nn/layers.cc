@@ -52,6 +52,36 @@ ValueId dense(Ctx& c, ValueId x, int64_t out, bool bias, bool residual, std::opt
   return c.b.op1("linear", inputs);
 }
 
+// `sbp: {w: S(0), b: B}` on a layer: fixes how its parameters are laid out on the tensor axis instead of
+// leaving it to SBP deduction (Placement::hint; graph/tensor_parallel.cc).
+void apply_sbp(Ctx& c, const Opts& o) {
+  if (!o.has("sbp")) return;
+  const YAML::Node m = o.node("sbp");
+  if (!m.IsMap()) o.fail("sbp", "expected a map from parameter name (w, b) to B or S(axis)");
+  for (const auto& kv : m) {
+    const std::string key = kv.first.as<std::string>();
+    const ValueId v = c.b.graph().find_value(c.b.scoped(key));
+    if (v == kNoValue || c.b.graph().value(v).kind != ValueKind::param)
+      o.fail("sbp", cat("this layer has no parameter '", key, "'"));
+    if (!kv.second.IsScalar()) o.fail("sbp", cat(key, ": expected B or S(axis)"));
+    const std::string text = kv.second.as<std::string>();
+    Value& p = c.b.graph().value(v);
+    try {
+      if (parse_sbp(text, p.shape().size(), key).kind == Sbp::P) o.fail("sbp", cat(key, ": a parameter cannot be P"));
+    } catch (const Error& e) {
+      o.fail("sbp", e.what());
+    }
+    p.placement.hint = text;
+  }
+}
+
+// A fused projection of `groups` equal blocks (q|k|v): split over the tensor axis block by block.
+void split_in_blocks(Ctx& c, ValueId y, int groups) {
+  Graph& g = c.b.graph();
+  for (ValueId in : g.node(g.value(y).producer).inputs)
+    if (g.value(in).kind == ValueKind::param) g.value(in).placement.groups = groups;
+}
+
 ValueId dense_in(Ctx& c, const std::string& scope, ValueId x, int64_t out, bool bias, bool residual) {
   Scope s(c, scope);
   return dense(c, x, out, bias, residual, std::nullopt);
@@ -92,6 +122,7 @@ ValueId attention(Ctx& c, ValueId x, int64_t heads, bool causal, double p, bool 
   const int64_t B = s[0], T = s[1], C = s[2];
   if (C % heads != 0) c.fail(cat("the model width ", C, " is not divisible by heads ", heads));
   const ValueId qkv = dense_in(c, "qkv", x, 3 * C, bias, false);
+  split_in_blocks(c, qkv, 3);
   const std::vector<ValueId> parts =
       c.b.op("split", {qkv}, {{"axis", int64_t{-1}}, {"sizes", std::vector<int64_t>{C, C, C}}});
   auto split_heads = [&](ValueId v) { return transpose12(c, c.b.reshape(v, {B, T, heads, C / heads})); };
@@ -104,7 +135,9 @@ ValueId attention(Ctx& c, ValueId x, int64_t heads, bool causal, double p, bool 
 // ---- layers ----
 
 ValueId linear_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
-  return dense(c, x, o.integer("out"), o.flag("bias", true), false, o.init());
+  const ValueId y = dense(c, x, o.integer("out"), o.flag("bias", true), false, o.init());
+  apply_sbp(c, o);
+  return y;
 }
 
 ValueId conv2d_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
@@ -205,7 +238,9 @@ ValueId embedding_layer(Ctx& c, const Opts& o, const std::string& name, ValueId 
   const ValueId table =
       c.param("w", {vocab, dim}, ParamInfo::of(ParamInfo::embedding, dim, vocab, false, false, o.init()));
   c.embeddings[name] = table;
-  return c.b.op1("embedding", {x, table});
+  const ValueId y = c.b.op1("embedding", {x, table});
+  apply_sbp(c, o);
+  return y;
 }
 
 ValueId pos_embedding_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
@@ -363,7 +398,7 @@ ValueId simple_activation(Ctx& c, const std::string& type, ValueId x) {
 
 std::map<std::string, LayerDef> make_registry() {
   std::vector<LayerDef> defs = {
-      {"linear", {"out", "bias", "init"}, "y = x W^T + b over the last dim", true, linear_layer},
+      {"linear", {"out", "bias", "init", "sbp"}, "y = x W^T + b over the last dim", true, linear_layer},
       {"conv2d",
        {"out", "kernel", "stride", "padding", "bias", "groups", "init"},
        "2-d convolution, NCHW",
@@ -379,7 +414,7 @@ std::map<std::string, LayerDef> make_registry() {
       {"dropout", {"p"}, "inverted dropout (training only)", true, dropout_layer},
       {"gelu", {"approximate"}, "GELU activation", true, gelu_layer},
       {"activation", {"kind"}, "an activation chosen by a parameter", true, activation_layer},
-      {"embedding", {"vocab", "dim", "init"}, "token ids -> vectors", true, embedding_layer},
+      {"embedding", {"vocab", "dim", "init", "sbp"}, "token ids -> vectors", true, embedding_layer},
       {"pos_embedding",
        {"max_len", "dim", "init"},
        "learned positions added to (B, T, D)",

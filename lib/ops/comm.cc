@@ -91,7 +91,7 @@ void register_tensor_axis_ops(OpRegistry& r) {
   ag.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("tp_slice", {c.dout(0)}, attrs_of(c.node))};
   };
-  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_all_gather}};
+  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::tp_all_gather}};
   ag.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
   r.add(ag);
 
@@ -105,7 +105,7 @@ void register_tensor_axis_ops(OpRegistry& r) {
   sl.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("tp_all_gather", {c.dout(0)}, attrs_of(c.node))};
   };
-  sl.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_slice}};
+  sl.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::tp_slice}};
   sl.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
   r.add(sl);
 

@@ -395,6 +395,11 @@ void register_nn_ops(OpRegistry& r) {
     return {{{}, in[0].dtype}, {in[1].shape, in[0].dtype}};
   };
   ce.cost = cost_per_elem(4.0, 0);
+  // Logits split over the tensor axis by class (attrs offset, classes; set by graph/tensor_parallel.cc): the
+  // row statistics are reduced over its ranks.
+  ce.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+    return a.has("classes") ? static_cast<size_t>(3 * numel(in[1].shape)) * sizeof(double) : size_t{0};
+  };
   ce.nondiff_inputs = {1};
   ce.nondiff_outputs = {1};
   ce.grad = [](GradCtx& c) -> std::vector<ValueId> {

@@ -39,18 +39,22 @@ PlanReport plan_layout(const RunConfig& cfg) {
   r.arena_bytes = static_cast<double>(p.memory.arena_bytes);
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
   const double ranks = static_cast<double>(r.data);
+  const double tp = static_cast<double>(cfg.parallel.tensor);
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
-    if (n.op != "all_reduce" && n.op != "all_gather_into") continue;
+    const bool tensor_axis = n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
+    if (n.op != "all_reduce" && n.op != "all_gather_into" && !tensor_axis) continue;
     CollectivePlan c;
     c.node = n.name;
     c.op = n.op;
-    c.tensor_bytes = static_cast<double>(g.value(n.inputs[0]).nbytes());
+    // What the collective covers: the whole tensor (the gathered output, the reduced input).
+    c.tensor_bytes = static_cast<double>(g.value(n.op == "tp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
     if (n.op == "all_reduce")
       for (size_t i = 1; i < n.inputs.size(); ++i) c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
     c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
-    const double factor = n.op == "all_reduce" ? 2.0 : 1.0;
-    c.sent_bytes = c.calls * factor * c.tensor_bytes * (ranks - 1) / ranks;
+    const double factor = n.op == "all_reduce" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
+    const double group = tensor_axis ? tp : ranks;
+    c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
     r.sent_bytes_per_step += c.sent_bytes;
     r.collectives.push_back(c);
   }
@@ -83,8 +87,11 @@ PlanReport plan_layout(const RunConfig& cfg) {
     t += "collectives per device per step\n";
     std::vector<std::pair<std::string, CollectivePlan>> lines;
     for (const CollectivePlan& c : r.collectives) {
-      const std::string key = c.op == "all_gather_into" ? "zero/*/gather" : c.node;
-      auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == key; });
+      const std::string key = c.op == "all_gather_into"  ? "zero/*/gather"
+                              : c.op.rfind("tp_", 0) == 0 ? "tensor axis (all layers)"
+                                                          : c.node;
+      auto it = std::find_if(lines.begin(), lines.end(),
+                             [&](const auto& l) { return l.first == key && l.second.op == c.op; });
       if (it == lines.end()) {
         lines.push_back({key, c});
         continue;
@@ -100,6 +107,13 @@ PlanReport plan_layout(const RunConfig& cfg) {
     }
     std::snprintf(buf, sizeof buf, "  total sent %s per step\n", mib(r.sent_bytes_per_step).c_str());
     t += buf;
+  }
+  if (cfg.parallel.tensor > 1) {
+    t += "\nparameters on the tensor axis (whole shape, SBP)\n";
+    for (const Value& v : g.values())
+      if (v.kind == ValueKind::param)
+        t += cat("  ", v.name, " ", shape_str(v.placement.tensor_split() ? v.placement.whole : v.shape()), " ",
+                 v.placement.tensor.str(), "\n");
   }
   r.table = t;
   JsonLine j;

@@ -78,6 +78,9 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   o.tensor_parallel = cfg.parallel.tensor;
   o.tensor_rank = tensor_rank;
   if (training) {
+    // Only evaluation reads the logits: the training step may free them early (and, split over the tensor
+    // axis, need not gather them).
+    g.unmark_output("logits");
     o.optimizer = optimizer_spec(cfg);
     o.data_parallel = cfg.parallel.data;
     if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;

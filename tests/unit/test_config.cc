@@ -343,8 +343,8 @@ TEST(ConfigErrors, CrossFieldAndUnsupported) {
   EXPECT_EQ(error_of(kZoo + "optimizer:\n  type: sgd\n  nesterov: true\n"),
             "cfg.yaml:5:13: optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0 and "
             "optimizer.dampening 0");
-  EXPECT_EQ(error_of(kZoo + "parallel:\n  tensor: 2\n"),
-            "cfg.yaml:4:11: parallel.tensor: 2 is not supported yet (tensor parallelism is a later "
+  EXPECT_EQ(error_of(kZoo + "parallel:\n  pipeline: 2\n"),
+            "cfg.yaml:4:13: parallel.pipeline: 2 is not supported yet (pipeline parallelism is a later "
             "milestone); use 1");
   // Invalid values are reported as invalid, not as unsupported.
   EXPECT_EQ(error_of(kZoo + "parallel:\n  data: two\n"),

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ops/cpu/parallel.h"
+#include "parallel/comm.h"
 
 namespace flowrun::cpu {
 
@@ -215,6 +216,37 @@ void log_softmax_grad(const KernelCtx& c) {
 
 // Loss terms are lse - x[label] (cross_entropy) and -(x[label] - lse) (nll_loss of log_softmax): the same
 // rounded value. Both sum them in row order in double, so the fused and unfused losses agree bitwise.
+// Logits split over the tensor axis by class (attrs offset: this rank's first class, classes: all of them):
+// the row maxima, sums of exponentials and target logits are reduced over the axis's ranks (workspace: three
+// doubles per row), so that every rank ends with the whole rows' lse and the loss.
+template <typename T>
+void cross_entropy_split(const KernelCtx& c, T* lse) {
+  const auto [rows, C] = rows_of(c.in[0]);
+  const T* x = c.in[0].as<T>();
+  const int64_t* labels = c.in[1].as<int64_t>();
+  const int64_t offset = c.attrs().i("offset"), classes = c.attrs().i("classes"), ignore = ignore_index(c);
+  double* m = static_cast<double*>(c.workspace);
+  double* sum = m + rows;
+  double* target = sum + rows;
+  for_rows(rows, C, [&](int64_t r) { m[r] = static_cast<double>(row_max(x + r * C, C)); });
+  if (c.tp) c.tp->all_reduce(m, rows, DType::f64, ReduceOp::max);
+  for_rows(rows, C, [&](int64_t r) {
+    const T mr = static_cast<T>(m[r]);
+    sum[r] = static_cast<double>(lane_sum<T>(C, [&](int64_t j) { return vexp(x[r * C + j] - mr); }));
+    const int64_t l = labels[r] - offset;
+    target[r] = l >= 0 && l < C ? static_cast<double>(x[r * C + l]) : 0.0;
+  });
+  if (c.tp) c.tp->all_reduce(sum, 2 * rows, DType::f64, ReduceOp::sum);
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    lse[r] = static_cast<T>(m[r] + std::log(sum[r]));
+    const int64_t l = labels[r];
+    if (l != ignore && in_range(l, classes)) total += static_cast<double>(lse[r]) - target[r];
+  }
+  const int64_t n = count_targets(labels, rows, ignore);
+  c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(total / static_cast<double>(n)) : T(0);
+}
+
 void cross_entropy(const KernelCtx& c) {
   each_float(c, 0, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -222,6 +254,7 @@ void cross_entropy(const KernelCtx& c) {
     const T* x = c.in[0].as<T>();
     const int64_t* labels = c.in[1].as<int64_t>();
     T* lse = c.out[1].as<T>();
+    if (c.attrs().has("classes")) return cross_entropy_split(c, lse);
     for_rows(rows, C, [&](int64_t r) { lse[r] = row_lse(x + r * C, C); });
     const int64_t ignore = ignore_index(c);
     double sum = 0;
@@ -245,17 +278,19 @@ void cross_entropy_grad(const KernelCtx& c) {
     const int64_t ignore = ignore_index(c);
     const int64_t n = count_targets(labels, rows, ignore);
     const T g = n > 0 ? c.in[0].as<T>()[0] / static_cast<T>(n) : T(0);
+    // Split over the tensor axis by class: this rank's columns of the whole rows (see cross_entropy_split).
+    const int64_t offset = c.attrs().i("offset", 0), classes = c.attrs().i("classes", C);
     for_rows(rows, C, [&](int64_t r) {
       const int64_t l = labels[r];
       T* dxr = dx + r * C;
-      if (l == ignore || !in_range(l, C) || n == 0) {
+      if (l == ignore || !in_range(l, classes) || n == 0) {
         std::fill_n(dxr, C, T(0));
         return;
       }
       const T* xr = x + r * C;
       const T m = lse[r];
       for (int64_t j = 0; j < C; ++j) dxr[j] = g * vexp(xr[j] - m);
-      dxr[l] -= g;
+      if (in_range(l - offset, C)) dxr[l - offset] -= g;
     });
   });
 }

@@ -1,0 +1,276 @@
+// Tensor parallelism without a launcher: SBP values, the layout SBP deduction gives the zoo's GPT and MLP,
+// and the local programs of every tensor rank run in threads over an in-process communicator, against one
+// process.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "graph/passes.h"
+#include "nn/model.h"
+#include "parallel/comm.h"
+#include "parallel/sbp.h"
+#include "runtime/executor.h"
+
+namespace flowrun {
+namespace {
+
+TEST(Sbp, ParseAndPrint) {
+  EXPECT_EQ(parse_sbp("B", 2, "t").str(), "B");
+  EXPECT_EQ(parse_sbp("S(1)", 2, "t"), Sbp::split(1));
+  EXPECT_EQ(parse_sbp("S(-1)", 3, "t"), Sbp::split(2));
+  EXPECT_EQ(parse_sbp("S(0)x3", 2, "t").str(), "S(0)x3");
+  for (const char* bad : {"S(2)", "S", "S(0", "S(0)x", "S(0)x0", "Q", "S(0)y3"})
+    EXPECT_THROW(parse_sbp(bad, 2, "t"), Error) << bad;
+}
+
+TEST(Sbp, PiecesPutBackTogether) {
+  // [6, 4] split on axis 0 in 3 groups over 2 ranks: rank r holds rows {r, 2 + r, 4 + r}... of each group.
+  Tensor whole = Tensor::empty({6, 4}, DType::f32);
+  for (int64_t i = 0; i < 24; ++i) whole.data<float>()[i] = static_cast<float>(i);
+  const Sbp s = Sbp::split(0, 3);
+  EXPECT_TRUE(splittable({6, 4}, s, 2));
+  EXPECT_FALSE(splittable({4, 4}, s, 2));
+  const Tensor p1 = take_part(whole, s, 1, 2);
+  ASSERT_EQ(p1.shape(), (Shape{3, 4}));
+  EXPECT_EQ(p1.data<float>()[0], 4.0f);   // row 1 of group 0
+  EXPECT_EQ(p1.data<float>()[4], 12.0f);  // row 1 of group 1
+  Tensor back = Tensor::zeros({6, 4}, DType::f32);
+  for (int64_t r = 0; r < 2; ++r) put_part(back, take_part(whole, s, r, 2), s, r, 2);
+  EXPECT_EQ(std::memcmp(back.raw(), whole.raw(), whole.nbytes()), 0);
+}
+
+// The ranks of one process's threads: each collective waits for every rank, then each combines the others'
+// buffers in rank order (the same bits everywhere, as MPI's).
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int n) : n_(n), bufs_(static_cast<size_t>(n)) {}
+  int size() const { return n_; }
+  // Publishes `buf` for rank r, waits for all, runs f(all buffers), waits again so that nobody reuses early.
+  template <typename F>
+  void exchange(int r, const void* buf, F f) {
+    arrive(r, buf);
+    f(bufs_);
+    arrive(r, nullptr);
+  }
+
+ private:
+  void arrive(int r, const void* buf) {
+    std::unique_lock<std::mutex> l(m_);
+    if (buf) bufs_[static_cast<size_t>(r)] = buf;
+    const int64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(l, [&] { return gen_ != gen; });
+    }
+  }
+  int n_;
+  std::vector<const void*> bufs_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int count_ = 0;
+  int64_t gen_ = 0;
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(ThreadGroup& g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_.size(); }
+  const char* backend() const override { return "threads"; }
+  void all_reduce(void* data, int64_t n, DType t, ReduceOp op) override {
+    std::vector<char> mine(static_cast<size_t>(n) * dtype_size(t));
+    std::memcpy(mine.data(), data, mine.size());
+    g_.exchange(rank_, mine.data(), [&](const std::vector<const void*>& all) {
+      for (int64_t i = 0; i < n; ++i) {
+        double acc = 0;
+        for (size_t r = 0; r < all.size(); ++r) {
+          const double v =
+              t == DType::f64 ? static_cast<const double*>(all[r])[i] : static_cast<const float*>(all[r])[i];
+          acc = r == 0 ? v : op == ReduceOp::sum ? acc + v : std::max(acc, v);
+        }
+        if (t == DType::f64)
+          static_cast<double*>(data)[i] = acc;
+        else
+          static_cast<float*>(data)[i] = static_cast<float>(acc);
+      }
+    });
+  }
+  void broadcast(void*, int64_t, DType, int) override { FAIL() << "unused"; }
+  void all_gather(const void* in, void* out, int64_t n, DType t) override {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
+    g_.exchange(rank_, in, [&](const std::vector<const void*>& all) {
+      for (size_t r = 0; r < all.size(); ++r) std::memcpy(static_cast<char*>(out) + r * bytes, all[r], bytes);
+    });
+  }
+  void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp) override {
+    ASSERT_EQ(t, DType::f32);
+    g_.exchange(rank_, in, [&](const std::vector<const void*>& all) {
+      for (int64_t i = 0; i < n; ++i) {
+        float acc = 0;
+        for (const void* b : all) acc += static_cast<const float*>(b)[rank_ * n + i];
+        static_cast<float*>(out)[i] = acc;
+      }
+    });
+  }
+  void send(const void*, int64_t, DType, int) override { FAIL() << "unused"; }
+  void recv(void*, int64_t, DType, int) override { FAIL() << "unused"; }
+  void barrier() override {
+    g_.exchange(rank_, this, [](const auto&) {});
+  }
+  std::shared_ptr<Communicator> split(int, int) override { return nullptr; }
+
+ private:
+  ThreadGroup& g_;
+  int rank_;
+};
+
+ModelConfig zoo(const std::string& name, const std::string& params) {
+  ModelConfig c;
+  c.zoo = name;
+  c.zoo_dir = FLOWRUN_SOURCE_DIR "/models";
+  c.params = YAML::Load(params);
+  return c;
+}
+
+const std::string kGpt = "{n_layer: 2, n_head: 4, d_model: 16, dropout: 0.1}";
+const ModelInputs kText{true, {2, 8}, 32};
+
+Program compile_tp(const ModelConfig& m, const ModelInputs& in, int64_t parts, int64_t rank,
+                   BuiltModel* built) {
+  Graph g;
+  *built = build_model(g, m, in, /*training=*/true);
+  g.unmark_output("logits");  // as training programs do
+  // SGD: the update is linear in the gradient (Adam's first step, lr * g / |g|, would magnify the rounding
+  // differences of near-zero gradients).
+  CompileOptions o;
+  o.optimizer.type = "sgd";
+  o.optimizer.momentum = 0.9;
+  o.optimizer.clip_grad_norm = 0.5;
+  o.tensor_parallel = parts;
+  o.tensor_rank = rank;
+  return compile(std::move(g), o);
+}
+
+std::string sbp_of(const Program& p, const std::string& name) {
+  const ValueId v = p.graph.find_value(name);
+  return v == kNoValue ? "absent" : p.graph.value(v).placement.tensor.str();
+}
+
+TEST(TensorParallel, GptGetsMegatronsLayout) {
+  BuiltModel m;
+  const Program p = compile_tp(zoo("gpt", kGpt), kText, 2, 1, &m);
+  EXPECT_EQ(sbp_of(p, "wte/w"), "S(0)");  // vocabulary-parallel embedding and tied head
+  EXPECT_EQ(sbp_of(p, "wpe/w"), "B");
+  for (const std::string b : {"blocks.0/", "blocks.1/"}) {
+    EXPECT_EQ(sbp_of(p, b + "attn/qkv/w"), "S(0)x3");  // column parallel, q|k|v split block by block
+    EXPECT_EQ(sbp_of(p, b + "attn/qkv/b"), "S(0)x3");
+    EXPECT_EQ(sbp_of(p, b + "attn/proj/w"), "S(1)");  // row parallel
+    EXPECT_EQ(sbp_of(p, b + "attn/proj/b"), "B");
+    EXPECT_EQ(sbp_of(p, b + "mlp/fc/w"), "S(0)");
+    EXPECT_EQ(sbp_of(p, b + "mlp/proj/w"), "S(1)");
+    EXPECT_EQ(sbp_of(p, b + "ln1/gamma"), "B");
+  }
+  // Each rank holds its piece; the whole shape is recorded.
+  const Value& qkv = p.graph.value(p.graph.find_value("blocks.0/attn/qkv/w"));
+  EXPECT_EQ(qkv.shape(), (Shape{24, 16}));
+  EXPECT_EQ(qkv.placement.whole, (Shape{48, 16}));
+  // Forward: 2 all-reduces per block and one for the embedding; backward: one per column-parallel input
+  // (q|k|v, MLP up, tied head). Logits are never gathered (vocabulary-parallel cross-entropy).
+  int reduces = 0, gathers = 0;
+  for (NodeId id : p.order) {
+    reduces += p.graph.node(id).op == "tp_all_reduce";
+    gathers += p.graph.node(id).op == "tp_all_gather";
+  }
+  EXPECT_EQ(reduces, 10);
+  EXPECT_EQ(gathers, 0);
+}
+
+TEST(TensorParallel, ModelYamlOverridesTheLayout) {
+  ModelConfig c;
+  c.layers = YAML::Load(
+      "[{flatten: {}}, {linear: {name: a, out: 8, sbp: {w: B, b: B}}}, {activation: {kind: relu}}, "
+      "{linear: {name: b, out: 4}}]");
+  BuiltModel m;
+  const Program p = compile_tp(c, {false, {4, 6}, 4}, 2, 0, &m);
+  EXPECT_EQ(sbp_of(p, "a/w"), "B");
+  EXPECT_EQ(sbp_of(p, "b/w"), "S(0)");  // B in: column parallel, and the cross-entropy splits by class
+  ModelConfig bad;
+  bad.layers = YAML::Load("[{flatten: {}}, {linear: {name: a, out: 8, sbp: {w: S(2)}}}]");
+  Graph g;
+  EXPECT_THROW(build_model(g, bad, {false, {4, 6}, 4}, true), Error);
+  bad.layers = YAML::Load("[{flatten: {}}, {linear: {name: a, out: 8, sbp: {q: B}}}]");
+  EXPECT_THROW(build_model(g, bad, {false, {4, 6}, 4}, true), Error);
+}
+
+// One SGD step (clipped by the global norm) of the dropout GPT on `parts` tensor ranks (threads) gives the
+// loss and the (gathered) weights of one process.
+TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
+  const ModelConfig model = zoo("gpt", kGpt);
+  auto feed = [](Executor& ex) {
+    Tensor& x = ex.tensor("x");
+    Tensor& y = ex.tensor("y");
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = (i * 7 + 3) % 32;
+    for (int64_t i = 0; i < y.numel(); ++i) y.data<int64_t>()[i] = (i * 5 + 1) % 32;
+    ex.tensor("lr").data<float>()[0] = 0.1f;
+  };
+  BuiltModel built;
+  Executor one(compile_tp(model, kText, 1, 0, &built), kCpu, 5);
+  init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return one.tensor(n); });
+  feed(one);
+  one.run();
+  const double loss = one.output("loss").to_f64()[0];
+
+  for (int parts : {2, 4}) {
+    ThreadGroup group(parts);
+    std::vector<double> losses(static_cast<size_t>(parts));
+    std::vector<std::map<std::string, Tensor>> pieces(static_cast<size_t>(parts));
+    std::vector<Program> programs;
+    for (int r = 0; r < parts; ++r) {
+      BuiltModel b;
+      programs.push_back(compile_tp(model, kText, parts, r, &b));
+    }
+    std::vector<std::thread> threads;
+    for (int r = 0; r < parts; ++r)
+      threads.emplace_back([&, r] {
+        ThreadCommunicator comm(group, r);
+        Executor local(programs[static_cast<size_t>(r)], kCpu, 5, {}, nullptr, &comm);
+        std::map<std::string, Tensor> whole;
+        init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& {
+          return whole.emplace(n, Tensor::empty(one.tensor(n).shape(), DType::f32)).first->second;
+        });
+        for (const auto& [n, w] : whole) {
+          const Value& v = local.program().graph.value(local.program().graph.find_value(n));
+          const Tensor p = take_part(w, v.placement.tensor, r, parts);
+          std::memcpy(local.tensor(n).raw(), p.raw(), p.nbytes());
+        }
+        feed(local);
+        local.run();
+        losses[static_cast<size_t>(r)] = local.output("loss").to_f64()[0];
+        for (const auto& [n, w] : whole) pieces[static_cast<size_t>(r)][n] = local.tensor(n).clone();
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < parts; ++r) EXPECT_NEAR(losses[static_cast<size_t>(r)], loss, 1e-6 * loss) << parts;
+    for (const auto& [n, piece] : pieces[0]) {
+      const Value& v = programs[0].graph.value(programs[0].graph.find_value(n));
+      Tensor whole = Tensor::empty(one.tensor(n).shape(), DType::f32);
+      for (int r = 0; r < parts; ++r)
+        put_part(whole, pieces[static_cast<size_t>(r)].at(n), v.placement.tensor, r, parts);
+      const std::vector<double> a = one.tensor(n).to_f64(), b = whole.to_f64();
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, std::abs(a[i]));
+        diff = std::max(diff, std::abs(a[i] - b[i]));
+      }
+      EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flowrun
