@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `flowrun plan` against what a run holds (`flowrun time --json` of the same layout): parameter and state
-# bytes exactly, the arena within 10%, and the FLOPs per step; in one process and under ZeRO-1 on 2 ranks,
-# where each rank holds half of the optimizer state.
+# bytes exactly, the arena within 10%, and the FLOPs per step; in one process, under ZeRO-1 on 2 ranks,
+# where each rank holds half of the optimizer state, and under TP2, where each holds its pieces.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 CFG="$SRC/tests/configs/tiny_gpt.yaml"
@@ -37,5 +37,17 @@ compare "ZeRO-1 on 2 ranks" "$SCRATCH/plan2.json" "$SCRATCH/time2.json"
 # Half the optimizer state of one process (AdamW: two moments; shards round up, so at least half).
 awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRATCH/plan1.json" optimizer_state_bytes)" \
   'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-1 state is not half of one process's"
+
+# Tensor parallelism on 2 ranks: each holds its pieces of the split parameters (and their state).
+expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.tensor=2 --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan3.json"
+expect_log "tp_all_reduce"
+expect_log "blocks.0/attn/qkv/w [96,32] S(0)x3"
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
+  --profile 0 --json --set parallel.tensor=2
+grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time3.json"
+compare "TP2" "$SCRATCH/plan3.json" "$SCRATCH/time3.json"
+awk -v t="$(num "$SCRATCH/plan3.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
+  'BEGIN {exit !(t < 0.7 * o)}' || fail "TP2 parameters are not split (plan: $(num "$SCRATCH/plan3.json" param_bytes) bytes)"
 
 expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
