@@ -25,6 +25,17 @@ bool divisible(int64_t b, int64_t x, int64_t y) {
 // batch_size = micro_batch_size x grad_accumulation x parallel.data, with 0 meaning "derive this one".
 void split_batch(RunConfig& cfg) {
   TrainConfig& t = cfg.train;
+  // A pipeline's micro-batches are the accumulation window: every stage sees all of them before the update.
+  const int64_t mb = cfg.parallel.micro_batches;
+  if (cfg.parallel.pipeline == 1 && mb != 1)
+    throw input_error(cat(cfg.where("parallel.micro_batches"), mb,
+                          " micro-batches need parallel.pipeline > 1 (use train.grad_accumulation)"));
+  if (cfg.parallel.pipeline > 1) {
+    if (t.grad_accumulation != 0 && t.grad_accumulation != mb)
+      throw input_error(cat(cfg.where("train.grad_accumulation"), t.grad_accumulation,
+                            " != parallel.micro_batches ", mb, ": a pipeline accumulates over its micro-batches"));
+    t.grad_accumulation = mb;
+  }
   const int64_t b = t.batch_size, ranks = cfg.parallel.data;
   const std::string at = cfg.where("train.batch_size");
   if (t.micro_batch_size == 0) {

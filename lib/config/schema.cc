@@ -207,16 +207,18 @@ std::vector<Section> build_schema() {
                "tensor-parallel ranks: layers split Megatron-style (column- then row-parallel linears, heads, "
                "vocabulary), derived by SBP deduction",
                positive),
-           only(key("pipeline", Type::integer, "1", field(par, &Par::pipeline), "pipeline stages", positive),
-                "1", "pipeline parallelism is a later milestone"),
+           key("pipeline", Type::integer, "1", field(par, &Par::pipeline),
+               "pipeline stages: the model cut into consecutive stages, one per rank, run 1F1B over "
+               "parallel.micro_batches",
+               positive),
            only(key("zero", Type::integer, "0", field(par, &Par::zero),
                     "ZeRO stage over the data-parallel ranks: shard optimizer state (1), gradients (2), "
                     "parameters (3)",
                     Bounds{Bounds::closed, 0, 3}),
                 "0 or 1", "ZeRO-2 and -3 are a later milestone"),
-           only(key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
-                    "pipeline micro-batches per step", positive),
-                "1", "pipeline parallelism is a later milestone"),
+           key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
+               "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows it)",
+               positive),
        }},
   };
 }

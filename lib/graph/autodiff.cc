@@ -11,7 +11,9 @@ namespace flowrun {
 
 void autodiff(Graph& g, ValueId loss, ValueId seed) {
   const Value& lv = g.value(loss);
-  if (numel(lv.shape()) != 1 || !is_floating(lv.dtype()))
+  g.backward_begin = static_cast<NodeId>(g.nodes().size());
+  // A non-scalar output is differentiated from a given gradient (a pipeline stage's "pp/out").
+  if ((seed == kNoValue && numel(lv.shape()) != 1) || !is_floating(lv.dtype()))
     throw input_error(cat("the loss '", lv.name, "' must be a floating scalar, got ", shape_str(lv.shape()), ":",
                           dtype_name(lv.dtype())));
   if (!lv.requires_grad) throw input_error(cat("the loss '", lv.name, "' does not depend on any parameter"));
@@ -77,6 +79,11 @@ void autodiff(Graph& g, ValueId loss, ValueId seed) {
   }
   b.pop_scope();
   for (const auto& v : g.values()) {
+    // A differentiable input (a pipeline stage's "pp/in"): its gradient goes to the previous stage.
+    if (v.kind == ValueKind::input && v.requires_grad) {
+      const ValueId grad = total(v.id);
+      g.mark_output("grad/" + v.name, grad != kNoValue ? grad : b.zeros_like(v.id));
+    }
     if (v.kind != ValueKind::param) continue;
     const ValueId grad = total(v.id);
     if (grad == kNoValue) continue;

@@ -93,6 +93,9 @@ struct Placement {
   // the shape of the (tensor-axis local) tensor, of which this value is one rank's numel / ranks (rounded up)
   // elements. Empty for whole tensors.
   Shape global_shape;
+  // The pipeline axis (graph/pipeline.cc): a parameter several stages hold (a tied embedding), and whether
+  // this stage's is a copy (left out of the gradient norm, which the first holder counts).
+  bool pipe_shared = false, pipe_copy = false;
   bool sharded() const { return !global_shape.empty(); }
   bool tensor_split() const { return tensor.kind == Sbp::S && tensor_parts > 1; }
 };
@@ -164,6 +167,10 @@ class Graph {
   std::vector<Node> nodes_;
   std::map<std::string, ValueId> outputs_;
   std::map<ValueId, ValueId> param_grads_;
+
+ public:
+  // The first node autodiff added (-1 before it ran): the nodes before it are the forward pass.
+  NodeId backward_begin = -1;
 };
 
 }  // namespace flowrun

@@ -95,16 +95,21 @@ std::map<ValueId, ValueId> accumulate_gradients(Graph& g, const std::map<ValueId
 // their squares over its ranks), then the others.
 std::vector<ValueId> norm_inputs(const Graph& g, const std::map<ValueId, ValueId>& grads) {
   std::vector<ValueId> split, whole;
-  for (const auto& [p, grad] : grads) (g.value(p).placement.tensor_split() ? split : whole).push_back(grad);
+  for (const auto& [p, grad] : grads) {
+    if (g.value(p).placement.pipe_copy) continue;  // another stage counts it
+    (g.value(p).placement.tensor_split() ? split : whole).push_back(grad);
+  }
   split.insert(split.end(), whole.begin(), whole.end());
   return split;
 }
 
 Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale) {
   int64_t split = 0;
-  for (const auto& [p, grad] : grads) split += g.value(p).placement.tensor_split();
+  for (const auto& [p, grad] : grads) split += g.value(p).placement.tensor_split() && !g.value(p).placement.pipe_copy;
   Attrs a{{"scale", scale}};
   if (split > 0) a.set("split_inputs", split);
+  // Each pipeline stage holds its own parameters: the squares are summed over the stages too.
+  if (g.find_value("pp/in") != kNoValue || g.outputs().count("pp/out")) a.set("pipeline", true);
   return a;
 }
 
@@ -198,9 +203,10 @@ void add_optimizer(Graph& g, const OptimizerSpec& spec) {
   if (spec.accumulation > 1) grads = accumulate_gradients(g, grads);
   // Under accumulation everything from here reads the summed gradients and runs once per window.
   const size_t first_apply_node = g.nodes().size();
+  if (spec.pipeline) pipeline_shared_grads(g, grads);
   const ValueId coef = gradient_coef(g, spec, grads, lr);
   for (const auto& [p, grad] : grads) add_update(g, spec, p, grad, lr, step, coef);
-  if (spec.accumulation > 1) set_phase_from(g, first_apply_node, 1);
+  if (spec.accumulation > 1 || spec.pipeline) set_phase_from(g, first_apply_node, 1);
 }
 
 void eliminate_dead_nodes(Graph& g) {
@@ -236,6 +242,9 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
   if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions&) { fuse_ops(g); }});
+  if (opts.pipeline > 1)
+    p.push_back({"pipeline_stage",
+                 [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});
   if (opts.tensor_parallel > 1)
     p.push_back({"tensor_parallel",
                  [](Graph& g, const CompileOptions& o) { tensor_parallel(g, o.tensor_parallel, o.tensor_rank); }});
@@ -244,9 +253,16 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (!opts.loss.empty()) {
     p.push_back({"autodiff", [](Graph& g, const CompileOptions& o) {
                    auto it = g.outputs().find(o.loss);
-                   if (it == g.outputs().end()) throw input_error(cat("the graph has no output named '", o.loss, "'"));
-                   const ValueId seed =
+                   ValueId seed =
                        o.optimizer.loss_scaling ? g.add_state("amp/loss_scale", {}, DType::f32) : kNoValue;
+                   // A pipeline stage before the last differentiates its activation from the gradient that
+                   // the next stage sends back.
+                   if (it == g.outputs().end() && g.outputs().count("pp/out")) {
+                     const Value& out = g.value(g.outputs().at("pp/out"));
+                     seed = g.add_input("pp/out_grad", out.shape(), out.dtype());
+                     it = g.outputs().find("pp/out");
+                   }
+                   if (it == g.outputs().end()) throw input_error(cat("the graph has no output named '", o.loss, "'"));
                    autodiff(g, it->second, seed);
                  }});
     if (opts.data_parallel > 1)
@@ -266,6 +282,11 @@ Program compile(Graph g, const CompileOptions& opts) {
     prog.pass_log.push_back(cat(pass.name, ": ", live, " nodes"));
   }
   prog.order = g.live_nodes_topological();
+  if (opts.pipeline > 1 && g.backward_begin >= 0) {
+    const auto forward_end = std::stable_partition(prog.order.begin(), prog.order.end(),
+                                                   [&](NodeId id) { return id < g.backward_begin; });
+    prog.backward_begin = static_cast<size_t>(forward_end - prog.order.begin());
+  }
   prog.memory = plan_memory(g, prog.order, opts.inplace, opts.device);
   prog.pass_log.push_back(cat("memory_plan: arena ", prog.memory.arena_bytes, " bytes for ",
                               prog.memory.total_intermediate_bytes, " bytes of intermediates"));

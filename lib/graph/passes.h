@@ -35,6 +35,10 @@ struct OptimizerSpec {
   // one flat shard of every parameter ("local_shard"), then the shards are gathered back into the full
   // parameter ("all_gather_into"). State values carry Placement::global_shape.
   int64_t zero_shards = 1;
+  // A pipeline stage: the updates are apply-phase nodes even without accumulation (they run once every
+  // micro-batch has gone through every stage), and the gradients of parameters several stages hold are
+  // summed over them first (pipeline_shared_grads).
+  bool pipeline = false;
   bool loss_scaling = false;
   bool dynamic_scale = true;  // false: a fixed scale (overflowing steps are still skipped and counted)
   int64_t growth_interval = 2000;
@@ -47,6 +51,8 @@ struct CompileOptions {
   int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
   int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 runs tensor_parallel for rank tensor_rank
   int64_t tensor_rank = 0;
+  int64_t pipeline = 1;  // stages; > 1 keeps stage pipeline_stage of the model (pipeline_stage)
+  int64_t pipeline_stage = 0;
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
@@ -85,6 +91,12 @@ void data_parallel(Graph& g, int64_t ranks, const std::string& loss);
 // on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole shape
 // in Value::placement (see graph/tensor_parallel.cc).
 void tensor_parallel(Graph& g, int64_t parts, int64_t rank);
+// Pipeline parallelism (forward graph, first of the parallel passes): keeps stage `stage` of `stages`, with
+// the input "pp/in" and the output "pp/out" (see graph/pipeline.cc).
+void pipeline_stage(Graph& g, int64_t stages, int64_t stage);
+// In the optimizer's apply phase: the gradients of parameters several stages hold are summed over them
+// (all_reduce over the mesh's `ends` group).
+void pipeline_shared_grads(Graph& g, std::map<ValueId, ValueId>& grads);
 // One line per parameter: name, whole shape, SBP on the tensor axis.
 std::string describe_layout(const Graph& g);
 void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
@@ -99,6 +111,9 @@ struct Program {
   std::vector<NodeId> order;
   MemoryPlan memory;
   std::vector<std::string> pass_log;  // one line per pass: name, live nodes after it
+  // A pipeline stage's order runs its forward nodes first: order[0, backward_begin) is the forward pass
+  // (Executor::run_part), so that a stage can run the forward pass of one micro-batch and later its backward.
+  size_t backward_begin = 0;
 };
 
 Program compile(Graph g, const CompileOptions& opts);

@@ -383,6 +383,7 @@ class TensorParallel {
       ValueId nv = v.kind == ValueKind::input   ? ng_.add_input(v.name, shape, v.dtype())
                    : v.kind == ValueKind::param ? ng_.add_param(v.name, shape, v.dtype())
                                                 : ng_.add_state(v.name, shape, v.dtype());
+      ng_.value(nv).requires_grad = v.requires_grad;  // a pipeline stage's "pp/in"
       Placement& p = ng_.value(nv).placement;
       p = v.placement;
       p.tensor = s;

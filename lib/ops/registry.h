@@ -45,6 +45,8 @@ struct KernelCtx {
   int64_t rng_offset = 0;
   Communicator* comm = nullptr;  // the data axis's group, for its collectives; null in a one-process program
   Communicator* tp = nullptr;    // the tensor axis's group (tp_* ops); null without tensor parallelism
+  Communicator* pp = nullptr;    // the pipeline axis's group; null without pipeline parallelism
+  Communicator* ends = nullptr;  // the pipeline's first and last stages (all_reduce {group: ends})
   const Attrs& attrs() const { return node->attrs; }
 };
 

@@ -4,6 +4,9 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <exception>
+#include <list>
+#include <vector>
 
 #include "core/error.h"
 
@@ -22,8 +25,10 @@ class SingleCommunicator final : public Communicator {
   void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp) override {
     copy(in, out, n, t);
   }
-  void send(const void*, int64_t, DType, int peer) override { no_peer(peer); }
-  void recv(void*, int64_t, DType, int peer) override { no_peer(peer); }
+  void send(const void*, int64_t, DType, int peer, int) override { no_peer(peer); }
+  void recv(void*, int64_t, DType, int peer, int) override { no_peer(peer); }
+  void post(const void*, int64_t, DType, int peer, int) override { no_peer(peer); }
+  void flush() override {}
   void barrier() override {}
   std::shared_ptr<Communicator> split(int, int) override { return std::make_shared<SingleCommunicator>(); }
 
@@ -94,6 +99,9 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
     MPI_Comm_size(comm_, &size_);
   }
   ~MpiCommunicator() override {
+    // Unwinding an error: freeing communicators and finalizing are collective and would wait for ranks that
+    // wait for this one. Exiting without them makes mpirun (or srun) end the whole job, naming this rank.
+    if (std::uncaught_exceptions() > 0) return;
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owner_) MPI_Finalize();
   }
@@ -113,11 +121,26 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
     check(MPI_Reduce_scatter_block(in, out, count(n), mpi_type(t), mpi_op(op), comm_),
           "reduce-scatter");
   }
-  void send(const void* data, int64_t n, DType t, int peer) override {
-    check(MPI_Send(data, count(n), mpi_type(t), peer, 0, comm_), "send");
+  void send(const void* data, int64_t n, DType t, int peer, int tag) override {
+    check(MPI_Send(data, count(n), mpi_type(t), peer, tag, comm_), "send");
   }
-  void recv(void* data, int64_t n, DType t, int peer) override {
-    check(MPI_Recv(data, count(n), mpi_type(t), peer, 0, comm_, MPI_STATUS_IGNORE), "recv");
+  void recv(void* data, int64_t n, DType t, int peer, int tag) override {
+    check(MPI_Recv(data, count(n), mpi_type(t), peer, tag, comm_, MPI_STATUS_IGNORE), "recv");
+  }
+  void post(const void* data, int64_t n, DType t, int peer, int tag) override {
+    // Completed sends give their buffers back first, so that the list stays as long as what is in flight.
+    posted_.remove_if([](Posted& p) {
+      int done = 0;
+      check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), "send test");
+      return done != 0;
+    });
+    Posted& p = posted_.emplace_back();
+    p.bytes.assign(static_cast<const char*>(data), static_cast<const char*>(data) + n * static_cast<int64_t>(dtype_size(t)));
+    check(MPI_Isend(p.bytes.data(), count(n), mpi_type(t), peer, tag, comm_, &p.request), "send");
+  }
+  void flush() override {
+    for (Posted& p : posted_) check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), "send wait");
+    posted_.clear();
   }
   void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
   std::shared_ptr<Communicator> split(int color, int key) override {
@@ -129,6 +152,11 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
  private:
   int rank_ = 0, size_ = 1;
   bool owner_ = false;
+  struct Posted {
+    std::vector<char> bytes;
+    MPI_Request request;
+  };
+  std::list<Posted> posted_;
   MPI_Comm comm_ = MPI_COMM_WORLD;
   std::shared_ptr<Communicator> parent_;
 };
@@ -139,15 +167,26 @@ std::unique_ptr<Communicator> make_single_communicator() {
   return std::make_unique<SingleCommunicator>();
 }
 
-Mesh make_mesh(std::shared_ptr<Communicator> world, int64_t tensor) {
-  FR_CHECK(tensor >= 1 && world->size() % tensor == 0, "a world of ", world->size(), " ranks has no tensor axis of ",
-           tensor);
-  Mesh m;
-  const int r = world->rank(), t = static_cast<int>(tensor);
+Mesh make_mesh(std::shared_ptr<Communicator> world, int64_t tensor, int64_t pipeline) {
+  const int w = world->size(), r = world->rank(), t = static_cast<int>(tensor), p = static_cast<int>(pipeline);
+  FR_CHECK(t >= 1 && p >= 1 && w % (t * p) == 0, "a world of ", w, " ranks has no ", pipeline, " x ", tensor,
+           " mesh");
+  const int d = w / (t * p);
+  const int ti = r % t, di = r / t % d, pi = r / (t * d);
+  // An axis of one rank needs no communicator of its own; the world's is reused when the axis spans it.
   // Every rank makes the same calls in the same order: splits are collective.
-  const bool whole = world->size() == t;
-  m.data = t == 1 ? world : whole ? std::shared_ptr<Communicator>(make_single_communicator()) : world->split(r % t, r / t);
-  m.tensor = t == 1 ? std::shared_ptr<Communicator>(make_single_communicator()) : whole ? world : world->split(r / t, r % t);
+  auto axis = [&](int size, int color, int key) -> std::shared_ptr<Communicator> {
+    if (size == w) return world;
+    if (size == 1) return make_single_communicator();
+    return world->split(color, key);
+  };
+  Mesh m;
+  m.data = axis(d, pi * t + ti, di);
+  m.tensor = axis(t, pi * d + di, ti);
+  m.pipeline = axis(p, di * t + ti, pi);
+  // The first and last stages of each pipeline (the same as the pipeline axis for 2 stages).
+  const bool end = pi == 0 || pi == p - 1;
+  m.ends = p <= 2 ? m.pipeline : world->split(end ? di * t + ti : d * t + r, pi);
   m.world = std::move(world);
   return m;
 }

@@ -26,8 +26,12 @@ class Communicator {
   virtual void all_gather(const void* in, void* out, int64_t n, DType t) = 0;
   // out (n) = this rank's n-element block of the reduction of every rank's in (size() * n).
   virtual void reduce_scatter(const void* in, void* out, int64_t n, DType t, ReduceOp op) = 0;
-  virtual void send(const void* data, int64_t n, DType t, int peer) = 0;
-  virtual void recv(void* data, int64_t n, DType t, int peer) = 0;
+  virtual void send(const void* data, int64_t n, DType t, int peer, int tag = 0) = 0;
+  virtual void recv(void* data, int64_t n, DType t, int peer, int tag = 0) = 0;
+  // A send that returns at once: the data is copied, and the transfer completes in the background (messages
+  // to one peer with one tag arrive in posting order). flush() waits for every posted send.
+  virtual void post(const void* data, int64_t n, DType t, int peer, int tag) = 0;
+  virtual void flush() = 0;
   virtual void barrier() = 0;
   // The ranks with the same color, ordered by key (collective: every rank calls it).
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
@@ -39,16 +43,20 @@ inline int64_t shard_size(int64_t n, int64_t shards) { return (n + shards - 1) /
 // The communicator of a one-process world: every collective is the identity.
 std::unique_ptr<Communicator> make_single_communicator();
 
-// A run's device mesh over the world's ranks, data-major (the ranks of one tensor-parallel group are
-// adjacent, as in Megatron-LM): world rank = data index x tensor + tensor index. `data` connects the ranks
-// with this rank's tensor index (gradient all-reduce, ZeRO), `tensor` those with its data index.
+// A run's device mesh over the world's ranks, pipeline-major, then data, then tensor (the ranks of one
+// tensor-parallel group are adjacent, as in Megatron-LM): world rank = (stage x data + data index) x tensor +
+// tensor index. Each axis's communicator connects this rank with those that differ from it on that axis
+// only: `data` (gradient all-reduce, ZeRO), `tensor` (tensor-parallel boxing), `pipeline` (activations and
+// their gradients between stages). `ends` connects the first and the last stage (parameters both hold: tied
+// embeddings).
 struct Mesh {
-  std::shared_ptr<Communicator> world, data, tensor;
-  int64_t data_size() const { return data->size(); }
-  int64_t tensor_size() const { return tensor->size(); }
+  std::shared_ptr<Communicator> world, data, tensor, pipeline, ends;
+  int64_t stage() const { return pipeline ? pipeline->rank() : 0; }
+  int64_t stages() const { return pipeline ? pipeline->size() : 1; }
 };
-// Splits `world` into a data x tensor mesh (collective); world->size() must be data x tensor.
-Mesh make_mesh(std::shared_ptr<Communicator> world, int64_t tensor);
+// Splits `world` into a pipeline x data x tensor mesh (collective); world->size() must be a multiple of
+// tensor x pipeline.
+Mesh make_mesh(std::shared_ptr<Communicator> world, int64_t tensor, int64_t pipeline = 1);
 
 // The world of a launched job: MPI when `launch.world` > 1 (MPI_Init on first use, finalized when the last
 // reference goes), the single-process communicator otherwise.

@@ -115,6 +115,23 @@ void Executor::run(bool apply) {
   ++step_;
 }
 
+void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {
+  FR_CHECK(begin <= end && end <= steps_.size(), "run_part ", begin, "..", end, " of ", steps_.size());
+  for (size_t i = begin; i < end; ++i) {
+    Step& s = steps_[i];
+    if ((!apply && s.ctx.node->phase == 1) || (apply_only && s.ctx.node->phase != 1)) continue;
+    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
+    execute(s);
+  }
+}
+
+void Executor::set_pipeline(Communicator* pipeline, Communicator* ends) {
+  for (Step& s : steps_) {
+    s.ctx.pp = pipeline;
+    s.ctx.ends = ends;
+  }
+}
+
 void Executor::run_timed(const std::function<void(const Node&, double)>& timer, bool apply) {
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;

@@ -34,6 +34,13 @@ class Executor {
   // backward pass under fp16 loss scaling, where overflow is expected and handled).
   const Node* run_checked(bool apply = true, const std::function<bool(const Node&)>& skip = nullptr);
 
+  // The kernels of order[begin, end) (a pipeline stage's forward or backward pass, Program::backward_begin)
+  // with the dropout streams of step(), which is not advanced: set_step picks the micro-batch.
+  // With apply_only, only the apply-phase (phase 1) nodes among them.
+  void run_part(size_t begin, size_t end, bool apply, bool apply_only = false);
+  // The pipeline axis's groups for collective ops (global_norm, the tied parameters' all_reduce).
+  void set_pipeline(Communicator* pipeline, Communicator* ends);
+
   // Persistent tensors by value name: inputs (fed each step), params and state (trained / updated in place).
   Tensor& tensor(const std::string& name);
   bool has_tensor(const std::string& name) const { return persistent_.count(name) != 0; }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "ops/registry.h"
 #include "optim/schedule.h"
@@ -70,18 +71,21 @@ void check_device(const RunConfig& c) {
 }
 
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built, int64_t tensor_rank) {
+                      BuiltModel* built, int64_t tensor_rank, int64_t stage) {
   Graph g;
   *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
   CompileOptions o;
   o.compute = compute_dtype(cfg.precision);
   o.tensor_parallel = cfg.parallel.tensor;
   o.tensor_rank = tensor_rank;
+  o.pipeline = cfg.parallel.pipeline;
+  o.pipeline_stage = stage;
   if (training) {
     // Only evaluation reads the logits: the training step may free them early (and, split over the tensor
     // axis, need not gather them).
     g.unmark_output("logits");
     o.optimizer = optimizer_spec(cfg);
+    o.optimizer.pipeline = cfg.parallel.pipeline > 1;
     o.data_parallel = cfg.parallel.data;
     if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;
   } else {
@@ -107,7 +111,7 @@ Mesh join_world(const RunConfig& cfg) {
                           launch.source == "none"
                               ? std::string("none was launched (use mpirun -np N or srun -n N)")
                               : cat("the launcher (", launch.source, ") started ", launch.world)));
-  return make_mesh(world_communicator(launch), cfg.parallel.tensor);
+  return make_mesh(world_communicator(launch), cfg.parallel.tensor, cfg.parallel.pipeline);
 }
 
 TrainProgram make_train_program(const RunConfig& cfg) {
@@ -115,23 +119,45 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   TrainProgram t;
   t.mesh = join_world(cfg);
   t.data = open_dataset(cfg.data);
-  Program p =
-      compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model, t.mesh.tensor->rank());
+  Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
+                            t.mesh.tensor->rank(), t.mesh.stage());
   t.params = persistent_names(p, ValueKind::param);
-  t.state = persistent_names(p, ValueKind::state);
+  // Gradient accumulators are scratch within a step (its first micro-batch overwrites them): checkpoints,
+  // taken between steps, leave them out.
+  for (const std::string& n : persistent_names(p, ValueKind::state))
+    if (!n.ends_with("/grad_acc")) t.state.push_back(n);
   spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
                t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
   t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed, std::map<std::string, Tensor>{},
                                     t.mesh.data.get(), t.mesh.tensor.get());
-  // Every rank draws whole tensors, as one process would, and keeps its piece.
+  // Every rank draws whole tensors, as one process would, and keeps its piece (each name has its own random
+  // stream: the parameters of other pipeline stages are skipped with an empty tensor).
   std::map<std::string, Tensor> whole;
+  Tensor elsewhere = Tensor::empty({0}, DType::f32);
   init_parameters(t.model.init, cfg.train.seed, [&](const std::string& n) -> Tensor& {
-    const Value& v = t.ex->program().graph.value(t.ex->program().graph.find_value(n));
+    const ValueId id = t.ex->program().graph.find_value(n);
+    if (id == kNoValue) return elsewhere;
+    const Value& v = t.ex->program().graph.value(id);
     const Shape shape = v.placement.tensor_split() ? v.placement.whole : v.shape();
     return whole.emplace(n, Tensor::empty(shape, v.dtype())).first->second;
   });
-  for (const auto& [n, w] : whole) scatter_value(*t.ex, n, w, t.mesh, "initialisation");
+  for (const auto& [n, w] : whole)
+    if (t.ex->has_tensor(n)) scatter_value(*t.ex, n, w, t.mesh, "initialisation");
+  t.ex->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
+  if (t.mesh.stages() > 1) {
+    std::map<std::string, Tensor> shared;  // every parameter and state (gradient accumulators included)
+    for (ValueKind kind : {ValueKind::param, ValueKind::state})
+      for (const auto& n : persistent_names(t.ex->program(), kind)) shared.emplace(n, t.ex->tensor(n));
+    const int64_t slots = std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation);
+    for (int64_t k = 1; k < slots; ++k) {
+      t.stash.push_back(std::make_unique<Executor>(t.ex->program(), kCpu, cfg.train.seed, shared,
+                                                   t.mesh.data.get(), t.mesh.tensor.get()));
+      t.stash.back()->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
+    }
+    spdlog::info("pipeline stage {} of {}: {} parameters here, {} micro-batch slot{}", t.mesh.stage(),
+                 t.mesh.stages(), t.params.size(), slots, slots == 1 ? "" : "s");
+  }
   set_scalar<float>(*t.ex, "amp/loss_scale", static_cast<float>(initial_loss_scale(cfg.precision)));
   return t;
 }
@@ -219,12 +245,123 @@ double step_flops(const Program& p, int64_t accumulation) {
 }
 
 void feed(Executor& ex, const Batch& b) {
-  Tensor& x = ex.tensor("x");
-  Tensor& y = ex.tensor("y");
-  FR_CHECK(x.nbytes() == b.x.nbytes() && y.nbytes() == b.y.nbytes() && x.dtype() == b.x.dtype(),
-           "batch does not match the model's inputs");
-  std::memcpy(x.raw(), b.x.raw(), x.nbytes());
-  std::memcpy(y.raw(), b.y.raw(), y.nbytes());
+  for (const auto& [name, from] : {std::pair<const char*, const Tensor*>{"x", &b.x}, {"y", &b.y}}) {
+    if (!ex.has_tensor(name)) continue;
+    Tensor& t = ex.tensor(name);
+    FR_CHECK(t.nbytes() == from->nbytes() && t.dtype() == from->dtype(), "batch does not match the model's input ",
+             name);
+    std::memcpy(t.raw(), from->raw(), t.nbytes());
+  }
+}
+
+namespace {
+constexpr int kActivationTag = 1, kGradientTag = 2, kTensorsTag = 3;
+}  // namespace
+
+double pipeline_step(Executor& main, const std::vector<std::unique_ptr<Executor>>& stash, const Mesh& mesh,
+                     Loader& loader, const RunConfig& cfg, int64_t step) {
+  const int64_t m = cfg.train.grad_accumulation, stages = mesh.stages(), s = mesh.stage();
+  Communicator& pipe = *mesh.pipeline;
+  std::vector<Executor*> slots{&main};
+  for (const auto& e : stash) slots.push_back(e.get());
+  const auto k = static_cast<int64_t>(slots.size());
+  const auto lr = static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps));
+  for (Executor* e : slots) {
+    set_scalar<float>(*e, "lr", lr);
+    set_scalar<int64_t>(*e, "opt/step", step + 1);
+  }
+  // The last micro-batch runs on `main`, whose outputs (grad_norm) the caller reads.
+  auto slot = [&](int64_t i) -> Executor& { return *slots[static_cast<size_t>((m - 1 - i) % k)]; };
+  const size_t backward = main.program().backward_begin, end = main.program().order.size();
+  // Activations travel as bytes: MPI has no bf16 or f16 type.
+  auto receive = [&](Tensor& t, int peer, int tag) {
+    pipe.recv(t.raw(), static_cast<int64_t>(t.nbytes()), DType::u8, peer, tag);
+  };
+  auto send = [&](const Tensor& t, int peer, int tag) {
+    pipe.post(t.raw(), static_cast<int64_t>(t.nbytes()), DType::u8, peer, tag);
+  };
+  const int prev = static_cast<int>(s) - 1, next = static_cast<int>(s) + 1;
+  double loss_sum = 0;
+  auto forward = [&](int64_t i) {
+    Executor& e = slot(i);
+    feed(e, loader.next());
+    if (s > 0) receive(e.tensor("pp/in"), prev, kActivationTag);
+    e.set_step(step * m + i);
+    e.run_part(0, backward, false);
+    if (s < stages - 1) send(e.output("pp/out"), next, kActivationTag);
+  };
+  auto backward_pass = [&](int64_t i) {
+    Executor& e = slot(i);
+    set_scalar<int64_t>(e, "opt/micro", i);
+    if (s < stages - 1) receive(e.tensor("pp/out_grad"), next, kGradientTag);
+    e.set_step(step * m + i);
+    e.run_part(backward, end, false);
+    if (s > 0) send(e.output("grad/pp/in"), prev, kGradientTag);
+    if (s == stages - 1) loss_sum += e.output("loss").data<float>()[0];
+  };
+  const int64_t warmup = std::min(stages - s - 1, m);
+  for (int64_t i = 0; i < warmup; ++i) forward(i);
+  for (int64_t i = 0; i < m - warmup; ++i) {
+    forward(warmup + i);
+    backward_pass(i);
+  }
+  for (int64_t i = m - warmup; i < m; ++i) backward_pass(i);
+  // The update, once every gradient has been sent on (its collectives span the stages).
+  main.run_part(backward, end, true, /*apply_only=*/true);
+  pipe.flush();
+  double loss = loss_sum / static_cast<double>(m);
+  pipe.broadcast(&loss, 1, DType::f64, static_cast<int>(stages - 1));
+  return loss;
+}
+
+void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh) {
+  Communicator& pipe = *mesh.pipeline;
+  if (pipe.size() == 1) return;
+  if (pipe.rank() != 0) {
+    // A manifest (name, dtype, shape per line), then every tensor's bytes in manifest order.
+    std::string manifest;
+    int64_t bytes = 0;
+    for (const auto& [name, t] : tensors) {
+      manifest += cat(name, "\t", dtype_name(t.dtype()));
+      for (int64_t d : t.shape()) manifest += cat("\t", d);
+      manifest += "\n";
+      bytes += static_cast<int64_t>(t.nbytes());
+    }
+    std::vector<char> blob;
+    blob.reserve(static_cast<size_t>(bytes));
+    for (const auto& [name, t] : tensors)
+      blob.insert(blob.end(), static_cast<const char*>(t.raw()), static_cast<const char*>(t.raw()) + t.nbytes());
+    const int64_t sizes[2] = {static_cast<int64_t>(manifest.size()), bytes};
+    pipe.send(sizes, 2, DType::i64, 0, kTensorsTag);
+    pipe.send(manifest.data(), sizes[0], DType::u8, 0, kTensorsTag);
+    pipe.send(blob.data(), sizes[1], DType::u8, 0, kTensorsTag);
+    return;
+  }
+  for (int from = 1; from < pipe.size(); ++from) {
+    int64_t sizes[2] = {0, 0};
+    pipe.recv(sizes, 2, DType::i64, from, kTensorsTag);
+    std::string manifest(static_cast<size_t>(sizes[0]), '\0');
+    std::vector<char> blob(static_cast<size_t>(sizes[1]));
+    pipe.recv(manifest.data(), sizes[0], DType::u8, from, kTensorsTag);
+    pipe.recv(blob.data(), sizes[1], DType::u8, from, kTensorsTag);
+    std::istringstream lines(manifest);
+    std::string line;
+    size_t at = 0;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string name, dtype, dim;
+      std::getline(fields, name, '\t');
+      std::getline(fields, dtype, '\t');
+      Shape shape;
+      while (std::getline(fields, dim, '\t')) shape.push_back(std::stoll(dim));
+      const std::optional<DType> type = parse_dtype(dtype);
+      FR_CHECK(type.has_value(), "stage ", from, " sent a tensor of dtype ", dtype);
+      Tensor t = Tensor::empty(shape, *type);
+      std::memcpy(t.raw(), blob.data() + at, t.nbytes());
+      at += t.nbytes();
+      tensors.emplace(name, std::move(t));
+    }
+  }
 }
 
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,

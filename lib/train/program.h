@@ -25,7 +25,7 @@ void check_device(const RunConfig& cfg);
 // evaluation (forward and loss only: dropout off, batchnorm on running statistics). Under tensor parallelism
 // (parallel.tensor > 1) it is the local program of tensor rank `tensor_rank`.
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training, BuiltModel* built,
-                      int64_t tensor_rank = 0);
+                      int64_t tensor_rank = 0, int64_t stage = 0);
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {
@@ -33,7 +33,10 @@ struct TrainProgram {
   std::unique_ptr<Dataset> data;
   BuiltModel model;
   std::unique_ptr<Executor> ex;
-  std::vector<std::string> params, state;  // value names, as checkpoints hold them
+  // A pipeline stage keeps the activations of up to min(stages - stage, micro-batches) micro-batches at once
+  // (1F1B): one executor each, sharing ex's parameters and state.
+  std::vector<std::unique_ptr<Executor>> stash;
+  std::vector<std::string> params, state;  // value names, as checkpoints hold them (this stage's)
 };
 TrainProgram make_train_program(const RunConfig& cfg);
 
@@ -63,8 +66,20 @@ double node_flops(const Graph& g, const Node& n);
 // FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
 double step_flops(const Program& p, int64_t accumulation);
 
-// Copies a batch into the program's inputs "x" and "y".
+// Copies a batch into the program's inputs "x" and "y" (those it has: a pipeline stage may read one).
 void feed(Executor& ex, const Batch& b);
+
+// One optimizer step of a pipeline stage (parallel.pipeline > 1): the micro-batches in the 1F1B order
+// (stage s runs stages - s - 1 forward passes ahead, then alternates one forward and one backward), each on
+// the executor of its slot (`main` and `stash`), activations and their gradients sent between neighbouring
+// stages without blocking the sender. Returns the mean loss of the micro-batches (from the last stage, on
+// every stage).
+double pipeline_step(Executor& main, const std::vector<std::unique_ptr<Executor>>& stash, const Mesh& mesh,
+                     Loader& loader, const RunConfig& cfg, int64_t step);
+
+// Moves the tensors of every pipeline stage into `tensors` on stage 0 (collective over the pipeline axis;
+// a name already there is kept: a tied parameter's copy is the same). Stages other than 0 keep theirs.
+void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh);
 
 // Optimizer step `step` (0-based): lr from the schedule, every micro-batch of the accumulation window with
 // its dropout stream, the update on the last one. Returns the mean loss of the micro-batches. `timer`, when

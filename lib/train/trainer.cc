@@ -127,17 +127,24 @@ class Run {
   bool stop_requested(const StopRequests& stop, std::string* why);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
   void log_eval(int64_t step, const EvalResult& e);
+  EvalResult run_eval();  // on the `evaluates_` ranks; the result is the lead's
+  // Whole tensors of this rank's `names` (tensor-axis pieces and ZeRO shards gathered; collective), with the
+  // other pipeline stages' added on stage 0 (rank 0's pipeline group only).
+  std::map<std::string, Tensor> whole(const std::vector<std::string>& names, bool copies);
 
   const RunConfig& cfg_;
   TrainOptions opts_;
   Mesh mesh_;          // declared before the executors, which use it
   Communicator* comm_;  // the world
   bool lead_ = true;    // rank 0: prints, writes metrics and checkpoints, evaluates
-  bool evaluates_ = true;  // the ranks of rank 0's tensor-parallel group: they run the eval program together
+  // The ranks of rank 0's tensor-parallel group: they run the eval program together (under pipeline
+  // parallelism: the ranks of data index 0, which gather the model for the lead, who evaluates it whole).
+  bool evaluates_ = true;
   std::string run_dir_, ckpt_dir_;
   std::unique_ptr<Dataset> data_;
   BuiltModel model_, eval_model_;
   std::unique_ptr<Executor> ex_, eval_ex_;
+  std::vector<std::unique_ptr<Executor>> stash_;  // a pipeline stage's other micro-batch slots
   std::vector<std::string> params_, state_;
   int64_t step_ = 0;
   LoaderPosition position_;
@@ -173,8 +180,19 @@ void Run::setup() {
   data_ = std::move(t.data);
   model_ = std::move(t.model);
   ex_ = std::move(t.ex);
+  stash_ = std::move(t.stash);
   params_ = std::move(t.params);
   state_ = std::move(t.state);
+  if (mesh_.stages() > 1) {
+    if (lead_) {
+      RunConfig whole_model = cfg_;
+      whole_model.parallel = ParallelConfig{};
+      eval_ex_ = std::make_unique<Executor>(
+          compile_model(whole_model, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_), kCpu,
+          cfg_.train.seed);
+    }
+    return;
+  }
 
   // The eval program reads the training program's parameters and running statistics in place.
   std::map<std::string, Tensor> shared;
@@ -216,12 +234,8 @@ std::string Run::save() {
   // Every rank takes part in gathering sharded state; the lead rank writes. An async write gets copies: the
   // step loop goes on updating the live tensors.
   const bool async = cfg_.train.async_checkpoint;
-  auto take = [&](const std::string& n) {
-    Tensor t = gather_value(*ex_, n, mesh_);
-    return async ? t.clone() : t;
-  };
-  for (const auto& n : params_) ck.params.emplace(n, take(n));
-  for (const auto& n : state_) ck.state.emplace(n, take(n));
+  ck.params = whole(params_, async);
+  ck.state = whole(state_, async);
   if (!lead_) return std::string();
   const std::string path = (fs::path(ckpt_dir_) / checkpoint_file_name(step_)).string();
   if (!async) {
@@ -235,6 +249,30 @@ std::string Run::save() {
   if (auto previous = writer_->submit(std::move(ck))) log_checkpoint(*previous, blocked_before);
   pending_blocked_ = seconds_since(t0);
   return path;
+}
+
+std::map<std::string, Tensor> Run::whole(const std::vector<std::string>& names, bool copies) {
+  std::map<std::string, Tensor> out;
+  for (const auto& n : names) {
+    Tensor t = gather_value(*ex_, n, mesh_);
+    out.emplace(n, copies ? t.clone() : t);
+  }
+  if (mesh_.stages() > 1 && mesh_.data->rank() == 0 && mesh_.tensor->rank() == 0) gather_stages(out, mesh_);
+  return out;
+}
+
+EvalResult Run::run_eval() {
+  if (mesh_.stages() > 1) {
+    // The parameters and running statistics (never ZeRO-sharded: only the data index 0 ranks take part).
+    std::vector<std::string> names = params_;
+    for (const auto& n : state_)
+      if (n.rfind("opt/", 0) != 0 && n.rfind("amp/", 0) != 0) names.push_back(n);
+    const std::map<std::string, Tensor> model = whole(names, false);
+    if (!lead_) return {};
+    for (const auto& [n, t] : model)
+      if (eval_ex_->has_tensor(n)) std::memcpy(eval_ex_->tensor(n).raw(), t.raw(), t.nbytes());
+  }
+  return evaluate(*eval_ex_, *data_, cfg_);
 }
 
 void Run::finish_checkpoints() {
@@ -366,7 +404,9 @@ TrainResult Run::go() {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
     const Node* anomaly = nullptr;
-    loss = train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    loss = mesh_.stages() > 1
+               ? pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_)
+               : train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
     if (anomaly)
       throw runtime_error(cat("step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
                               ") produced a non-finite value (--detect-anomaly); stopping (the last checkpoint is ",
@@ -394,7 +434,7 @@ TrainResult Run::go() {
       log_step(step_, loss, lr, gn, dt);
     }
     if (evaluates_ && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
-      result.eval = evaluate(*eval_ex_, *data_, cfg_);
+      result.eval = run_eval();
       if (lead_) log_eval(step_, result.eval);
     }
     std::string why;
@@ -423,7 +463,7 @@ TrainResult Run::go() {
   result.step = step_;
   result.loss = loss;
   if (!evaluates_) return result;
-  result.eval = evaluate(*eval_ex_, *data_, cfg_);
+  result.eval = run_eval();
   if (!lead_) return result;
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);

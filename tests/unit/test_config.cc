@@ -343,9 +343,11 @@ TEST(ConfigErrors, CrossFieldAndUnsupported) {
   EXPECT_EQ(error_of(kZoo + "optimizer:\n  type: sgd\n  nesterov: true\n"),
             "cfg.yaml:5:13: optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0 and "
             "optimizer.dampening 0");
-  EXPECT_EQ(error_of(kZoo + "parallel:\n  pipeline: 2\n"),
-            "cfg.yaml:4:13: parallel.pipeline: 2 is not supported yet (pipeline parallelism is a later "
-            "milestone); use 1");
+  EXPECT_EQ(error_of(kZoo + "parallel:\n  zero: 2\n"),
+            "cfg.yaml:4:9: parallel.zero: 2 is not supported yet (ZeRO-2 and -3 are a later milestone); use 0 or 1");
+  EXPECT_EQ(error_of(kZoo + "parallel:\n  micro_batches: 2\n"),
+            "cfg.yaml:4:18: parallel.micro_batches: 2 micro-batches need parallel.pipeline > 1 (use "
+            "train.grad_accumulation)");
   // Invalid values are reported as invalid, not as unsupported.
   EXPECT_EQ(error_of(kZoo + "parallel:\n  data: two\n"),
             "cfg.yaml:4:9: parallel.data: expected a positive integer, got \"two\"");

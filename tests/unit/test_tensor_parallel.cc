@@ -118,8 +118,10 @@ class ThreadCommunicator final : public Communicator {
       }
     });
   }
-  void send(const void*, int64_t, DType, int) override { FAIL() << "unused"; }
-  void recv(void*, int64_t, DType, int) override { FAIL() << "unused"; }
+  void send(const void*, int64_t, DType, int, int) override { FAIL() << "unused"; }
+  void recv(void*, int64_t, DType, int, int) override { FAIL() << "unused"; }
+  void post(const void*, int64_t, DType, int, int) override { FAIL() << "unused"; }
+  void flush() override {}
   void barrier() override {
     g_.exchange(rank_, this, [](const auto&) {});
   }

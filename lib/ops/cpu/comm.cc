@@ -22,7 +22,8 @@ void all_reduce(const KernelCtx& c) {
       std::memmove(buf + total * static_cast<int64_t>(esize), c.in[i].data, bytes);
     total += c.in[i].numel();
   }
-  if (c.comm) c.comm->all_reduce(buf, total, t, ReduceOp::sum);
+  Communicator* group = c.attrs().is("group", "ends") ? c.ends : c.comm;
+  if (group) group->all_reduce(buf, total, t, ReduceOp::sum);
   const double scale = c.attrs().f("scale", 1.0);
   int64_t at = 0;
   for (int i = 0; i < c.num_out; ++i) {
