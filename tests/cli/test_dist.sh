@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Parallel layouts against one process: the MLP (SGD Nesterov, dropout) and the GPT (AdamW, dropout,
-# clipping; also with gradient accumulation) trained 20 steps under DP2, ZeRO-1 on DP2, TP2 and DP2 x TP2
-# (4 ranks), all with the same global batch, log the same per-step losses within 1e-5 relative and end with the
-# same weights and optimizer state; checkpoints resume across layouts (DP2 -> 1 process, ZeRO-1 <-> 1
-# process, DP2 x TP2 -> DP4, TP2 and 1 process); a layout that does not match the launch is refused; a killed
-# rank ends the job.
+# clipping, tied embeddings; also with gradient accumulation) trained 20 steps under DP2, ZeRO-1 on DP2, TP2,
+# DP2 x TP2, PP2 (4 micro-batches), DP2 x PP2 and TP2 x PP2, all with the same global batch, log the same
+# per-step losses within 1e-5 relative and end with the same weights and optimizer state; checkpoints resume
+# across layouts (DP2 -> 1 process, ZeRO-1 <-> 1 process, DP2 x TP2 -> DP4, TP2 and 1 process, PP2 -> 1
+# process); a layout that does not match the launch is refused; a killed rank ends the job.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
@@ -17,26 +17,30 @@ max_rel() {
 }
 within() { awk -v x="$1" -v t="$2" 'BEGIN {exit !(x != "mismatch" && x + 0 <= t)}'; }
 
-check_case() {  # name config loose layout extra-args... (layout: ranks:data:tensor; loose: a regex or "")
+# name config loose layout extra-args... (layout: ranks:data:tensor[:pipeline]; loose: a regex or ""). A
+# pipeline runs 4 micro-batches, so its case's extra arguments give the one-process run as many.
+check_case() {
   local name=$1 cfg=$2 loose=$3 layout=$4; shift 4
-  local n d t
-  IFS=: read -r n d t <<<"$layout"
+  local n d t p
+  IFS=: read -r n d t p <<<"$layout"
+  p=${p:-1}
   [[ -d "$SCRATCH/$name-1" ]] || expect_exit 0 "$FLOWRUN" train "$cfg" --run-dir "$SCRATCH/$name-1" "${COMMON[@]}" "$@"
-  local run="$SCRATCH/$name-d${d}t$t"
+  local run="$SCRATCH/$name-d${d}t${t}p$p" stages=()
+  ((p > 1)) && stages=(--set parallel.pipeline="$p" --set parallel.micro_batches=4)
   expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np "$n" "$FLOWRUN" train "$cfg" --run-dir "$run" \
-    "${COMMON[@]}" --set parallel.data="$d" --set parallel.tensor="$t" "$@"
+    "${COMMON[@]}" --set parallel.data="$d" --set parallel.tensor="$t" "${stages[@]}" "$@"
   local rel
   rel=$(max_rel "$SCRATCH/$name-1/metrics.jsonl" "$run/metrics.jsonl")
-  within "$rel" 1e-5 || fail "$name: data $d x tensor $t losses differ from one process by $rel (relative)"
+  within "$rel" 1e-5 || fail "$name: data $d x tensor $t x pipeline $p losses differ from one process by $rel"
   local a b
   a=$(ls "$SCRATCH/$name-1/checkpoints/"*.h5 | tail -1) b=$(ls "$run/checkpoints/"*.h5 | tail -1)
   if ! "$FLOWRUN" inspect "$a" --diff "$b" --rtol 1e-5 >"$SCRATCH/diff.log" 2>&1; then
     # Only the tensors named by `loose` may differ beyond 1e-5 (see below), and by less than 1e-3.
     [[ -n "$loose" ]] && ! grep ': max |a - b|' "$SCRATCH/diff.log" | grep -vE "$loose" ||
-      { cat "$SCRATCH/diff.log" >&2; fail "$name: data $d x tensor $t weights differ from one process beyond 1e-5"; }
+      { cat "$SCRATCH/diff.log" >&2; fail "$name: data $d x tensor $t x pipeline $p weights differ beyond 1e-5"; }
     expect_exit 0 "$FLOWRUN" inspect "$a" --diff "$b" --rtol 1e-3
   fi
-  echo "$name: data $d x tensor $t losses within $rel of one process; weights: $(tail -1 "$SCRATCH/diff.log")"
+  echo "$name: data $d x tensor $t x pipeline $p losses within $rel of one process; weights: $(tail -1 "$SCRATCH/diff.log")"
   [[ -f "$run/rank_$((n - 1)).log" ]] || fail "$name: rank $((n - 1)) kept no log"
 }
 
@@ -64,6 +68,23 @@ check_case gpt-accum "${GPT[@]}" 2:1:2 --set train.grad_accumulation=2
 check_case mlp-zero1 "${MLP[@]}" 2:2:1 --set train.steps=20 --set parallel.zero=1
 check_case gpt-zero1 "${GPT[@]}" 2:2:1 --set parallel.zero=1
 check_case gpt-zero1 "${GPT[@]}" 4:2:2 --set parallel.zero=1
+
+# Pipeline parallelism: 2 stages, 4 micro-batches (1F1B), against one process accumulating 4 micro-batches;
+# also with data and tensor parallelism (3-D: 8 ranks is too slow on 2 cores, see the README).
+ACC4=(--set train.grad_accumulation=4)
+check_case mlp-pp "${MLP[@]}" 2:1:1:2 --set train.steps=20 "${ACC4[@]}"
+check_case mlp-pp "${MLP[@]}" 4:2:1:2 --set train.steps=20 "${ACC4[@]}"
+check_case gpt-pp "${GPT[@]}" 2:1:1:2 "${ACC4[@]}"
+check_case gpt-pp "${GPT[@]}" 4:1:2:2 "${ACC4[@]}"
+check_case gpt-pp-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 2:1:1:2 "${SGD[@]}" "${ACC4[@]}"
+# A PP2 checkpoint (every stage's tensors, gathered on rank 0) resumes in one process.
+run="$SCRATCH/from-pp2"
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
+  --run-dir "$run" "${COMMON[@]}" "${ACC4[@]}" --set parallel.pipeline=2 --set parallel.micro_batches=4 --exit-at-step 10
+expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$run" "${COMMON[@]}" "${ACC4[@]}" --resume auto
+rel=$(max_rel "$SCRATCH/gpt-pp-1/metrics.jsonl" "$run/metrics.jsonl")
+within "$rel" 1e-5 || fail "PP2 -> 1 process resume: losses differ by $rel"
+echo "PP2 checkpoint resumed in one process: losses within $rel"
 
 # A DP2 x TP2 checkpoint resumes under DP4, under TP2 and in one process, each continuing as the
 # uninterrupted one-process run.
