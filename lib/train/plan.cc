@@ -53,7 +53,7 @@ PlanReport plan_layout(const RunConfig& cfg) {
       for (size_t i = 1; i < n.inputs.size(); ++i) c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
     c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
     const double factor = n.op == "all_reduce" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
-    const double group = tensor_axis ? tp : ranks;
+    const double group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
     c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
     r.sent_bytes_per_step += c.sent_bytes;
     r.collectives.push_back(c);
@@ -106,6 +106,17 @@ PlanReport plan_layout(const RunConfig& cfg) {
       t += buf;
     }
     std::snprintf(buf, sizeof buf, "  total sent %s per step\n", mib(r.sent_bytes_per_step).c_str());
+    t += buf;
+  }
+  if (cfg.parallel.pipeline > 1) {
+    // Stage 0 of the pipeline: what it holds at once under 1F1B, and what it sends to stage 1.
+    const int64_t m = cfg.train.grad_accumulation, slots = std::min(cfg.parallel.pipeline, m);
+    const double act = static_cast<double>(g.value(g.outputs().at("pp/out")).nbytes());
+    std::snprintf(buf, sizeof buf,
+                  "pipeline stage 0 of %lld: %lld micro-batch slots (arena %s each, 1F1B), sends %lld activations "
+                  "of %.0f bytes per step and receives as many gradients\n",
+                  static_cast<long long>(cfg.parallel.pipeline), static_cast<long long>(slots),
+                  mib(r.arena_bytes).c_str(), static_cast<long long>(m), act);
     t += buf;
   }
   if (cfg.parallel.tensor > 1) {

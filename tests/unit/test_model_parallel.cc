@@ -1,6 +1,6 @@
-// Tensor parallelism without a launcher: SBP values, the layout SBP deduction gives the zoo's GPT and MLP,
-// and the local programs of every tensor rank run in threads over an in-process communicator, against one
-// process.
+// Tensor and pipeline parallelism without a launcher: SBP values, the layout SBP deduction gives the zoo's GPT
+// and MLP, the local programs of every tensor rank run in threads over an in-process communicator against one
+// process, and the pipeline's cut into stages.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -271,6 +271,72 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
       }
       EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
     }
+  }
+}
+
+}  // namespace
+}  // namespace flowrun
+
+namespace flowrun {
+namespace {
+
+Program compile_stage(const ModelConfig& m, const ModelInputs& in, int64_t stages, int64_t stage) {
+  Graph g;
+  build_model(g, m, in, /*training=*/true);
+  g.unmark_output("logits");
+  CompileOptions o;
+  o.optimizer.type = "adamw";
+  o.optimizer.accumulation = 4;
+  o.optimizer.pipeline = true;
+  o.pipeline = stages;
+  o.pipeline_stage = stage;
+  return compile(std::move(g), o);
+}
+
+TEST(PipelineParallel, GptCutBetweenBlocks) {
+  const ModelConfig m = zoo("gpt", "{n_layer: 4, n_head: 2, d_model: 16, dropout: 0.1}");
+  const Program first = compile_stage(m, kText, 2, 0), last = compile_stage(m, kText, 2, 1);
+  auto has = [](const Program& p, const std::string& n) { return p.graph.find_value(n) != kNoValue; };
+  // Balanced by FLOPs: the head's matmul weighs like a block, so the first stage takes more blocks.
+  EXPECT_TRUE(has(first, "blocks.0/attn/qkv/w"));
+  EXPECT_FALSE(has(last, "blocks.0/attn/qkv/w"));
+  EXPECT_TRUE(has(last, "blocks.3/mlp/fc/w"));
+  EXPECT_FALSE(has(first, "blocks.3/mlp/fc/w"));
+  // The activation crosses as pp/out -> pp/in ([2, 8, 16]), its gradient back; the loss is the last's.
+  EXPECT_EQ(first.graph.value(first.graph.outputs().at("pp/out")).shape(), (Shape{2, 8, 16}));
+  EXPECT_TRUE(has(first, "pp/out_grad"));
+  EXPECT_TRUE(has(last, "pp/in"));
+  EXPECT_TRUE(last.graph.outputs().count("grad/pp/in"));
+  EXPECT_TRUE(last.graph.outputs().count("loss"));
+  EXPECT_FALSE(first.graph.outputs().count("loss"));
+  // The tied embedding lives on both ends; the last stage's copy is left out of the norm.
+  const Value& wte0 = first.graph.value(first.graph.find_value("wte/w"));
+  const Value& wte1 = last.graph.value(last.graph.find_value("wte/w"));
+  EXPECT_TRUE(wte0.placement.pipe_shared && wte1.placement.pipe_shared);
+  EXPECT_FALSE(wte0.placement.pipe_copy);
+  EXPECT_TRUE(wte1.placement.pipe_copy);
+  // Forward nodes first, then the backward pass, then the update (apply phase, even without accumulation).
+  for (const Program* p : {&first, &last}) {
+    ASSERT_GT(p->backward_begin, 0u);
+    for (size_t i = 0; i < p->order.size(); ++i)
+      EXPECT_EQ(p->graph.node(p->order[i]).id < p->graph.backward_begin, i < p->backward_begin);
+    bool shared_reduced = false;
+    for (NodeId id : p->order)
+      if (p->graph.node(id).name == "pipeline/shared/wte/w") shared_reduced = p->graph.node(id).phase == 1;
+    EXPECT_TRUE(shared_reduced);
+  }
+}
+
+TEST(PipelineParallel, TooManyStagesIsAnInputError) {
+  ModelConfig c;
+  c.layers = YAML::Load("[{flatten: {}}, {linear: {name: a, out: 8}}, {linear: {name: b, out: 4}}]");
+  EXPECT_NO_THROW(compile_stage(c, {false, {4, 6}, 4}, 2, 1));
+  try {
+    compile_stage(c, {false, {4, 6}, 4}, 6, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    EXPECT_NE(std::string(e.what()).find("cannot be cut into 6 stages"), std::string::npos) << e.what();
   }
 }
 
