@@ -1,6 +1,6 @@
 // Collective ops, inserted by the parallel passes (never written in a model): all_reduce sums a bucket of
-// tensors over the ranks of the world in one transfer; local_shard and all_gather_into split a tensor into
-// per-rank flat shards and put it back together (ZeRO).
+// tensors over the ranks of the data axis in one transfer; local_shard and all_gather_into split a tensor
+// into per-rank flat shards and put it back together (ZeRO); the tp_* ops box values on the tensor axis.
 #include "ops/cpu/comm.h"
 
 #include "graph/builder.h"
@@ -131,8 +131,9 @@ void register_comm_ops(OpRegistry& r) {
   OpDef d;
   d.name = "all_reduce";
   d.doc =
-      "sum of each input over every rank (one transfer for the whole bucket), times attr scale (default 1); "
-      "outputs one per input. In a one-process program it is the scaling alone";
+      "sum of each input over the ranks of the data axis (attr group \"ends\": the first and last pipeline "
+      "stages), one transfer for the whole bucket, times attr scale (default 1); outputs one per input. In a "
+      "one-process program it is the scaling alone";
   d.num_inputs = -1;
   d.num_outputs = [](const Attrs&) { return -1; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
