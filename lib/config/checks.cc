@@ -121,11 +121,14 @@ void check_supported(const RunConfig& cfg) {
     for (const auto& key : section.keys) {
       if (key.supported.empty()) continue;
       const std::string value = to_yaml(key.bind.load(cfg)).Scalar();
-      // `supported` lists the accepted values as "a" or "a or b".
+      // `supported` lists the accepted values as "a", "a or b" or "a, b or c".
+      std::string list = key.supported;
+      for (size_t comma = list.find(", "); comma != std::string::npos; comma = list.find(", "))
+        list.replace(comma, 2, " or ");
       bool ok = false;
-      for (size_t at = 0; at <= key.supported.size();) {
-        const size_t end = std::min(key.supported.find(" or ", at), key.supported.size());
-        ok = ok || key.supported.compare(at, end - at, value) == 0;
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(" or ", at), list.size());
+        ok = ok || list.compare(at, end - at, value) == 0;
         at = end + 4;
       }
       if (!ok) {

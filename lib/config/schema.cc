@@ -215,7 +215,7 @@ std::vector<Section> build_schema() {
                     "ZeRO stage over the data-parallel ranks: shard optimizer state (1), gradients (2), "
                     "parameters (3)",
                     Bounds{Bounds::closed, 0, 3}),
-                "0 or 1", "ZeRO-2 and -3 are a later milestone"),
+                "0, 1 or 2", "ZeRO-3 is a later milestone"),
            key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
                "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows it)",
                positive),

@@ -11,12 +11,22 @@
 
 namespace flowrun {
 
-void data_parallel(Graph& g, int64_t ranks, const std::string& loss) {
+void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads) {
   if (ranks <= 1) return;
   GraphBuilder b(g);
   const double mean = 1.0 / static_cast<double>(ranks);
+  if (shard_grads) {
+    // ZeRO-2: the boxing P -> S (a reduce-scatter) instead of P -> B: each rank receives only the flat shard
+    // of every summed gradient whose optimizer state it keeps.
+    for (auto& [p, grad] : g.param_grads()) {
+      grad = b.op1("reduce_scatter_shard", {grad}, {{"shards", ranks}, {"scale", mean}},
+                   cat("data_parallel/", g.value(p).name));
+      g.mark_output("grad/" + g.value(p).name, grad);
+    }
+  }
   std::map<DType, std::vector<ValueId>> buckets;  // params by gradient dtype, in id order
-  for (const auto& [p, grad] : g.param_grads()) buckets[g.value(grad).dtype()].push_back(p);
+  for (const auto& [p, grad] : g.param_grads())
+    if (!shard_grads) buckets[g.value(grad).dtype()].push_back(p);
   for (const auto& [dtype, params] : buckets) {
     std::vector<ValueId> grads;
     for (ValueId p : params) grads.push_back(g.param_grads().at(p));

@@ -103,11 +103,13 @@ std::vector<ValueId> norm_inputs(const Graph& g, const std::map<ValueId, ValueId
   return split;
 }
 
-Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale) {
+Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale, const OptimizerSpec& spec) {
   int64_t split = 0;
   for (const auto& [p, grad] : grads) split += g.value(p).placement.tensor_split() && !g.value(p).placement.pipe_copy;
   Attrs a{{"scale", scale}};
   if (split > 0) a.set("split_inputs", split);
+  // ZeRO-2: each rank holds a flat shard of every gradient: the squares are summed over the data axis.
+  if (spec.sharded_grads) a.set("data_sharded", true);
   // Each pipeline stage holds its own parameters: the squares are summed over the stages too.
   if (g.find_value("pp/in") != kNoValue || g.outputs().count("pp/out")) a.set("pipeline", true);
   return a;
@@ -122,7 +124,7 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
   if (spec.loss_scaling) {
     // The norm of the scaled gradients tells both whether they are finite and, divided by the scale, the
     // true norm for clipping.
-    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale), "opt/scaled_grad_norm");
+    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec), "opt/scaled_grad_norm");
     const ValueId loss_scale = g.find_value("amp/loss_scale");
     FR_CHECK(loss_scale != kNoValue, "loss scaling without the amp/loss_scale state");
     const auto coef = b.op("unscale_coef", {norm, loss_scale}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}},
@@ -135,7 +137,7 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
     return coef[0];
   }
   if (spec.clip_grad_norm > 0) {
-    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale), "opt/grad_norm");
+    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec), "opt/grad_norm");
     g.mark_output("grad_norm", norm);
     return b.op1("clip_coef", {norm}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}}, "opt/clip_coef");
   }
@@ -155,7 +157,7 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   const bool zero = spec.zero_shards > 1;
   const Attrs shards{{"shards", spec.zero_shards}};
   const ValueId target = zero ? b.op1("local_shard", {p}, shards, cat("zero/", pv.name, "/param")) : p;
-  if (zero) grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
+  if (zero && !spec.sharded_grads) grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
   const Shape state_shape = g.value(target).shape();
   auto state = [&](const std::string& name, const Shape& shape) {
     const ValueId v = g.add_state(cat("opt/", pv.name, "/", name), shape, pv.dtype());
@@ -266,7 +268,7 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                    autodiff(g, it->second, seed);
                  }});
     if (opts.data_parallel > 1)
-      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) { data_parallel(g, o.data_parallel, o.loss); }});
+      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) { data_parallel(g, o.data_parallel, o.loss, o.zero >= 2); }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
   }
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

@@ -35,6 +35,9 @@ struct OptimizerSpec {
   // one flat shard of every parameter ("local_shard"), then the shards are gathered back into the full
   // parameter ("all_gather_into"). State values carry Placement::global_shape.
   int64_t zero_shards = 1;
+  // ZeRO-2: the gradients arrive as this rank's flat shards already (data_parallel's reduce-scatter), and
+  // the gradient norm sums its squares over the data axis.
+  bool sharded_grads = false;
   // A pipeline stage: the updates are apply-phase nodes even without accumulation (they run once every
   // micro-batch has gone through every stage), and the gradients of parameters several stages hold are
   // summed over them first (pipeline_shared_grads).
@@ -49,6 +52,7 @@ struct CompileOptions {
   OptimizerSpec optimizer;
   DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
   int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
+  int64_t zero = 0;            // ZeRO stage (optimizer.zero_shards carries the shard count)
   int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 runs tensor_parallel for rank tensor_rank
   int64_t tensor_rank = 0;
   int64_t pipeline = 1;  // stages; > 1 keeps stage pipeline_stage of the model (pipeline_stage)
@@ -86,7 +90,9 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
 // Data parallelism over `ranks` processes (after autodiff, before the optimizer): gradients are summed over
 // the ranks in one all_reduce bucket per dtype and scaled by 1/ranks, the `loss` output is averaged likewise,
 // and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
-void data_parallel(Graph& g, int64_t ranks, const std::string& loss);
+// With shard_grads (ZeRO-2) each gradient is reduce-scattered instead: param_grads then holds this rank's flat
+// shard of the summed gradient.
+void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads = false);
 // Tensor parallelism over `parts` ranks (forward graph, before mixed precision and autodiff): SBP deduction
 // on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole shape
 // in Value::placement (see graph/tensor_parallel.cc).

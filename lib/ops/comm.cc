@@ -240,6 +240,33 @@ void register_comm_ops(OpRegistry& r) {
     return std::vector<OpSample>{o};
   };
   r.add(ag);
+
+  OpDef rs;
+  rs.name = "reduce_scatter_shard";
+  rs.doc =
+      "ZeRO-2's gradient boxing P -> S: this rank's flat shard (as local_shard cuts it) of the sum of x over "
+      "the data axis, times attr scale (default 1); attr shards (the data-parallel ranks)";
+  rs.infer = ls.infer;
+  rs.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{static_cast<double>(numel(in[0].shape)),
+                static_cast<double>(numel(in[0].shape) * static_cast<int64_t>(dtype_size(in[0].dtype)))};
+  };
+  rs.workspace = ag.workspace;
+  rs.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::reduce_scatter_shard}};
+  rs.samples = [] {
+    OpSample o;
+    o.label = "one shard, scaled";
+    o.inputs = {{{3, 5}, DType::f64}};
+    o.attrs = Attrs{{"shards", int64_t{1}}, {"scale", 0.5}};
+    o.gradcheck = false;
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      Tensor y = in[0].clone().reshape({15});
+      for (int64_t i = 0; i < 15; ++i) y.data<double>()[i] *= 0.5;
+      return std::vector<Tensor>{y};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(rs);
   register_tensor_axis_ops(r);
 }
 

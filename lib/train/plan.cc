@@ -43,7 +43,7 @@ PlanReport plan_layout(const RunConfig& cfg) {
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
     const bool tensor_axis = n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
-    if (n.op != "all_reduce" && n.op != "all_gather_into" && !tensor_axis) continue;
+    if (n.op != "all_reduce" && n.op != "all_gather_into" && n.op != "reduce_scatter_shard" && !tensor_axis) continue;
     CollectivePlan c;
     c.node = n.name;
     c.op = n.op;
@@ -87,7 +87,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     t += "collectives per device per step\n";
     std::vector<std::pair<std::string, CollectivePlan>> lines;
     for (const CollectivePlan& c : r.collectives) {
-      const std::string key = c.op == "all_gather_into"  ? "zero/*/gather"
+      const std::string key = c.op == "all_gather_into"        ? "zero/*/gather"
+                              : c.op == "reduce_scatter_shard" ? "data_parallel/* (ZeRO-2)"
                               : c.op.rfind("tp_", 0) == 0 ? "tensor axis (all layers)"
                                                           : c.node;
       auto it = std::find_if(lines.begin(), lines.end(),

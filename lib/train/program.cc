@@ -88,6 +88,8 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
     o.optimizer.pipeline = cfg.parallel.pipeline > 1;
     o.data_parallel = cfg.parallel.data;
     if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;
+    o.zero = cfg.parallel.data > 1 ? cfg.parallel.zero : 0;
+    o.optimizer.sharded_grads = o.zero >= 2;
   } else {
     o.loss = "";  // inference: no backward, no updates
   }

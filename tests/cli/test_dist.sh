@@ -68,6 +68,11 @@ check_case gpt-accum "${GPT[@]}" 2:1:2 --set train.grad_accumulation=2
 check_case mlp-zero1 "${MLP[@]}" 2:2:1 --set train.steps=20 --set parallel.zero=1
 check_case gpt-zero1 "${GPT[@]}" 2:2:1 --set parallel.zero=1
 check_case gpt-zero1 "${GPT[@]}" 4:2:2 --set parallel.zero=1
+# ZeRO-2: gradients reduce-scattered, each rank receiving only its shard.
+check_case mlp-zero2 "${MLP[@]}" 2:2:1 --set train.steps=20 --set parallel.zero=2
+check_case gpt-zero2 "${GPT[@]}" 2:2:1 --set parallel.zero=2
+check_case gpt-zero2 "${GPT[@]}" 4:2:2 --set parallel.zero=2
+check_case gpt-zero2-accum "${GPT[@]}" 2:2:1 --set parallel.zero=2 --set train.grad_accumulation=2
 
 # Pipeline parallelism: 2 stages, 4 micro-batches (1F1B), against one process accumulating 4 micro-batches;
 # also with data and tensor parallelism (3-D: 8 ranks is too slow on 2 cores, see the README).

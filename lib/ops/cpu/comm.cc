@@ -72,6 +72,27 @@ void all_gather_into(const KernelCtx& c) {
   std::memcpy(c.in[0].data, c.workspace, static_cast<size_t>(n) * esize);
 }
 
+void reduce_scatter_shard(const KernelCtx& c) {
+  check_shards(c);
+  const int64_t n = c.in[0].numel(), s = c.out[0].numel(), shards = c.attrs().i("shards");
+  const DType t = c.in[0].dtype;
+  const size_t esize = dtype_size(t);
+  // The whole gradient, zero-padded to shards x s, reduced; this rank receives its s elements.
+  char* buf = static_cast<char*>(c.workspace);
+  std::memcpy(buf, c.in[0].data, static_cast<size_t>(n) * esize);
+  std::memset(buf + n * static_cast<int64_t>(esize), 0, static_cast<size_t>(s * shards - n) * esize);
+  if (c.comm && c.comm->size() > 1)
+    c.comm->reduce_scatter(buf, c.out[0].data, s, t, ReduceOp::sum);
+  else
+    std::memcpy(c.out[0].data, buf, static_cast<size_t>(s) * esize);
+  const double scale = c.attrs().f("scale", 1.0);
+  dispatch_float(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* y = c.out[0].as<T>();
+    for (int64_t i = 0; i < s; ++i) y[i] = static_cast<T>(y[i] * static_cast<T>(scale));
+  });
+}
+
 }  // namespace flowrun::cpu
 
 namespace flowrun::cpu {

@@ -117,6 +117,7 @@ void global_norm(const KernelCtx& c) {
   }
   if (split_inputs > 0 && c.tp) c.tp->all_reduce(&split_total, 1, DType::f64, ReduceOp::sum);
   total += split_total;
+  if (c.attrs().b("data_sharded") && c.comm) c.comm->all_reduce(&total, 1, DType::f64, ReduceOp::sum);
   if (c.attrs().b("pipeline") && c.pp) c.pp->all_reduce(&total, 1, DType::f64, ReduceOp::sum);
   *c.out[0].as<float>() = static_cast<float>(c.attrs().f("scale", 1.0) * std::sqrt(total));
 }
