@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -308,6 +309,16 @@ void describe_header(std::ostream& os, const h5::File& f) {
 }
 
 void describe_config(std::ostream& os, const std::string& yaml) {
+  // The layout of the run that saved it (its config's parallel section; tensors are stored whole).
+  try {
+    const YAML::Node par = YAML::Load(yaml)["parallel"];
+    auto get = [&](const char* k, int64_t d) { return par && par[k] ? par[k].as<int64_t>() : d; };
+    os << "saved under:      data " << get("data", 1) << " x tensor " << get("tensor", 1) << " x pipeline "
+       << get("pipeline", 1) << ", zero " << get("zero", 0)
+       << " (tensors stored whole: it loads under any layout, each rank cutting its pieces)\n";
+  } catch (const YAML::Exception&) {
+    os << "saved under:      (the stored config does not parse)\n";
+  }
   os << "config:\n";
   std::istringstream in(yaml);
   for (std::string line; std::getline(in, line);) os << "  " << line << "\n";

@@ -98,6 +98,8 @@ for to in 4:4:1 2:1:2 1:1:1; do
   run="$SCRATCH/from-d2t2-to-d${d}t$t"
   expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 4 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
     --run-dir "$run" "${COMMON[@]}" --set parallel.data=2 --set parallel.tensor=2 --exit-at-step 10
+  expect_exit 0 "$FLOWRUN" inspect "$run/checkpoints/step_00000010.h5"
+  expect_log "saved under:      data 2 x tensor 2 x pipeline 1, zero 0"
   expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np "$n" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
     --run-dir "$run" "${COMMON[@]}" --set parallel.data="$d" --set parallel.tensor="$t" --resume auto
   rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$run/metrics.jsonl")
