@@ -99,6 +99,7 @@ struct PrecisionConfig {
 
 struct ParallelConfig {
   int64_t data = 1, tensor = 1, pipeline = 1, zero = 0, micro_batches = 1;
+  double bucket_mb = 25;
 };
 
 struct RunConfig {

@@ -216,6 +216,10 @@ std::vector<Section> build_schema() {
                     "parameters (3)",
                     Bounds{Bounds::closed, 0, 3}),
                 "0, 1 or 2", "ZeRO-3 is a later milestone"),
+           key("bucket_mb", Type::number, "25", field(par, &Par::bucket_mb),
+               "data parallel: gradient all-reduce bucket size in MiB; each bucket starts as soon as its "
+               "gradients exist, overlapping the rest of the backward pass",
+               positive),
            key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
                "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows it)",
                positive),

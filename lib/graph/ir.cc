@@ -128,7 +128,7 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
   // Phase by phase (the apply phase after the every-step phase, so that it reads the state the every-step
   // mutations, e.g. gradient accumulation, left), Kahn's algorithm within a phase, always taking the lowest
   // ready id so that the order follows construction where it can (passes that append replacement nodes
-  // still yield a valid order). Nodes that only mutate their inputs (optimizer updates) go last in their
+  // still yield a valid order), except that eager ops (collectives to overlap) go first once ready. Nodes that only mutate their inputs (optimizer updates) go last in their
   // phase, so that every reader of the old value has run first.
   int last_phase = 0;
   for (const auto& n : nodes_)
@@ -137,7 +137,7 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
   for (int phase = 0; phase <= last_phase; ++phase) {
     std::vector<int> pending(nodes_.size(), 0);
     std::vector<std::vector<NodeId>> readers(nodes_.size());
-    std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+    std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready, eager;
     std::vector<NodeId> last;
     for (const auto& n : nodes_) {
       if (n.dead || n.phase != phase) continue;
@@ -158,12 +158,17 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
       }
       if (pending[static_cast<size_t>(n.id)] == 0) ready.push(n.id);
     }
-    while (!ready.empty()) {
-      const NodeId id = ready.top();
-      ready.pop();
+    auto push = [&](NodeId id) {
+      const OpDef* def = OpRegistry::get().find(nodes_[static_cast<size_t>(id)].op);
+      (def && def->eager ? eager : ready).push(id);
+    };
+    while (!ready.empty() || !eager.empty()) {
+      auto& from = eager.empty() ? ready : eager;
+      const NodeId id = from.top();
+      from.pop();
       order.push_back(id);
       for (NodeId r : readers[static_cast<size_t>(id)])
-        if (--pending[static_cast<size_t>(r)] == 0) ready.push(r);
+        if (--pending[static_cast<size_t>(r)] == 0) push(r);
     }
     order.insert(order.end(), last.begin(), last.end());
   }

@@ -268,7 +268,7 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                    autodiff(g, it->second, seed);
                  }});
     if (opts.data_parallel > 1)
-      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) { data_parallel(g, o.data_parallel, o.loss, o.zero >= 2); }});
+      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) { data_parallel(g, o.data_parallel, o.loss, o.zero >= 2, o.bucket_bytes); }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
   }
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

@@ -53,6 +53,7 @@ struct CompileOptions {
   DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
   int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
   int64_t zero = 0;            // ZeRO stage (optimizer.zero_shards carries the shard count)
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradient all-reduce buckets (data_parallel)
   int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 runs tensor_parallel for rank tensor_rank
   int64_t tensor_rank = 0;
   int64_t pipeline = 1;  // stages; > 1 keeps stage pipeline_stage of the model (pipeline_stage)
@@ -92,7 +93,9 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
 // and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
 // With shard_grads (ZeRO-2) each gradient is reduce-scattered instead: param_grads then holds this rank's flat
 // shard of the summed gradient.
-void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads = false);
+// bucket_bytes: the gradient all-reduce's bucket size (buckets start as soon as their gradients exist).
+void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads = false,
+                   int64_t bucket_bytes = int64_t{25} << 20);
 // Tensor parallelism over `parts` ranks (forward graph, before mixed precision and autodiff): SBP deduction
 // on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole shape
 // in Value::placement (see graph/tensor_parallel.cc).

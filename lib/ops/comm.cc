@@ -3,8 +3,9 @@
 // into per-rank flat shards and put it back together (ZeRO); the tp_* ops box values on the tensor axis.
 #include "ops/cpu/comm.h"
 
-#include "graph/builder.h"
+#include <cstring>
 
+#include "graph/builder.h"
 #include "ops/registry.h"
 #include "parallel/comm.h"
 
@@ -267,6 +268,95 @@ void register_comm_ops(OpRegistry& r) {
     return std::vector<OpSample>{o};
   };
   r.add(rs);
+
+  // The gradient all-reduce split in two, so that the computation scheduled between them overlaps it.
+  OpDef st;
+  st.name = "all_reduce_start";
+  st.doc =
+      "starts the sum over the data axis of a bucket of tensors (one dtype): outputs the packed bucket, which "
+      "the transfer owns until all_reduce_wait, and the transfer's handle (i64); scheduled as soon as its inputs "
+      "are ready (eager)";
+  st.num_inputs = -1;
+  st.num_outputs = [](const Attrs&) { return 2; };
+  st.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+    int64_t n = 0;
+    for (const TensorType& t : in) {
+      if (t.dtype != in[0].dtype) throw input_error("all_reduce_start: a bucket holds one dtype");
+      n += numel(t.shape);
+    }
+    return {{{n}, in[0].dtype}, {{}, DType::i64}};
+  };
+  st.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{0, 2.0 * bytes_of(in)};
+  };
+  st.eager = true;
+  st.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::all_reduce_start}};
+  st.samples = [] {
+    // One process, no communicator: the packed bucket and no transfer in flight (handle -1).
+    OpSample o;
+    o.label = "bucket of 2 x 3 and 4";
+    o.inputs = {{{2, 3}, DType::f64}, {{4}, DType::f64}};
+    o.gradcheck = false;
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      Tensor bucket = Tensor::empty({10}, DType::f64);
+      std::memcpy(bucket.raw(), in[0].raw(), in[0].nbytes());
+      std::memcpy(static_cast<char*>(bucket.raw()) + in[0].nbytes(), in[1].raw(), in[1].nbytes());
+      return std::vector<Tensor>{bucket, Tensor::from<int64_t>({}, {-1})};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(st);
+
+  OpDef wt;
+  wt.name = "all_reduce_wait";
+  wt.doc =
+      "(bucket, handle) of all_reduce_start: waits for the sum and unpacks it, times attr scale (default 1), "
+      "into tensors of the shapes attr dims lists (ranks: how many dims each has)";
+  wt.num_inputs = 2;
+  wt.num_outputs = [](const Attrs& a) { return static_cast<int>(a.ints_or_empty("ranks").size()); };
+  wt.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    std::vector<TensorType> out;
+    const auto& dims = a.ints("dims");
+    size_t at = 0;
+    int64_t n = 0;
+    for (int64_t r : a.ints("ranks")) {
+      if (r < 0 || at + static_cast<size_t>(r) > dims.size()) throw input_error("all_reduce_wait: bad dims");
+      Shape s(dims.begin() + static_cast<std::ptrdiff_t>(at), dims.begin() + static_cast<std::ptrdiff_t>(at) + r);
+      at += static_cast<size_t>(r);
+      n += numel(s);
+      out.push_back({s, in[0].dtype});
+    }
+    if (in[0].shape != Shape{n} || in[1].dtype != DType::i64)
+      throw input_error(cat("all_reduce_wait: a bucket of ", n, " elements and an i64 handle expected"));
+    return out;
+  };
+  wt.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    return Cost{static_cast<double>(numel(in[0].shape)), 2.0 * bytes_of(in)};
+  };
+  wt.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::all_reduce_wait}};
+  wt.samples = [] {
+    // Start and wait in one process: the scaling alone, unpacked.
+    OpSample o;
+    o.label = "bucket of 2 x 3 and 4, halved";
+    o.inputs = {{{10}, DType::f64}, {{}, DType::i64}};
+    o.attrs = Attrs{{"ranks", std::vector<int64_t>{2, 1}}, {"dims", std::vector<int64_t>{2, 3, 4}}, {"scale", 0.5}};
+    o.gradcheck = false;
+    o.fill = [](int i, Tensor& t, uint64_t) {
+      if (i == 1) {
+        t.data<int64_t>()[0] = -1;  // no transfer in flight
+        return;
+      }
+      for (int64_t j = 0; j < 10; ++j) t.data<double>()[j] = static_cast<double>(j);
+    };
+    o.reference = [](const std::vector<Tensor>&, const Attrs&) {
+      Tensor a = Tensor::empty({2, 3}, DType::f64), b = Tensor::empty({4}, DType::f64);
+      for (int64_t j = 0; j < 6; ++j) a.data<double>()[j] = 0.5 * static_cast<double>(j);
+      for (int64_t j = 0; j < 4; ++j) b.data<double>()[j] = 0.5 * static_cast<double>(j + 6);
+      return std::vector<Tensor>{a, b};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(wt);
   register_tensor_axis_ops(r);
 }
 

@@ -112,6 +112,9 @@ struct OpDef {
   bool view = false;
   std::vector<int> mutates;          // inputs updated in place (optimizer state, running statistics)
   bool random = false;               // draws from its KernelCtx::rng
+  // Scheduled as soon as its inputs are ready, ahead of other ready nodes: a collective started early
+  // overlaps the computation scheduled after it (all_reduce_start).
+  bool eager = false;
   std::vector<KernelDef> kernels;
   std::function<std::vector<OpSample>()> samples;
   // Ops whose gradient checks exercise this one, for backward helpers that have no samples of their own.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <list>
+#include <map>
 #include <vector>
 
 #include "core/error.h"
@@ -30,6 +31,8 @@ class SingleCommunicator final : public Communicator {
   void post(const void*, int64_t, DType, int peer, int) override { no_peer(peer); }
   void flush() override {}
   void barrier() override {}
+  int64_t start_all_reduce(void*, int64_t, DType, ReduceOp) override { return 0; }
+  void wait(int64_t) override {}
   std::shared_ptr<Communicator> split(int, int) override { return std::make_shared<SingleCommunicator>(); }
 
  private:
@@ -143,6 +146,18 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
     posted_.clear();
   }
   void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+  int64_t start_all_reduce(void* data, int64_t n, DType t, ReduceOp op) override {
+    MPI_Request r;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), mpi_type(t), mpi_op(op), comm_, &r), "all-reduce start");
+    requests_[next_handle_] = r;
+    return next_handle_++;
+  }
+  void wait(int64_t handle) override {
+    auto it = requests_.find(handle);
+    FR_CHECK(it != requests_.end(), "no collective in flight with handle ", handle);
+    check(MPI_Wait(&it->second, MPI_STATUS_IGNORE), "all-reduce wait");
+    requests_.erase(it);
+  }
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), "comm split");
@@ -157,6 +172,8 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
     MPI_Request request;
   };
   std::list<Posted> posted_;
+  std::map<int64_t, MPI_Request> requests_;  // started collectives by handle
+  int64_t next_handle_ = 0;
   MPI_Comm comm_ = MPI_COMM_WORLD;
   std::shared_ptr<Communicator> parent_;
 };

@@ -33,6 +33,10 @@ class Communicator {
   virtual void post(const void* data, int64_t n, DType t, int peer, int tag) = 0;
   virtual void flush() = 0;
   virtual void barrier() = 0;
+  // An in-place all-reduce that returns at once; `wait` (with the returned handle) completes it, after which
+  // the data holds the result. Until then the data must be left alone.
+  virtual int64_t start_all_reduce(void* data, int64_t n, DType t, ReduceOp op) = 0;
+  virtual void wait(int64_t handle) = 0;
   // The ranks with the same color, ordered by key (collective: every rank calls it).
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 };

@@ -43,7 +43,9 @@ PlanReport plan_layout(const RunConfig& cfg) {
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
     const bool tensor_axis = n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
-    if (n.op != "all_reduce" && n.op != "all_gather_into" && n.op != "reduce_scatter_shard" && !tensor_axis) continue;
+    const bool data_axis = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "all_gather_into" ||
+                           n.op == "reduce_scatter_shard";
+    if (!data_axis && !tensor_axis) continue;
     CollectivePlan c;
     c.node = n.name;
     c.op = n.op;
@@ -52,7 +54,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     if (n.op == "all_reduce")
       for (size_t i = 1; i < n.inputs.size(); ++i) c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
     c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
-    const double factor = n.op == "all_reduce" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
+    if (n.op == "all_reduce_start") c.tensor_bytes = static_cast<double>(g.value(n.outputs[0]).nbytes());
+    const double factor = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
     const double group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
     c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
     r.sent_bytes_per_step += c.sent_bytes;

@@ -89,6 +89,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
     o.data_parallel = cfg.parallel.data;
     if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;
     o.zero = cfg.parallel.data > 1 ? cfg.parallel.zero : 0;
+    o.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(cfg.parallel.bucket_mb * 1048576.0));
     o.optimizer.sharded_grads = o.zero >= 2;
   } else {
     o.loss = "";  // inference: no backward, no updates

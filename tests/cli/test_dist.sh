@@ -61,6 +61,8 @@ GPT=("$SRC/tests/configs/tiny_gpt.yaml" "/attn/qkv/b: |/wte/w: ")
 check_case gpt "${GPT[@]}" 2:2:1
 check_case gpt "${GPT[@]}" 2:1:2
 check_case gpt "${GPT[@]}" 4:2:2
+# Small gradient buckets: several all-reduces, each started during the backward pass.
+check_case gpt-buckets "${GPT[@]}" 2:2:1 --set parallel.bucket_mb=0.02
 check_case gpt-accum "${GPT[@]}" 2:2:1 --set train.grad_accumulation=2
 check_case gpt-accum "${GPT[@]}" 2:1:2 --set train.grad_accumulation=2
 # ZeRO-1: each rank keeps the optimizer state of half of every parameter (of its tensor-parallel piece);

@@ -66,8 +66,8 @@ TEST(ParallelComm, SingleProcessWorld) {
   EXPECT_EQ(y[1], 2.0f);
 }
 
-// A linear model with dropout: the pass buckets every gradient into one all_reduce scaled 1/ranks, reduces
-// the loss, and marks the random op.
+// A linear model with dropout: the pass buckets every gradient into one all-reduce (start, then wait, scaled
+// 1/ranks), reduces the loss, and marks the random op.
 TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   Graph g;
   GraphBuilder b(g);
@@ -79,21 +79,60 @@ TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   o.optimizer.type = "sgd";
   o.data_parallel = 4;
   const Program p = compile(std::move(g), o);
-  int buckets = 0, loss_reduce = 0;
+  int starts = 0, loss_reduce = 0;
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
     if (n.op == "dropout") {
       EXPECT_TRUE(n.attrs.b("batch_split"));
     }
-    if (n.op != "all_reduce") continue;
-    EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
-    (n.inputs.size() == 2 ? buckets : loss_reduce) += 1;
+    starts += n.op == "all_reduce_start" && n.inputs.size() == 2;
+    if (n.op == "all_reduce_wait") {
+      EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
+    }
+    if (n.op == "all_reduce") {
+      EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
+      ++loss_reduce;
+    }
   }
-  EXPECT_EQ(buckets, 1);
+  EXPECT_EQ(starts, 1);
   EXPECT_EQ(loss_reduce, 1);
   for (const auto& [param, grad] : p.graph.param_grads())
-    EXPECT_EQ(p.graph.node(p.graph.value(grad).producer).op, "all_reduce") << p.graph.value(param).name;
+    EXPECT_EQ(p.graph.node(p.graph.value(grad).producer).op, "all_reduce_wait") << p.graph.value(param).name;
   EXPECT_EQ(p.graph.node(p.graph.value(p.graph.outputs().at("loss")).producer).op, "all_reduce");
+}
+
+// Small buckets on a 3-layer MLP: the last layer's gradients are bucketed first, and each bucket's transfer
+// starts while the backward pass still has layers to go; every wait comes after the whole backward pass.
+TEST(ParallelPass, BucketsStartDuringTheBackwardPass) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId h = b.input("x", {8, 16});
+  for (int i = 0; i < 3; ++i) {
+    b.push_scope(cat("l", i));
+    h = b.op1("relu", {b.op1("linear", {h, b.param("w", {16, 16}), b.param("b", {16})})});
+    b.pop_scope();
+  }
+  g.mark_output("loss", b.op1("mse_loss", {h, b.input("t", {8, 16})}));
+  CompileOptions o;
+  o.optimizer.type = "sgd";
+  o.data_parallel = 2;
+  o.bucket_bytes = 16 * 16 * 4;  // one weight per bucket
+  const Program p = compile(std::move(g), o);
+  std::vector<std::string> started;
+  size_t first_start = p.order.size(), last_backward = 0, first_wait = p.order.size();
+  for (size_t i = 0; i < p.order.size(); ++i) {
+    const Node& n = p.graph.node(p.order[i]);
+    if (n.op == "all_reduce_start") {
+      first_start = std::min(first_start, i);
+      started.push_back(p.graph.value(n.inputs[0]).name);
+    }
+    if (n.op == "all_reduce_wait") first_wait = std::min(first_wait, i);
+    if (n.op == "matmul") last_backward = i;
+  }
+  ASSERT_GE(started.size(), 3u);
+  EXPECT_LT(first_start, last_backward);  // overlaps the rest of the backward pass
+  EXPECT_GT(first_wait, last_backward);
+  EXPECT_NE(started[0].find("l2"), std::string::npos) << started[0];  // the last layer's gradients first
 }
 
 // ZeRO-1 over 4 ranks: AdamW's moments hold a quarter of each parameter (rounded up) and remember its whole

@@ -72,6 +72,37 @@ void all_gather_into(const KernelCtx& c) {
   std::memcpy(c.in[0].data, c.workspace, static_cast<size_t>(n) * esize);
 }
 
+void all_reduce_start(const KernelCtx& c) {
+  const size_t esize = dtype_size(c.in[0].dtype);
+  char* bucket = static_cast<char*>(c.out[0].data);
+  int64_t at = 0;
+  for (int i = 0; i < c.num_in; ++i) {
+    std::memcpy(bucket + at * static_cast<int64_t>(esize), c.in[i].data, static_cast<size_t>(c.in[i].numel()) * esize);
+    at += c.in[i].numel();
+  }
+  *c.out[1].as<int64_t>() = c.comm ? c.comm->start_all_reduce(bucket, at, c.in[0].dtype, ReduceOp::sum) : -1;
+}
+
+void all_reduce_wait(const KernelCtx& c) {
+  const int64_t handle = *c.in[1].as<int64_t>();
+  if (c.comm && handle >= 0) c.comm->wait(handle);
+  const double scale = c.attrs().f("scale", 1.0);
+  int64_t at = 0;
+  for (int i = 0; i < c.num_out; ++i) {
+    const int64_t n = c.out[i].numel();
+    dispatch_float(c.in[0].dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T* src = c.in[0].as<T>() + at;
+      T* dst = c.out[i].as<T>();
+      const T k = static_cast<T>(scale);
+      parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
+        for (int64_t j = s; j < e; ++j) dst[j] = src[j] * k;
+      });
+    });
+    at += n;
+  }
+}
+
 void reduce_scatter_shard(const KernelCtx& c) {
   check_shards(c);
   const int64_t n = c.in[0].numel(), s = c.out[0].numel(), shards = c.attrs().i("shards");
