@@ -1,4 +1,5 @@
-// all_reduce on CPU tensors: pack the bucket, one collective through the communicator, unpack scaled.
+// The collectives on CPU tensors: pack a bucket, one transfer through the communicator, unpack scaled; the
+// ZeRO shards; the tensor axis's boxing.
 #include "ops/cpu/comm.h"
 
 #include <algorithm>
@@ -9,6 +10,28 @@
 #include "parallel/sbp.h"
 
 namespace flowrun::cpu {
+
+namespace {
+
+// The outputs, in order, from a packed bucket (of the dtype of input 0), times `scale`.
+void unpack_scaled(const KernelCtx& c, const void* bucket, double scale) {
+  int64_t at = 0;
+  for (int i = 0; i < c.num_out; ++i) {
+    const int64_t n = c.out[i].numel();
+    dispatch_float(c.in[0].dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T* src = static_cast<const T*>(bucket) + at;
+      T* dst = c.out[i].as<T>();
+      const T k = static_cast<T>(scale);
+      parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
+        for (int64_t j = s; j < e; ++j) dst[j] = src[j] * k;
+      });
+    });
+    at += n;
+  }
+}
+
+}  // namespace
 
 void all_reduce(const KernelCtx& c) {
   const DType t = c.in[0].dtype;
@@ -24,24 +47,10 @@ void all_reduce(const KernelCtx& c) {
   }
   Communicator* group = c.attrs().is("group", "ends") ? c.ends : c.comm;
   if (group) group->all_reduce(buf, total, t, ReduceOp::sum);
-  const double scale = c.attrs().f("scale", 1.0);
-  int64_t at = 0;
-  for (int i = 0; i < c.num_out; ++i) {
-    const int64_t n = c.out[i].numel();
-    dispatch_float(t, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      const T* src = reinterpret_cast<const T*>(buf) + at;
-      T* dst = c.out[i].as<T>();
-      const T k = static_cast<T>(scale);
-      parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
-        for (int64_t j = s; j < e; ++j) dst[j] = src[j] * k;
-      });
-    });
-    at += n;
-  }
+  unpack_scaled(c, buf, c.attrs().f("scale", 1.0));
 }
 
-// The shards attribute must be the world's size: a program sharded for D ranks runs only on D ranks.
+// The shards attribute must be the data axis's size: a program sharded for D ranks runs only on D ranks.
 void check_shards(const KernelCtx& c) {
   const int64_t world = c.comm ? c.comm->size() : 1;
   FR_CHECK(c.attrs().i("shards") == world, c.node->name, ": sharded ", c.attrs().i("shards"), " ways on ", world,
@@ -86,21 +95,7 @@ void all_reduce_start(const KernelCtx& c) {
 void all_reduce_wait(const KernelCtx& c) {
   const int64_t handle = *c.in[1].as<int64_t>();
   if (c.comm && handle >= 0) c.comm->wait(handle);
-  const double scale = c.attrs().f("scale", 1.0);
-  int64_t at = 0;
-  for (int i = 0; i < c.num_out; ++i) {
-    const int64_t n = c.out[i].numel();
-    dispatch_float(c.in[0].dtype, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      const T* src = c.in[0].as<T>() + at;
-      T* dst = c.out[i].as<T>();
-      const T k = static_cast<T>(scale);
-      parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
-        for (int64_t j = s; j < e; ++j) dst[j] = src[j] * k;
-      });
-    });
-    at += n;
-  }
+  unpack_scaled(c, c.in[0].data, c.attrs().f("scale", 1.0));
 }
 
 void reduce_scatter_shard(const KernelCtx& c) {
