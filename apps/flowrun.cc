@@ -112,6 +112,7 @@ int run_plan(Args a) {
 
 int run_time(const Args& a) {
   const flowrun::TimeReport r = flowrun::time_training(load(a), a.time);
+  if (!r.lead) return 0;  // under mpirun/srun rank 0 reports
   std::cout << r.table;
   if (a.json) std::cout << r.json << "\n";
   return 0;

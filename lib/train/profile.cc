@@ -121,6 +121,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     if (v.kind != ValueKind::param && v.kind != ValueKind::state) continue;
     (v.kind == ValueKind::param ? r.param_bytes : r.state_bytes) += static_cast<double>(ex.tensor(v.name).nbytes());
   }
+  r.lead = t.mesh.world->rank() == 0;
   r.threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
   r.text = t.data->spec().text;
   r.items_per_step = cfg.train.batch_size * (r.text ? cfg.data.seq_len : 1);

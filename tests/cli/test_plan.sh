@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `flowrun plan` against what a run holds (`flowrun time --json` of the same layout): parameter and state
 # bytes exactly, the arena within 10%, and the FLOPs per step; in one process, under ZeRO-1 on 2 ranks,
-# where each rank holds half of the optimizer state, and under TP2, where each holds its pieces.
+# where each rank holds half of the optimizer state, under TP2, where each holds its pieces, and for the first
+# stage of PP2.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 CFG="$SRC/tests/configs/tiny_gpt.yaml"
@@ -49,5 +50,15 @@ grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time3.json"
 compare "TP2" "$SCRATCH/plan3.json" "$SCRATCH/time3.json"
 awk -v t="$(num "$SCRATCH/plan3.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
   'BEGIN {exit !(t < 0.7 * o)}' || fail "TP2 parameters are not split (plan: $(num "$SCRATCH/plan3.json" param_bytes) bytes)"
+
+# Two pipeline stages: rank 0 holds the first stage's parameters and one arena per micro-batch slot.
+PP=(--set parallel.pipeline=2 --set parallel.micro_batches=4)
+expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 "${PP[@]}" --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan4.json"
+expect_log "pipeline stage 0 of 2: 2 micro-batch slots"
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
+  --profile 0 --json "${PP[@]}"
+grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time4.json"
+compare "PP2 stage 0" "$SCRATCH/plan4.json" "$SCRATCH/time4.json"
 
 expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
