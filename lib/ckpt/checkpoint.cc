@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "io/h5.h"
+#include "parallel/sbp.h"
 
 namespace flowrun {
 namespace {
@@ -50,7 +51,7 @@ std::string hex32(uint32_t v) {
 
 // step_00000012.h5 -> 12; nullopt for any other name (temporary files included).
 std::optional<int64_t> checkpoint_step(const std::string& name) {
-  static const std::regex re(R"(step_(\d+)\.h5)");
+  static const std::regex re(R"(step_(\d+)\.(h5|shards))");
   std::smatch m;
   if (!std::regex_match(name, m, re)) return std::nullopt;
   return std::stoll(m[1].str());
@@ -104,6 +105,7 @@ void write_checkpoint(const std::string& path, const CheckpointData& d) {
   f.set_attr("", "loader_epoch", d.loader_epoch);
   f.set_attr("", "loader_index", d.loader_index);
   for (const auto& [name, v] : d.scalars) f.set_attr("", cat(kScalarPrefix, name), v);
+  if (!d.layout.empty()) f.set_attr("", "layout", d.layout);
   write_tensors(f, "params", d.params);
   write_tensors(f, "state", d.state);
   f.flush();  // tensors and their metadata are in the file before the flag that vouches for them
@@ -120,7 +122,7 @@ void prune(const std::string& dir, int64_t keep) {
   const std::vector<std::string> all = list_checkpoints(dir);
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < all.size(); ++i) {
     std::error_code ec;
-    if (fs::remove(all[i], ec))
+    if (fs::remove_all(all[i], ec) > 0)
       spdlog::info("removed old checkpoint {} (keeping the newest {})", all[i], keep);
     else if (ec)
       spdlog::warn("cannot remove old checkpoint {}: {}", all[i], ec.message());
@@ -176,6 +178,7 @@ void read_header(const h5::File& f, CheckpointData& d) {
   const std::string prefix = kScalarPrefix;
   for (const auto& a : f.attrs(""))
     if (a.rfind(prefix, 0) == 0) d.scalars[a.substr(prefix.size())] = f.attr_double("", a);
+  if (f.has_attr("", "layout")) d.layout = f.attr_string("", "layout");
 }
 
 // Dataset paths below `group` ("params"), or none when the group was never written (no tensors).
@@ -308,20 +311,119 @@ void describe_header(std::ostream& os, const h5::File& f) {
   os << "\n";
 }
 
-void describe_config(std::ostream& os, const std::string& yaml) {
+void describe_config(std::ostream& os, const std::string& yaml, bool piece) {
   // The layout of the run that saved it (its config's parallel section; tensors are stored whole).
   try {
     const YAML::Node par = YAML::Load(yaml)["parallel"];
     auto get = [&](const char* k, int64_t d) { return par && par[k] ? par[k].as<int64_t>() : d; };
     os << "saved under:      data " << get("data", 1) << " x tensor " << get("tensor", 1) << " x pipeline "
        << get("pipeline", 1) << ", zero " << get("zero", 0)
-       << " (tensors stored whole: it loads under any layout, each rank cutting its pieces)\n";
+       << (piece ? " (this file: one rank's pieces; the checkpoint loads under any layout)\n"
+                 : " (tensors stored whole: it loads under any layout, each rank cutting its pieces)\n");
   } catch (const YAML::Exception&) {
     os << "saved under:      (the stored config does not parse)\n";
   }
   os << "config:\n";
   std::istringstream in(yaml);
   for (std::string line; std::getline(in, line);) os << "  " << line << "\n";
+}
+
+std::vector<int64_t> parse_dims(const std::string& s) {
+  std::vector<int64_t> v;
+  std::istringstream in(s);
+  for (std::string d; std::getline(in, d, ',');)
+    if (!d.empty()) v.push_back(std::stoll(d));
+  return v;
+}
+
+ShardInfo parse_shard_info(const std::string& text, const std::string& where) {
+  ShardInfo info;
+  std::istringstream in(text);
+  for (std::string field; in >> field;) {
+    const size_t eq = field.find('=');
+    if (eq == std::string::npos) throw CheckpointError(cat(where, ": bad layout field '", field, "'"));
+    const std::string k = field.substr(0, eq), v = field.substr(eq + 1);
+    if (k == "tensor") info.tensor = v;
+    else if (k == "parts") info.parts = std::stoll(v);
+    else if (k == "part") info.part = std::stoll(v);
+    else if (k == "whole") info.whole = parse_dims(v);
+    else if (k == "zero") info.zero = std::stoll(v);
+    else if (k == "zpart") info.zpart = std::stoll(v);
+    else if (k == "zshape") info.zshape = parse_dims(v);
+  }
+  return info;
+}
+
+// Every rank file of a sharded checkpoint, each tensor put back together: ZeRO shards concatenated (in shard
+// order, the padding dropped), then tensor-axis pieces put in place. Any missing piece is an input_error.
+CheckpointData load_sharded(const std::string& dir, bool verify) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".h5") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw CheckpointError(cat("checkpoint ", dir, ": no rank_<r>.h5 files"));
+  CheckpointData whole;
+  struct Piece {
+    Tensor t;
+    ShardInfo info;
+    bool param;
+  };
+  std::map<std::string, std::vector<Piece>> pieces;
+  for (size_t i = 0; i < files.size(); ++i) {
+    CheckpointData d = load_checkpoint(files[i], verify);
+    std::map<std::string, ShardInfo> info;
+    std::istringstream lines(d.layout);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t tab = line.find('\t');
+      if (tab != std::string::npos) info[line.substr(0, tab)] = parse_shard_info(line.substr(tab + 1), files[i]);
+    }
+    for (auto* group : {&d.params, &d.state})
+      for (auto& [name, t] : *group) {
+        auto it = info.find(name);
+        if (it == info.end()) throw CheckpointError(cat("checkpoint ", files[i], ": no layout for '", name, "'"));
+        pieces[name].push_back({t, it->second, group == &d.params});
+      }
+    if (i == 0) {
+      d.params.clear();
+      d.state.clear();
+      d.layout.clear();
+      whole = std::move(d);
+    }
+  }
+  for (auto& [name, ps] : pieces) {
+    const ShardInfo& first = ps.front().info;
+    std::map<int64_t, Tensor> by_part;  // tensor-axis piece by part
+    std::map<int64_t, std::map<int64_t, Tensor>> zero;  // part -> zpart -> flat shard
+    for (const Piece& p : ps) {
+      if (p.info.zero > 0) zero[p.info.part][p.info.zpart] = p.t;
+      else by_part.emplace(p.info.part, p.t);
+    }
+    for (auto& [part, shards] : zero) {
+      if (static_cast<int64_t>(shards.size()) != first.zero)
+        throw CheckpointError(cat("checkpoint ", dir, ": '", name, "' has ", shards.size(), " of ", first.zero,
+                                  " ZeRO shards"));
+      Tensor t = Tensor::empty(first.zshape, shards.begin()->second.dtype());
+      size_t at = 0;
+      for (auto& [z, shard] : shards) {
+        const size_t n = std::min(shard.nbytes(), t.nbytes() - at);
+        std::memcpy(static_cast<char*>(t.raw()) + at, shard.raw(), n);
+        at += n;
+      }
+      by_part.emplace(part, t);
+    }
+    if (static_cast<int64_t>(by_part.size()) != first.parts)
+      throw CheckpointError(cat("checkpoint ", dir, ": '", name, "' has ", by_part.size(), " of ", first.parts,
+                                " tensor-parallel pieces"));
+    Tensor t = by_part.begin()->second;
+    if (first.parts > 1) {
+      const Sbp sbp = parse_sbp(first.tensor, first.whole.size(), name);
+      t = Tensor::empty(first.whole, by_part.begin()->second.dtype());
+      for (auto& [part, piece] : by_part) put_part(t, piece, sbp, part, first.parts);
+    }
+    (ps.front().param ? whole.params : whole.state).emplace(name, t);
+  }
+  return whole;
 }
 
 }  // namespace
@@ -349,7 +451,45 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
   return final_path;
 }
 
+std::string ShardInfo::str() const {
+  auto dims = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += cat(i ? "," : "", v[i]);
+    return s;
+  };
+  return cat("tensor=", tensor, " parts=", parts, " part=", part, " whole=", dims(whole), " zero=", zero,
+             " zpart=", zpart, " zshape=", dims(zshape));
+}
+
+std::string sharded_checkpoint_name(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step_%08lld.shards", static_cast<long long>(step));
+  return buf;
+}
+
+void write_shard_file(const std::string& tmp_dir, int rank, const CheckpointData& data) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.h5", rank);
+  const std::string path = (fs::path(tmp_dir) / name).string();
+  write_checkpoint(path, data);
+  fsync_path(path, false);
+}
+
+std::string commit_sharded_checkpoint(const std::string& dir, const std::string& tmp_dir, int64_t step,
+                                      int64_t keep) {
+  fsync_path(tmp_dir, true);
+  const std::string final_path = (fs::path(dir) / sharded_checkpoint_name(step)).string();
+  std::error_code ec;
+  fs::remove_all(final_path, ec);  // a re-save of the same step (a resumed run stopped again)
+  if (::rename(tmp_dir.c_str(), final_path.c_str()) != 0) throw_errno(cat("cannot rename ", tmp_dir, " to"), final_path);
+  fsync_path(dir, true);
+  spdlog::info("saved sharded checkpoint {} (step {})", final_path, step);
+  prune(dir, keep);
+  return final_path;
+}
+
 CheckpointData load_checkpoint(const std::string& path, bool verify) {
+  if (fs::is_directory(path)) return load_sharded(path, verify);
   const h5::File f = open_checkpoint(path);
   return guarded(path, [&] {
     check_header(f);
@@ -366,6 +506,10 @@ std::string find_latest_checkpoint(const std::string& dir) {
   const std::vector<std::string> all = list_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
+      if (fs::is_directory(*it)) {
+        load_sharded(*it, true);
+        return *it;
+      }
       // Verifies tensor by tensor without keeping them: the newest file is often as large as the model.
       const h5::File f = open_checkpoint(*it);
       guarded(*it, [&] {
@@ -386,7 +530,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (const auto step = checkpoint_step(name); step && entry.is_regular_file(ec))
+    const bool sharded = name.ends_with(".shards");
+    if (const auto step = checkpoint_step(name); step && (sharded ? entry.is_directory(ec) : entry.is_regular_file(ec)))
       found.emplace_back(*step, entry.path().string());
   }
   std::sort(found.begin(), found.end());
@@ -396,6 +541,20 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 }
 
 std::string describe_checkpoint(const std::string& path) {
+  if (fs::is_directory(path)) {
+    // A sharded checkpoint: every rank's file, then whether the pieces make whole tensors.
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".h5") files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    std::string out = cat("sharded checkpoint: ", path, " (", files.size(), " rank files)\n");
+    for (const auto& f : files) out += "\n" + describe_checkpoint(f);
+    const CheckpointData whole = load_sharded(path, false);
+    out += cat("\nassembled: ", whole.params.size(), " parameters and ", whole.state.size(),
+               " state tensors, every piece present\n");
+    return out;
+  }
   std::ostringstream os;
   os << "file:             " << path << "\n";
   std::error_code ec;
@@ -415,7 +574,7 @@ std::string describe_checkpoint(const std::string& path) {
       const auto [sn, sb] = totals(state);
       os << "total:            " << pn << " parameters (" << human_bytes(pb) << "), " << sn
          << " state elements (" << human_bytes(sb) << ")\n";
-      describe_config(os, f.attr_string("", "config"));
+      describe_config(os, f.attr_string("", "config"), f.has_attr("", "layout"));
       if (problem) throw CheckpointError(cat("checkpoint ", path, ": ", *problem));
       os << "integrity: OK (" << params.size() + state.size() << " datasets verified)\n";
       return 0;

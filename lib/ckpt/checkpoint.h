@@ -29,7 +29,31 @@ struct CheckpointData {
   std::map<std::string, Tensor> state;   // by graph value name
   // Extra numeric run state (e.g. the loss scaler), stored as root attributes "scalar/<name>".
   std::map<std::string, double> scalars;
+  // One rank's file of a sharded checkpoint: where each of its tensors sits in the whole, one line per
+  // tensor, "<name>\t<ShardInfo::str()>" (root attribute "layout"). Empty in a whole checkpoint.
+  std::string layout;
 };
+
+// Where one rank's tensor sits in the whole: a piece `part` of `parts` along the tensor axis's SBP (the
+// whole shape `whole`), itself possibly cut into `zero` flat ZeRO shards of a `zshape` tensor (this is
+// shard `zpart`).
+struct ShardInfo {
+  std::string tensor = "B";
+  int64_t parts = 1, part = 0;
+  std::vector<int64_t> whole;
+  int64_t zero = 0, zpart = 0;
+  std::vector<int64_t> zshape;
+  std::string str() const;
+};
+
+// Sharded checkpoints: a directory "step_<step>.shards" of one "rank_<r>.h5" per rank (each a checkpoint of
+// the tensors that rank holds, with CheckpointData::layout), written without gathering anything.
+std::string sharded_checkpoint_name(int64_t step);
+// Writes this rank's file into `tmp_dir` (which the caller created), durably.
+void write_shard_file(const std::string& tmp_dir, int rank, const CheckpointData& data);
+// After every rank wrote its file: renames `tmp_dir` to `<dir>/step_<step>.shards`, then prunes as
+// save_checkpoint does. Returns the final path.
+std::string commit_sharded_checkpoint(const std::string& dir, const std::string& tmp_dir, int64_t step, int64_t keep);
 
 // Compares the parameters and state of two checkpoints tensor by tensor: for each, the largest |a - b|
 // relative to the largest |a| of that tensor (so that entries near zero, e.g. gradients that cancel, do not
@@ -47,6 +71,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointData& data, 
 
 // Reads and verifies (format, complete flag, every crc32c). A missing, truncated, or damaged file is an
 // input_error naming the file (and dataset). `verify=false` skips the checksum pass (inspect uses true).
+// A sharded checkpoint (directory) is read whole: every rank file, the pieces put back together.
 CheckpointData load_checkpoint(const std::string& path, bool verify = true);
 
 // The newest checkpoint in `dir` that loads and verifies; skipped damaged/incomplete ones are logged

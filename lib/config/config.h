@@ -60,6 +60,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;           // 0 = only at the end
   int64_t keep_checkpoints = 3;
   bool async_checkpoint = true;           // write checkpoints from a background thread
+  bool sharded_checkpoints = false;       // every rank writes its own pieces (step_<n>.shards/rank_<r>.h5)
   double max_wall_time = 0.0;             // seconds; then checkpoint and exit 3 (0 = no budget)
   double clip_grad_norm = 0.0;            // 0 = no clipping
   std::string run_dir;                    // default runs/<config file stem>

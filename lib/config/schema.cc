@@ -133,6 +133,9 @@ std::vector<Section> build_schema() {
                "checkpoints kept in the run directory (older ones are deleted)", positive),
            key("async_checkpoint", Type::boolean, "true", field(t, &T::async_checkpoint),
                "write checkpoints from a background thread: the step loop waits only for a snapshot copy"),
+           key("sharded_checkpoints", Type::boolean, "false", field(t, &T::sharded_checkpoints),
+               "under mpirun/srun every rank writes only the pieces it holds (step_<n>.shards/rank_<r>.h5, "
+               "written synchronously, nothing gathered); they load under any layout"),
            key("max_wall_time", Type::number, "0.0", field(t, &T::max_wall_time),
                "seconds of training after which the run checkpoints and exits with code 3, as on SIGTERM or "
                "SIGUSR1 (0 = no budget)",

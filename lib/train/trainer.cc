@@ -122,6 +122,7 @@ class Run {
   void resume_from(const std::string& path);
   void init_from(const std::string& path);
   std::string save();
+  std::string save_sharded(CheckpointData ck, Clock::time_point t0);  // train.sharded_checkpoints
   void finish_checkpoints();  // waits for the async write in flight and logs it
   void log_checkpoint(const CheckpointWriter::Done& d, double blocked);
   bool stop_requested(const StopRequests& stop, std::string* why);
@@ -231,6 +232,7 @@ std::string Run::save() {
   ck.config_yaml = dump_config(cfg_);
   ck.loader_epoch = position_.epoch;
   ck.loader_index = position_.index;
+  if (cfg_.train.sharded_checkpoints && comm_->size() > 1) return save_sharded(std::move(ck), t0);
   // Every rank takes part in gathering sharded state; the lead rank writes. An async write gets copies: the
   // step loop goes on updating the live tensors.
   const bool async = cfg_.train.async_checkpoint;
@@ -248,6 +250,47 @@ std::string Run::save() {
   const double blocked_before = pending_blocked_;
   if (auto previous = writer_->submit(std::move(ck))) log_checkpoint(*previous, blocked_before);
   pending_blocked_ = seconds_since(t0);
+  return path;
+}
+
+std::string Run::save_sharded(CheckpointData ck, Clock::time_point t0) {
+  // Each tensor is written once: by every data rank when ZeRO shards it, else by data rank 0; a piece of the
+  // tensor axis by its tensor rank, a whole tensor by tensor rank 0; a tied weight by its first stage.
+  const Graph& g = ex_->program().graph;
+  for (const auto* names : {&params_, &state_})
+    for (const auto& n : *names) {
+      const Placement& p = g.value(g.find_value(n)).placement;
+      const bool zero = p.sharded(), split = p.tensor_split();
+      if ((!zero && mesh_.data->rank() != 0) || (!split && mesh_.tensor->rank() != 0) || p.pipe_copy) continue;
+      ShardInfo info;
+      if (split) {
+        info.tensor = p.tensor.str();
+        info.parts = p.tensor_parts;
+        info.part = mesh_.tensor->rank();
+        info.whole = p.whole;
+      }
+      if (zero) {
+        info.zero = mesh_.data->size();
+        info.zpart = mesh_.data->rank();
+        info.zshape = p.global_shape;
+      }
+      (names == &params_ ? ck.params : ck.state).emplace(n, ex_->tensor(n));
+      ck.layout += cat(n, "\t", info.str(), "\n");
+    }
+  const std::string tmp = (fs::path(ckpt_dir_) / (sharded_checkpoint_name(step_) + ".tmp")).string();
+  if (lead_) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  comm_->barrier();
+  write_shard_file(tmp, comm_->rank(), ck);
+  comm_->barrier();  // every file is in place before the directory gets its final name
+  std::string path;
+  if (lead_) {
+    path = commit_sharded_checkpoint(ckpt_dir_, tmp, step_, cfg_.train.keep_checkpoints);
+    log_checkpoint({path, step_, seconds_since(t0)}, seconds_since(t0));
+  }
+  comm_->barrier();  // nobody reads the directory (a resume) before it exists
   return path;
 }
 

@@ -4,7 +4,8 @@
 # DP2 x TP2, PP2 (4 micro-batches), DP2 x PP2 and TP2 x PP2, all with the same global batch, log the same
 # per-step losses within 1e-5 relative and end with the same weights and optimizer state; checkpoints resume
 # across layouts (DP2 -> 1 process, ZeRO-1 <-> 1 process, DP2 x TP2 -> DP4, TP2 and 1 process, PP2 -> 1
-# process); a layout that does not match the launch is refused; a killed rank ends the job.
+# process), also from sharded checkpoint files; a layout that does not match the launch is refused; a killed
+# rank ends the job.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
@@ -108,6 +109,33 @@ for to in 4:4:1 2:1:2 1:1:1; do
   within "$rel" 1e-5 || fail "DP2 x TP2 -> data $d x tensor $t resume: losses differ by $rel"
   echo "DP2 x TP2 checkpoint resumed under data $d x tensor $t: losses within $rel"
 done
+
+# Sharded checkpoints: each DP2 x TP2 (ZeRO-1) rank writes only the pieces it holds, nothing gathered. The
+# pieces make the very checkpoint the run writes whole, and resume under TP2 and in one process.
+SHARDED=(--set parallel.data=2 --set parallel.tensor=2 --set parallel.zero=1 --exit-at-step 10)
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 4 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
+  --run-dir "$SCRATCH/sharded-whole" "${COMMON[@]}" "${SHARDED[@]}"
+for to in 2:1:2 1:1:1; do
+  IFS=: read -r n d t <<<"$to"
+  run="$SCRATCH/sharded-to-d${d}t$t"
+  expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 4 "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
+    --run-dir "$run" "${COMMON[@]}" "${SHARDED[@]}" --set train.sharded_checkpoints=true
+  shards="$run/checkpoints/step_00000010.shards"
+  [[ $(ls "$shards" | grep -c '^rank_0000[0-3].h5$') -eq 4 ]] || fail "$shards does not hold 4 rank files"
+  expect_exit 0 "$FLOWRUN" inspect "$shards"
+  expect_log "assembled: 28 parameters and 56 state tensors, every piece present"
+  expect_exit 0 "$FLOWRUN" inspect "$SCRATCH/sharded-whole/checkpoints/step_00000010.h5" --diff "$shards" --rtol 1e-12
+  [[ -d "$SCRATCH/broken.shards" ]] || cp -r "$shards" "$SCRATCH/broken.shards"  # for the test below
+  expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np "$n" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
+    --run-dir "$run" "${COMMON[@]}" --set parallel.data="$d" --set parallel.tensor="$t" --resume auto
+  rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$run/metrics.jsonl")
+  within "$rel" 1e-5 || fail "sharded DP2 x TP2 -> data $d x tensor $t resume: losses differ by $rel"
+  echo "sharded DP2 x TP2 checkpoint (4 rank files, equal to the whole one) resumed under data $d x tensor $t: losses within $rel"
+done
+# A sharded checkpoint missing a rank's file is refused, naming what is missing.
+rm "$SCRATCH/broken.shards/rank_00003.h5"
+expect_exit 2 "$FLOWRUN" inspect "$SCRATCH/broken.shards"
+grep -qE "has 1 of 2 (ZeRO shards|tensor-parallel pieces)" "$SCRATCH/last.log" || { cat "$SCRATCH/last.log" >&2; fail "a missing rank file is not named"; }
 
 # A DP2 checkpoint resumes in one process and continues as the uninterrupted one-process run.
 expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/switch" \
