@@ -103,9 +103,11 @@ std::vector<ValueId> norm_inputs(const Graph& g, const std::map<ValueId, ValueId
   return split;
 }
 
-Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale, const OptimizerSpec& spec) {
+Attrs norm_attrs(const Graph& g, const std::map<ValueId, ValueId>& grads, double scale,
+                 const OptimizerSpec& spec) {
   int64_t split = 0;
-  for (const auto& [p, grad] : grads) split += g.value(p).placement.tensor_split() && !g.value(p).placement.pipe_copy;
+  for (const auto& [p, grad] : grads)
+    split += g.value(p).placement.tensor_split() && !g.value(p).placement.pipe_copy;
   Attrs a{{"scale", scale}};
   if (split > 0) a.set("split_inputs", split);
   // ZeRO-2: each rank holds a flat shard of every gradient: the squares are summed over the data axis.
@@ -124,20 +126,23 @@ ValueId gradient_coef(Graph& g, const OptimizerSpec& spec, const std::map<ValueI
   if (spec.loss_scaling) {
     // The norm of the scaled gradients tells both whether they are finite and, divided by the scale, the
     // true norm for clipping.
-    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec), "opt/scaled_grad_norm");
+    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec),
+                               "opt/scaled_grad_norm");
     const ValueId loss_scale = g.find_value("amp/loss_scale");
     FR_CHECK(loss_scale != kNoValue, "loss scaling without the amp/loss_scale state");
-    const auto coef = b.op("unscale_coef", {norm, loss_scale}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}},
-                           "opt/unscale_coef");
+    const auto coef = b.op("unscale_coef", {norm, loss_scale},
+                           {{"max_norm", spec.clip_grad_norm}, {"scale", scale}}, "opt/unscale_coef");
     if (spec.clip_grad_norm > 0) g.mark_output("grad_norm", coef[1]);
     b.op("loss_scale_update",
          {norm, loss_scale, g.add_state("amp/good_steps", {}, DType::i64),
           g.add_state("amp/skipped_steps", {}, DType::i64)},
-         {{"dynamic", spec.dynamic_scale}, {"growth_interval", spec.growth_interval}}, "opt/loss_scale_update");
+         {{"dynamic", spec.dynamic_scale}, {"growth_interval", spec.growth_interval}},
+         "opt/loss_scale_update");
     return coef[0];
   }
   if (spec.clip_grad_norm > 0) {
-    const ValueId norm = b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec), "opt/grad_norm");
+    const ValueId norm =
+        b.op1("global_norm", norm_inputs(g, grads), norm_attrs(g, grads, scale, spec), "opt/grad_norm");
     g.mark_output("grad_norm", norm);
     return b.op1("clip_coef", {norm}, {{"max_norm", spec.clip_grad_norm}, {"scale", scale}}, "opt/clip_coef");
   }
@@ -157,7 +162,8 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   const bool zero = spec.zero_shards > 1;
   const Attrs shards{{"shards", spec.zero_shards}};
   const ValueId target = zero ? b.op1("local_shard", {p}, shards, cat("zero/", pv.name, "/param")) : p;
-  if (zero && !spec.sharded_grads) grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
+  if (zero && !spec.sharded_grads)
+    grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
   const Shape state_shape = g.value(target).shape();
   auto state = [&](const std::string& name, const Shape& shape) {
     const ValueId v = g.add_state(cat("opt/", pv.name, "/", name), shape, pv.dtype());
@@ -248,10 +254,12 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     p.push_back({"pipeline_stage",
                  [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});
   if (opts.tensor_parallel > 1)
-    p.push_back({"tensor_parallel",
-                 [](Graph& g, const CompileOptions& o) { tensor_parallel(g, o.tensor_parallel, o.tensor_rank); }});
+    p.push_back({"tensor_parallel", [](Graph& g, const CompileOptions& o) {
+                   tensor_parallel(g, o.tensor_parallel, o.tensor_rank);
+                 }});
   if (opts.compute != DType::f32)
-    p.push_back({"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});
+    p.push_back(
+        {"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});
   if (!opts.loss.empty()) {
     p.push_back({"autodiff", [](Graph& g, const CompileOptions& o) {
                    auto it = g.outputs().find(o.loss);
@@ -264,11 +272,14 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                      seed = g.add_input("pp/out_grad", out.shape(), out.dtype());
                      it = g.outputs().find("pp/out");
                    }
-                   if (it == g.outputs().end()) throw input_error(cat("the graph has no output named '", o.loss, "'"));
+                   if (it == g.outputs().end())
+                     throw input_error(cat("the graph has no output named '", o.loss, "'"));
                    autodiff(g, it->second, seed);
                  }});
     if (opts.data_parallel > 1)
-      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) { data_parallel(g, o.data_parallel, o.loss, o.zero >= 2, o.bucket_bytes); }});
+      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) {
+                     data_parallel(g, o.data_parallel, o.loss, o.zero >= 2, o.bucket_bytes);
+                   }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
   }
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

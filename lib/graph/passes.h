@@ -23,7 +23,7 @@ struct OptimizerSpec {
   bool nesterov = false;      // sgd
   double weight_decay = 0.0;  // sgd, adam: L2 term added to the gradient; adamw: decoupled
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
-  bool decay_1d = true;       // false: no weight decay on 1-d parameters (biases, norm scales)
+  bool decay_1d = true;         // false: no weight decay on 1-d parameters (biases, norm scales)
   double clip_grad_norm = 0.0;  // > 0: every gradient is scaled by min(1, clip / (norm + 1e-6))
   // > 1: gradients are summed over this many micro-steps into state "opt/<param>/grad_acc"; the update
   // nodes carry Node::phase == 1 and run only when Executor::run(apply = true).
@@ -71,19 +71,19 @@ struct Pass {
 // The pipeline, in order. Fusion runs before autodiff so that fused forward ops get their fused gradients.
 std::vector<Pass> default_pipeline(const CompileOptions& opts);
 
-void infer_shapes(Graph& g);                                 // re-run inference; checks recorded types
-void fuse_ops(Graph& g);                                     // log_softmax+nll_loss -> cross_entropy, ...
+void infer_shapes(Graph& g);  // re-run inference; checks recorded types
+void fuse_ops(Graph& g);      // log_softmax+nll_loss -> cross_entropy, ...
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);
-void add_optimizer(Graph& g, const OptimizerSpec& spec);     // appends update ops (and their state)
+void add_optimizer(Graph& g, const OptimizerSpec& spec);  // appends update ops (and their state)
 // Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa) run in the low dtype,
 // `f32` ops (softmax, losses, norms, reductions) in f32, and the rest `follow` their inputs, promoting mixed
 // f32/low inputs to f32. Casts go on boundary edges only, one per (value, dtype); parameters stay f32.
 enum class AmpPolicy { low, f32, follow };
 AmpPolicy amp_policy(const std::string& op);
 const char* amp_policy_name(AmpPolicy p);
-void auto_mixed_precision(Graph& g, DType low);              // forward graph, before autodiff
+void auto_mixed_precision(Graph& g, DType low);  // forward graph, before autodiff
 // Which ops run in which dtype, natively or widened (`flowrun check --plan`): one row per (op, dtype,
 // kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
@@ -91,14 +91,14 @@ std::string describe_precision(const Graph& g, const std::vector<NodeId>& order,
 // Data parallelism over `ranks` processes (after autodiff, before the optimizer): gradients are summed over
 // the ranks in one all_reduce bucket per dtype and scaled by 1/ranks, the `loss` output is averaged likewise,
 // and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
-// With shard_grads (ZeRO-2) each gradient is reduce-scattered instead: param_grads then holds this rank's flat
-// shard of the summed gradient.
-// bucket_bytes: the gradient all-reduce's bucket size (buckets start as soon as their gradients exist).
+// With shard_grads (ZeRO-2) each gradient is reduce-scattered instead: param_grads then holds this rank's
+// flat shard of the summed gradient. bucket_bytes: the gradient all-reduce's bucket size (buckets start as
+// soon as their gradients exist).
 void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads = false,
                    int64_t bucket_bytes = int64_t{25} << 20);
 // Tensor parallelism over `parts` ranks (forward graph, before mixed precision and autodiff): SBP deduction
-// on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole shape
-// in Value::placement (see graph/tensor_parallel.cc).
+// on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole
+// shape in Value::placement (see graph/tensor_parallel.cc).
 void tensor_parallel(Graph& g, int64_t parts, int64_t rank);
 // Pipeline parallelism (forward graph, first of the parallel passes): keeps stage `stage` of `stages`, with
 // the input "pp/in" and the output "pp/out" (see graph/pipeline.cc).
@@ -108,8 +108,8 @@ void pipeline_stage(Graph& g, int64_t stages, int64_t stage);
 void pipeline_shared_grads(Graph& g, std::map<ValueId, ValueId>& grads);
 // One line per parameter: name, whole shape, SBP on the tensor axis.
 std::string describe_layout(const Graph& g);
-void eliminate_dead_nodes(Graph& g);                         // drops nodes no output or update needs
-void check_kernels(const Graph& g, DeviceKind device);       // every live node has a kernel for its dtype
+void eliminate_dead_nodes(Graph& g);                    // drops nodes no output or update needs
+void check_kernels(const Graph& g, DeviceKind device);  // every live node has a kernel for its dtype
 
 // The primary dtype used to pick a node's kernel: its first floating input, else input 0, else output 0.
 DType kernel_dtype(const Graph& g, const Node& n);

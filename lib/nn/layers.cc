@@ -67,7 +67,8 @@ void apply_sbp(Ctx& c, const Opts& o) {
     const std::string text = kv.second.as<std::string>();
     Value& p = c.b.graph().value(v);
     try {
-      if (parse_sbp(text, p.shape().size(), key).kind == Sbp::P) o.fail("sbp", cat(key, ": a parameter cannot be P"));
+      if (parse_sbp(text, p.shape().size(), key).kind == Sbp::P)
+        o.fail("sbp", cat(key, ": a parameter cannot be P"));
     } catch (const Error& e) {
       o.fail("sbp", e.what());
     }

@@ -20,7 +20,9 @@ struct SdpaDims {
 
 // The saved log-sum-exp stays f32 under f16/bf16 inputs: the backward recomputes probabilities as
 // exp(s - lse), and a bf16 lse of ~5 would be off by ~2%.
-DType lse_dtype(DType t) { return is_low_precision(t) ? DType::f32 : t; }
+DType lse_dtype(DType t) {
+  return is_low_precision(t) ? DType::f32 : t;
+}
 
 bool causal_of(const Attrs& a) {
   return a.b("causal", true);
@@ -202,8 +204,8 @@ void register_attention_ops(OpRegistry& r) {
     for (int i : {0, 4, 5}) {
       const DType want = i == 5 ? lse_dtype(in[1].dtype) : in[1].dtype;
       if (in[static_cast<size_t>(i)].dtype != want)
-        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype), ", expected ",
-                              dtype_name(want)));
+        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
+                              ", expected ", dtype_name(want)));
     }
     return {in[1], in[2], in[3]};
   };

@@ -15,7 +15,8 @@ namespace {
 
 double bytes_of(const std::vector<TensorType>& ts) {
   double b = 0;
-  for (const TensorType& t : ts) b += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
+  for (const TensorType& t : ts)
+    b += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
   return b;
 }
 
@@ -26,17 +27,18 @@ void register_tensor_axis_ops(OpRegistry& r) {
   auto split_shape = [](const TensorType& t, const Attrs& a, bool gather) -> TensorType {
     const int64_t parts = a.i("parts"), axis = a.i("axis"), groups = a.i("groups", 1);
     if (parts < 1 || groups < 1 || axis < 0 || axis >= static_cast<int64_t>(t.shape.size()))
-      throw input_error(cat("tensor-axis op: bad parts ", parts, ", axis ", axis, " or groups ", groups, " for ",
-                            shape_str(t.shape)));
+      throw input_error(cat("tensor-axis op: bad parts ", parts, ", axis ", axis, " or groups ", groups,
+                            " for ", shape_str(t.shape)));
     TensorType out = t;
     int64_t& d = out.shape[static_cast<size_t>(axis)];
     if (gather) {
-      if (d % groups != 0) throw input_error(cat("tensor-axis gather: axis ", axis, " not divisible by groups"));
+      if (d % groups != 0)
+        throw input_error(cat("tensor-axis gather: axis ", axis, " not divisible by groups"));
       d *= parts;
     } else {
       if (d % (parts * groups) != 0)
-        throw input_error(cat("tensor-axis split: ", shape_str(t.shape), " axis ", axis, " is not divisible by ",
-                              parts, " x ", groups));
+        throw input_error(cat("tensor-axis split: ", shape_str(t.shape), " axis ", axis,
+                              " is not divisible by ", parts, " x ", groups));
       d /= parts;
     }
     return out;
@@ -46,7 +48,9 @@ void register_tensor_axis_ops(OpRegistry& r) {
     o.label = label;
     o.inputs = {{{2, 6}, DType::f64}};
     o.attrs = std::move(a);
-    o.reference = [](const std::vector<Tensor>& in, const Attrs&) { return std::vector<Tensor>{in[0].clone()}; };
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      return std::vector<Tensor>{in[0].clone()};
+    };
     return o;
   };
   const Attrs one{{"parts", int64_t{1}}};
@@ -189,7 +193,8 @@ void register_comm_ops(OpRegistry& r) {
     return {{{shard_size(numel(in[0].shape), shards)}, in[0].dtype}};
   };
   ls.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
-    return Cost{0, 2.0 * static_cast<double>(numel(out[0].shape) * static_cast<int64_t>(dtype_size(out[0].dtype)))};
+    return Cost{
+        0, 2.0 * static_cast<double>(numel(out[0].shape) * static_cast<int64_t>(dtype_size(out[0].dtype)))};
   };
   ls.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::local_shard}};
   ls.samples = [] {
@@ -220,7 +225,8 @@ void register_comm_ops(OpRegistry& r) {
     return {};
   };
   ag.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
-    return Cost{0, 2.0 * static_cast<double>(numel(in[0].shape) * static_cast<int64_t>(dtype_size(in[0].dtype)))};
+    return Cost{
+        0, 2.0 * static_cast<double>(numel(in[0].shape) * static_cast<int64_t>(dtype_size(in[0].dtype)))};
   };
   ag.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
     return static_cast<size_t>(shard_size(numel(in[0].shape), a.i("shards")) * a.i("shards")) *
@@ -273,8 +279,10 @@ void register_comm_ops(OpRegistry& r) {
   OpDef st;
   st.name = "all_reduce_start";
   st.doc =
-      "starts the sum over the data axis of a bucket of tensors (one dtype): outputs the packed bucket, which "
-      "the transfer owns until all_reduce_wait, and the transfer's handle (i64); scheduled as soon as its inputs "
+      "starts the sum over the data axis of a bucket of tensors (one dtype): outputs the packed bucket, "
+      "which "
+      "the transfer owns until all_reduce_wait, and the transfer's handle (i64); scheduled as soon as its "
+      "inputs "
       "are ready (eager)";
   st.num_inputs = -1;
   st.num_outputs = [](const Attrs&) { return 2; };
@@ -321,7 +329,8 @@ void register_comm_ops(OpRegistry& r) {
     int64_t n = 0;
     for (int64_t r : a.ints("ranks")) {
       if (r < 0 || at + static_cast<size_t>(r) > dims.size()) throw input_error("all_reduce_wait: bad dims");
-      Shape s(dims.begin() + static_cast<std::ptrdiff_t>(at), dims.begin() + static_cast<std::ptrdiff_t>(at) + r);
+      Shape s(dims.begin() + static_cast<std::ptrdiff_t>(at),
+              dims.begin() + static_cast<std::ptrdiff_t>(at) + r);
       at += static_cast<size_t>(r);
       n += numel(s);
       out.push_back({s, in[0].dtype});
@@ -339,7 +348,8 @@ void register_comm_ops(OpRegistry& r) {
     OpSample o;
     o.label = "bucket of 2 x 3 and 4, halved";
     o.inputs = {{{10}, DType::f64}, {{}, DType::i64}};
-    o.attrs = Attrs{{"ranks", std::vector<int64_t>{2, 1}}, {"dims", std::vector<int64_t>{2, 3, 4}}, {"scale", 0.5}};
+    o.attrs =
+        Attrs{{"ranks", std::vector<int64_t>{2, 1}}, {"dims", std::vector<int64_t>{2, 3, 4}}, {"scale", 0.5}};
     o.gradcheck = false;
     o.fill = [](int i, Tensor& t, uint64_t) {
       if (i == 1) {

@@ -1,7 +1,8 @@
 // Elementwise ops: broadcasting binary arithmetic, scalar ops, activations and their gradients, fill, cast
 // and stop_gradient. CPU kernels are in ops/cpu/elementwise.cc.
-#include "graph/builder.h"
 #include "ops/cpu/elementwise.h"
+
+#include "graph/builder.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -16,13 +17,16 @@ std::vector<TensorType> infer_broadcast(const std::vector<TensorType>& in, const
   if (in[0].dtype != in[1].dtype)
     throw input_error(cat("dtype mismatch: ", dtype_name(in[0].dtype), " vs ", dtype_name(in[1].dtype)));
   auto s = broadcast_shapes(in[0].shape, in[1].shape);
-  if (!s) throw input_error(cat("shapes ", shape_str(in[0].shape), " and ", shape_str(in[1].shape), " do not broadcast"));
+  if (!s)
+    throw input_error(
+        cat("shapes ", shape_str(in[0].shape), " and ", shape_str(in[1].shape), " do not broadcast"));
   return {{*s, in[0].dtype}};
 }
 
 Cost elementwise_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
   double bytes = 0;
-  for (const auto& t : in) bytes += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
+  for (const auto& t : in)
+    bytes += static_cast<double>(numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)));
   const double n = static_cast<double>(numel(out[0].shape));
   return {n, bytes + n * static_cast<double>(dtype_size(out[0].dtype))};
 }
@@ -31,7 +35,8 @@ std::vector<OpSample> binary_samples(bool positive_b) {
   auto fill = [positive_b](int i, Tensor& t, uint64_t seed) {
     RngStream r{seed, static_cast<uint64_t>(i)};
     std::vector<double> v(static_cast<size_t>(t.numel()));
-    for (size_t k = 0; k < v.size(); ++k) v[k] = i == 1 && positive_b ? 0.5 + r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = i == 1 && positive_b ? 0.5 + r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
     t.fill_from(v);
   };
   std::vector<OpSample> s;
@@ -150,18 +155,21 @@ void register_elementwise_ops(OpRegistry& r) {
       },
       /*positive_b=*/true));
 
-  r.add(scalar_op("add_scalar", "x + value", cpu::add_scalar,
-                  [](GradCtx& c) -> std::vector<ValueId> { return {c.dout(0)}; }, 0.75, false));
-  r.add(scalar_op("mul_scalar", "x * value", cpu::mul_scalar,
-                  [](GradCtx& c) -> std::vector<ValueId> { return {c.b.mul_scalar(c.dout(0), c.attrs().f("value"))}; },
-                  -1.5, false));
-  r.add(scalar_op("pow_scalar", "x ** value (x > 0 for non-integer powers)", cpu::pow_scalar,
-                  [](GradCtx& c) -> std::vector<ValueId> {
-                    const double p = c.attrs().f("value");
-                    const ValueId d = c.b.op1("pow_scalar", {c.in(0)}, {{"value", p - 1.0}});
-                    return {c.b.mul(c.dout(0), c.b.mul_scalar(d, p))};
-                  },
-                  1.7, true));
+  r.add(scalar_op(
+      "add_scalar", "x + value", cpu::add_scalar,
+      [](GradCtx& c) -> std::vector<ValueId> { return {c.dout(0)}; }, 0.75, false));
+  r.add(scalar_op(
+      "mul_scalar", "x * value", cpu::mul_scalar,
+      [](GradCtx& c) -> std::vector<ValueId> { return {c.b.mul_scalar(c.dout(0), c.attrs().f("value"))}; },
+      -1.5, false));
+  r.add(scalar_op(
+      "pow_scalar", "x ** value (x > 0 for non-integer powers)", cpu::pow_scalar,
+      [](GradCtx& c) -> std::vector<ValueId> {
+        const double p = c.attrs().f("value");
+        const ValueId d = c.b.op1("pow_scalar", {c.in(0)}, {{"value", p - 1.0}});
+        return {c.b.mul(c.dout(0), c.b.mul_scalar(d, p))};
+      },
+      1.7, true));
 
   activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true);
   activation(r, "gelu", "x * Phi(x); approximate=none (erf) or tanh", cpu::gelu, cpu::gelu_grad, false,
@@ -193,7 +201,9 @@ void register_elementwise_ops(OpRegistry& r) {
     std::vector<OpSample> s = unary_samples();
     for (OpSample& o : s) {
       o.gradcheck = false;
-      o.reference = [](const std::vector<Tensor>& in, const Attrs&) { return std::vector<Tensor>{in[0].clone()}; };
+      o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+        return std::vector<Tensor>{in[0].clone()};
+      };
     }
     return s;
   };
@@ -208,10 +218,9 @@ void register_elementwise_ops(OpRegistry& r) {
     return {{in[0].shape, *t}};
   };
   cast.cost = elementwise_cost;
-  cast.kernels = {{DeviceKind::cpu, std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes)), cpu::cast}};
-  cast.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.cast(c.dout(0), c.b.dtype(c.in(0)))};
-  };
+  cast.kernels = {
+      {DeviceKind::cpu, std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes)), cpu::cast}};
+  cast.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.cast(c.dout(0), c.b.dtype(c.in(0)))}; };
   cast.samples = [] {
     // f64 -> f32 -> (f64 for the loss): the gradient check sees the rounding as noise far below tolerance.
     std::vector<OpSample> s = unary_samples({Attrs{{"dtype", std::string("f64")}}});
@@ -220,7 +229,9 @@ void register_elementwise_ops(OpRegistry& r) {
     ref.inputs = {{{6}, DType::f64}};
     ref.attrs = Attrs{{"dtype", std::string("bf16")}};
     ref.gradcheck = false;
-    ref.fill = [](int, Tensor& t, uint64_t) { t.fill_from({1.0, 1.00390625, 1.01171875, -3.0e38, 1e-40, 65504.0}); };
+    ref.fill = [](int, Tensor& t, uint64_t) {
+      t.fill_from({1.0, 1.00390625, 1.01171875, -3.0e38, 1e-40, 65504.0});
+    };
     ref.reference = [](const std::vector<Tensor>&, const Attrs&) {
       // Ties round to even: 1+2^-8 -> 1, 1+3*2^-8 -> 1+2^-6... computed by hand from the bf16 grid.
       Tensor t = Tensor::empty({6}, DType::bf16);

@@ -1,7 +1,8 @@
 // matmul (batched, with transposes) and linear (x W^T + b, PyTorch's weight layout).
+#include "ops/cpu/matmul.h"
+
 #include "graph/builder.h"
 #include "ops/cpu/dnnl_matmul.h"
-#include "ops/cpu/matmul.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -13,7 +14,9 @@ struct MatmulDims {
   bool b_shared;  // b is one matrix used by every batch of a
 };
 
-Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+Shape batch_of(const Shape& s) {
+  return Shape(s.begin(), s.end() - 2);
+}
 
 std::vector<TensorType> infer_matmul(const std::vector<TensorType>& in, const Attrs& a) {
   const Shape &sa = in[0].shape, &sb = in[1].shape;
@@ -27,10 +30,14 @@ std::vector<TensorType> infer_matmul(const std::vector<TensorType>& in, const At
   const int64_t n = tb ? sb[sb.size() - 2] : sb[sb.size() - 1];
   if (ka != kb) throw input_error(cat("matmul inner dimensions differ: ", ka, " vs ", kb));
   Shape batch;
-  if (sb.size() == 2) batch = batch_of(sa);
-  else if (sa.size() == 2) batch = batch_of(sb);
-  else if (batch_of(sa) == batch_of(sb)) batch = batch_of(sa);
-  else throw input_error(cat("matmul batch dimensions differ: ", shape_str(sa), " vs ", shape_str(sb)));
+  if (sb.size() == 2)
+    batch = batch_of(sa);
+  else if (sa.size() == 2)
+    batch = batch_of(sb);
+  else if (batch_of(sa) == batch_of(sb))
+    batch = batch_of(sa);
+  else
+    throw input_error(cat("matmul batch dimensions differ: ", shape_str(sa), " vs ", shape_str(sb)));
   batch.push_back(m);
   batch.push_back(n);
   return {{batch, in[0].dtype}};
@@ -40,7 +47,8 @@ Cost matmul_cost(const std::vector<TensorType>& in, const std::vector<TensorType
   const Shape& sa = in[0].shape;
   const int64_t k = a.b("trans_a") ? sa[sa.size() - 2] : sa[sa.size() - 1];
   double bytes = 0;
-  for (const auto& t : in) bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+  for (const auto& t : in)
+    bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
   const double outn = static_cast<double>(numel(out[0].shape));
   return {2.0 * outn * static_cast<double>(k), bytes + outn * static_cast<double>(dtype_size(out[0].dtype))};
 }
@@ -58,15 +66,19 @@ std::vector<ValueId> matmul_grad(GradCtx& c) {
   const ValueId A = c.in(0), B = c.in(1), dC = c.dout(0);
   const Shape sa = b.shape(A), sb = b.shape(B);
   ValueId dA, dB;
-  if (!ta) dA = tb ? b.matmul(dC, B) : b.matmul(dC, B, false, true);
-  else dA = tb ? b.matmul(B, dC, true, true) : b.matmul(B, dC, false, true);
+  if (!ta)
+    dA = tb ? b.matmul(dC, B) : b.matmul(dC, B, false, true);
+  else
+    dA = tb ? b.matmul(B, dC, true, true) : b.matmul(B, dC, false, true);
   if (sb.size() == 2 && sa.size() > 2 && !ta) {
     // Shared weight: one GEMM over all rows of A instead of a batched product summed afterwards.
     const ValueId A2 = flat2d(b, A), dC2 = flat2d(b, dC);
     dB = tb ? b.matmul(dC2, A2, true, false) : b.matmul(A2, dC2, true, false);
   } else {
-    if (!tb) dB = ta ? b.matmul(A, dC) : b.matmul(A, dC, true, false);
-    else dB = ta ? b.matmul(dC, A, true, true) : b.matmul(dC, A, true, false);
+    if (!tb)
+      dB = ta ? b.matmul(A, dC) : b.matmul(A, dC, true, false);
+    else
+      dB = ta ? b.matmul(dC, A, true, true) : b.matmul(dC, A, true, false);
   }
   return {b.reduce_to_shape(dA, sa), b.reduce_to_shape(dB, sb)};
 }
@@ -106,7 +118,8 @@ std::vector<OpSample> matmul_samples() {
           for (int64_t j = 0; j < n; ++j) {
             double acc = 0;
             for (int64_t p = 0; p < kk; ++p)
-              acc += pa[bi * astride + (ta ? p * m + i : i * kk + p)] * pb[bi * bstride + (tb ? j * kk + p : p * n + j)];
+              acc += pa[bi * astride + (ta ? p * m + i : i * kk + p)] *
+                     pb[bi * bstride + (tb ? j * kk + p : p * n + j)];
             y.data<double>()[(bi * m + i) * n + j] = acc;
           }
       return std::vector<Tensor>{y};
@@ -121,8 +134,9 @@ std::vector<OpSample> matmul_samples() {
 void register_matmul_ops(OpRegistry& r) {
   OpDef mm;
   mm.name = "matmul";
-  mm.doc = "C = op(A) op(B), op = optional transpose of the last two dims; batched over leading dims "
-           "(equal, or one side a single matrix)";
+  mm.doc =
+      "C = op(A) op(B), op = optional transpose of the last two dims; batched over leading dims "
+      "(equal, or one side a single matrix)";
   mm.num_inputs = 2;
   mm.infer = infer_matmul;
   mm.grad = matmul_grad;
@@ -150,7 +164,8 @@ void register_matmul_ops(OpRegistry& r) {
   lin.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     const double n = static_cast<double>(numel(out[0].shape));
     double bytes = n * static_cast<double>(dtype_size(out[0].dtype));
-    for (const auto& t : in) bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
+    for (const auto& t : in)
+      bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
     return Cost{2.0 * n * static_cast<double>(in[1].shape[1]), bytes};
   };
   lin.grad = [](GradCtx& c) -> std::vector<ValueId> {

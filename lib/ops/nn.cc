@@ -533,7 +533,8 @@ void register_nn_ops(OpRegistry& r) {
   OpDef emb;
   emb.name = "embedding";
   emb.doc =
-      "(ids i64 (...), table (V, D)) -> table rows (..., D); attr offset (default 0): id i reads row i - offset, "
+      "(ids i64 (...), table (V, D)) -> table rows (..., D); attr offset (default 0): id i reads row i - "
+      "offset, "
       "ids outside [offset, offset + V) give zero rows";
   emb.num_inputs = 2;
   emb.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {

@@ -27,7 +27,9 @@ struct TensorView {
     return static_cast<T*>(data);
   }
   int64_t numel() const { return flowrun::numel(*shape); }
-  int64_t dim(int i) const { return (*shape)[static_cast<size_t>(i < 0 ? i + static_cast<int>(shape->size()) : i)]; }
+  int64_t dim(int i) const {
+    return (*shape)[static_cast<size_t>(i < 0 ? i + static_cast<int>(shape->size()) : i)];
+  }
   size_t rank() const { return shape->size(); }
 };
 
@@ -100,7 +102,8 @@ struct OpDef {
   std::function<std::vector<TensorType>(const std::vector<TensorType>&, const Attrs&)> infer;
   // Input gradients as graph nodes; empty function = not differentiable (a backward helper or update op).
   std::function<std::vector<ValueId>(GradCtx&)> grad;
-  std::function<Cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)> cost;
+  std::function<Cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)>
+      cost;
   // Scratch bytes a kernel needs (e.g. im2col), planned in the arena so kernels never allocate.
   std::function<size_t(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)>
       workspace;
@@ -110,8 +113,8 @@ struct OpDef {
   // Output 0 is input 0's bytes under another shape: the planner gives both one buffer (whatever their
   // lifetimes), so the kernel finds out == in and copies nothing.
   bool view = false;
-  std::vector<int> mutates;          // inputs updated in place (optimizer state, running statistics)
-  bool random = false;               // draws from its KernelCtx::rng
+  std::vector<int> mutates;  // inputs updated in place (optimizer state, running statistics)
+  bool random = false;       // draws from its KernelCtx::rng
   // Scheduled as soon as its inputs are ready, ahead of other ready nodes: a collective started early
   // overlaps the computation scheduled after it (all_reduce_start).
   bool eager = false;
@@ -144,7 +147,9 @@ WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vect
                                  const std::vector<TensorType>& out, const Attrs& attrs);
 
 // f16 and bf16: the storage types that widened kernels and the mixed-precision pass deal in.
-inline bool is_low_precision(DType t) { return t == DType::f16 || t == DType::bf16; }
+inline bool is_low_precision(DType t) {
+  return t == DType::f16 || t == DType::bf16;
+}
 
 class OpRegistry {
  public:

@@ -160,8 +160,7 @@ OpSample typed_sample(OpSample o, DType t) {
 void register_reshape(OpRegistry& r) {
   OpDef d;
   d.name = "reshape";
-  d.doc =
-      "same elements, new shape (one dimension may be -1); a view: planned to share its input's memory";
+  d.doc = "same elements, new shape (one dimension may be -1); a view: planned to share its input's memory";
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     Shape s = a.ints("shape");
     int64_t known = 1, infer_at = -1;

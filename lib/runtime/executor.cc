@@ -21,7 +21,8 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
   std::vector<void*> addr(g.values().size(), nullptr);
   for (const auto& v : g.values()) {
     if (v.kind == ValueKind::intermediate) {
-      if (mem.offset[static_cast<size_t>(v.id)] >= 0) addr[static_cast<size_t>(v.id)] = base + mem.offset[static_cast<size_t>(v.id)];
+      if (mem.offset[static_cast<size_t>(v.id)] >= 0)
+        addr[static_cast<size_t>(v.id)] = base + mem.offset[static_cast<size_t>(v.id)];
       continue;
     }
     Tensor t;
@@ -49,7 +50,8 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     const OpDef& def = OpRegistry::get().at(n.op);
     const KernelChoice k = select_kernel(def, device_.kind, kernel_dtype(g, n));
     FR_CHECK(k.kernel != nullptr, "no kernel for ", n.op);
-    const WorkspaceLayout ws = workspace_layout(def, k.widened, types_of(n.inputs), types_of(n.outputs), n.attrs);
+    const WorkspaceLayout ws =
+        workspace_layout(def, k.widened, types_of(n.inputs), types_of(n.outputs), n.attrs);
     char* wbase = mem.workspace_offset[static_cast<size_t>(id)] >= 0
                       ? base + mem.workspace_offset[static_cast<size_t>(id)]
                       : nullptr;
@@ -89,9 +91,9 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     // The batch is split over the data axis; a value also split over the tensor axis numbers its elements in
     // the tensor-axis whole (attr rng_whole, see the dropout kernel).
     if (comm && n.attrs.b("batch_split") && !n.outputs.empty())
-      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) *
-                         (n.attrs.has("rng_whole") ? numel(Shape(n.attrs.ints("rng_whole")))
-                                                   : numel(g.value(n.outputs[0]).shape()));
+      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) * (n.attrs.has("rng_whole")
+                                                                   ? numel(Shape(n.attrs.ints("rng_whole")))
+                                                                   : numel(g.value(n.outputs[0]).shape()));
     if (ws.kernel_bytes > 0) {
       s.ctx.workspace = wbase + ws.kernel_offset;
       s.ctx.workspace_bytes = ws.kernel_bytes;
@@ -163,7 +165,8 @@ bool all_finite(const TensorView& t) {
       for (int64_t i = 0; i < n; ++i)
         if ((t.as<bf16>()[i].bits & 0x7f80u) == 0x7f80u) return false;
       return true;
-    default: return true;
+    default:
+      return true;
   }
 }
 }  // namespace
@@ -190,7 +193,8 @@ const Node* Executor::run_checked(bool apply, const std::function<bool(const Nod
 
 Tensor& Executor::tensor(const std::string& name) {
   auto it = persistent_.find(name);
-  if (it == persistent_.end()) throw input_error(cat("the program has no input, parameter or state named '", name, "'"));
+  if (it == persistent_.end())
+    throw input_error(cat("the program has no input, parameter or state named '", name, "'"));
   return it->second;
 }
 
@@ -201,7 +205,8 @@ Tensor Executor::output(const std::string& name) const {
   const Value& v = g.value(it->second);
   if (v.kind != ValueKind::intermediate) return persistent_.at(v.name);
   Tensor t = Tensor::empty(v.shape(), v.dtype(), device_);
-  std::memcpy(t.raw(), static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)], v.nbytes());
+  std::memcpy(t.raw(), static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)],
+              v.nbytes());
   return t;
 }
 

@@ -33,16 +33,19 @@ PlanReport plan_layout(const RunConfig& cfg) {
     const auto bytes = static_cast<double>(v.nbytes());
     if (v.kind == ValueKind::param) r.param_bytes += bytes;
     if (v.kind == ValueKind::input) r.input_bytes += bytes;
-    if (v.kind == ValueKind::state) (v.name.rfind("opt/", 0) == 0 ? r.optimizer_state_bytes : r.other_state_bytes) += bytes;
+    if (v.kind == ValueKind::state)
+      (v.name.rfind("opt/", 0) == 0 ? r.optimizer_state_bytes : r.other_state_bytes) += bytes;
   }
-  for (const auto& [param, grad] : g.param_grads()) r.grad_bytes += static_cast<double>(g.value(grad).nbytes());
+  for (const auto& [param, grad] : g.param_grads())
+    r.grad_bytes += static_cast<double>(g.value(grad).nbytes());
   r.arena_bytes = static_cast<double>(p.memory.arena_bytes);
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
   const double ranks = static_cast<double>(r.data);
   const double tp = static_cast<double>(cfg.parallel.tensor);
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
-    const bool tensor_axis = n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
+    const bool tensor_axis =
+        n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
     const bool data_axis = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "all_gather_into" ||
                            n.op == "reduce_scatter_shard";
     if (!data_axis && !tensor_axis) continue;
@@ -50,12 +53,15 @@ PlanReport plan_layout(const RunConfig& cfg) {
     c.node = n.name;
     c.op = n.op;
     // What the collective covers: the whole tensor (the gathered output, the reduced input).
-    c.tensor_bytes = static_cast<double>(g.value(n.op == "tp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
+    c.tensor_bytes =
+        static_cast<double>(g.value(n.op == "tp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
     if (n.op == "all_reduce")
-      for (size_t i = 1; i < n.inputs.size(); ++i) c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
+      for (size_t i = 1; i < n.inputs.size(); ++i)
+        c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
     c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
     if (n.op == "all_reduce_start") c.tensor_bytes = static_cast<double>(g.value(n.outputs[0]).nbytes());
-    const double factor = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
+    const double factor =
+        n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
     const double group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
     c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
     r.sent_bytes_per_step += c.sent_bytes;
@@ -63,10 +69,11 @@ PlanReport plan_layout(const RunConfig& cfg) {
   }
 
   char buf[256];
-  std::string t = cat("flowrun plan ", cfg.file, ": ", r.world, " process", r.world == 1 ? "" : "es", " (data ",
-                      cfg.parallel.data, " x tensor ", cfg.parallel.tensor, " x pipeline ", cfg.parallel.pipeline,
-                      ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
-                      cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n");
+  std::string t =
+      cat("flowrun plan ", cfg.file, ": ", r.world, " process", r.world == 1 ? "" : "es", " (data ",
+          cfg.parallel.data, " x tensor ", cfg.parallel.tensor, " x pipeline ", cfg.parallel.pipeline,
+          ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
+          cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n");
   t += "memory per device\n";
   for (const auto& [what, bytes] : std::vector<std::pair<const char*, double>>{
            {"parameters", r.param_bytes},
@@ -77,10 +84,12 @@ PlanReport plan_layout(const RunConfig& cfg) {
     std::snprintf(buf, sizeof buf, "  %-48s %14.0f bytes  %s\n", what, bytes, mib(bytes).c_str());
     t += buf;
   }
-  const double total = r.param_bytes + r.optimizer_state_bytes + r.other_state_bytes + r.input_bytes + r.arena_bytes;
+  const double total =
+      r.param_bytes + r.optimizer_state_bytes + r.other_state_bytes + r.input_bytes + r.arena_bytes;
   std::snprintf(buf, sizeof buf, "  %-48s %14.0f bytes  %s\n", "total", total, mib(total).c_str());
   t += buf;
-  std::snprintf(buf, sizeof buf, "  (gradients, inside the arena: %s)\n\ncompute per device: %.3f GFLOP per step\n",
+  std::snprintf(buf, sizeof buf,
+                "  (gradients, inside the arena: %s)\n\ncompute per device: %.3f GFLOP per step\n",
                 mib(r.grad_bytes).c_str(), r.flops_per_step * 1e-9);
   t += buf;
   if (r.collectives.empty()) {
@@ -92,8 +101,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     for (const CollectivePlan& c : r.collectives) {
       const std::string key = c.op == "all_gather_into"        ? "zero/*/gather"
                               : c.op == "reduce_scatter_shard" ? "data_parallel/* (ZeRO-2)"
-                              : c.op.rfind("tp_", 0) == 0 ? "tensor axis (all layers)"
-                                                          : c.node;
+                              : c.op.rfind("tp_", 0) == 0      ? "tensor axis (all layers)"
+                                                               : c.node;
       auto it = std::find_if(lines.begin(), lines.end(),
                              [&](const auto& l) { return l.first == key && l.second.op == c.op; });
       if (it == lines.end()) {
@@ -105,8 +114,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
       it->second.calls += c.calls;
     }
     for (const auto& [key, c] : lines) {
-      std::snprintf(buf, sizeof buf, "  %-16s %-28s %12.0f bytes in %g calls: %12.0f bytes sent\n", c.op.c_str(),
-                    key.c_str(), c.tensor_bytes, c.calls, c.sent_bytes);
+      std::snprintf(buf, sizeof buf, "  %-16s %-28s %12.0f bytes in %g calls: %12.0f bytes sent\n",
+                    c.op.c_str(), key.c_str(), c.tensor_bytes, c.calls, c.sent_bytes);
       t += buf;
     }
     std::snprintf(buf, sizeof buf, "  total sent %s per step\n", mib(r.sent_bytes_per_step).c_str());
@@ -116,19 +125,20 @@ PlanReport plan_layout(const RunConfig& cfg) {
     // Stage 0 of the pipeline: what it holds at once under 1F1B, and what it sends to stage 1.
     const int64_t m = cfg.train.grad_accumulation, slots = std::min(cfg.parallel.pipeline, m);
     const double act = static_cast<double>(g.value(g.outputs().at("pp/out")).nbytes());
-    std::snprintf(buf, sizeof buf,
-                  "pipeline stage 0 of %lld: %lld micro-batch slots (arena %s each, 1F1B), sends %lld activations "
-                  "of %.0f bytes per step and receives as many gradients\n",
-                  static_cast<long long>(cfg.parallel.pipeline), static_cast<long long>(slots),
-                  mib(r.arena_bytes).c_str(), static_cast<long long>(m), act);
+    std::snprintf(
+        buf, sizeof buf,
+        "pipeline stage 0 of %lld: %lld micro-batch slots (arena %s each, 1F1B), sends %lld activations "
+        "of %.0f bytes per step and receives as many gradients\n",
+        static_cast<long long>(cfg.parallel.pipeline), static_cast<long long>(slots),
+        mib(r.arena_bytes).c_str(), static_cast<long long>(m), act);
     t += buf;
   }
   if (cfg.parallel.tensor > 1) {
     t += "\nparameters on the tensor axis (whole shape, SBP)\n";
     for (const Value& v : g.values())
       if (v.kind == ValueKind::param)
-        t += cat("  ", v.name, " ", shape_str(v.placement.tensor_split() ? v.placement.whole : v.shape()), " ",
-                 v.placement.tensor.str(), "\n");
+        t += cat("  ", v.name, " ", shape_str(v.placement.tensor_split() ? v.placement.whole : v.shape()),
+                 " ", v.placement.tensor.str(), "\n");
   }
   r.table = t;
   JsonLine j;

@@ -198,7 +198,8 @@ Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh) {
   Tensor whole = Tensor::empty(v.placement.whole, local.dtype());
   for (int64_t r = 0; r < parts; ++r) {
     Tensor one = Tensor::empty(local.shape(), local.dtype());
-    std::memcpy(one.raw(), static_cast<const char*>(all.raw()) + static_cast<size_t>(r * n) * dtype_size(local.dtype()),
+    std::memcpy(one.raw(),
+                static_cast<const char*>(all.raw()) + static_cast<size_t>(r * n) * dtype_size(local.dtype()),
                 one.nbytes());
     put_part(whole, one, v.placement.tensor, r, parts);
   }
@@ -214,15 +215,16 @@ void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, c
   if (whole.shape() != want || whole.dtype() != t.dtype())
     throw input_error(cat(source, ": '", name, "' is ", dtype_name(whole.dtype()), shape_str(whole.shape()),
                           " but the model has ", dtype_name(t.dtype()), shape_str(want)));
-  const Tensor piece = v.placement.tensor_split()
-                           ? take_part(whole, v.placement.tensor, mesh.tensor->rank(), v.placement.tensor_parts)
-                           : whole;
+  const Tensor piece = v.placement.tensor_split() ? take_part(whole, v.placement.tensor, mesh.tensor->rank(),
+                                                              v.placement.tensor_parts)
+                                                  : whole;
   if (!v.placement.sharded()) {
     std::memcpy(t.raw(), piece.raw(), t.nbytes());
     return;
   }
   // This rank's flat shard, zero-padded past the end (as local_shard cuts it).
-  const int64_t s = t.numel(), first = mesh.data->rank() * s, have = std::clamp<int64_t>(piece.numel() - first, 0, s);
+  const int64_t s = t.numel(), first = mesh.data->rank() * s,
+                have = std::clamp<int64_t>(piece.numel() - first, 0, s);
   const size_t esize = dtype_size(t.dtype());
   std::memset(t.raw(), 0, t.nbytes());
   std::memcpy(t.raw(), static_cast<const char*>(piece.raw()) + static_cast<size_t>(first) * esize,
@@ -251,8 +253,8 @@ void feed(Executor& ex, const Batch& b) {
   for (const auto& [name, from] : {std::pair<const char*, const Tensor*>{"x", &b.x}, {"y", &b.y}}) {
     if (!ex.has_tensor(name)) continue;
     Tensor& t = ex.tensor(name);
-    FR_CHECK(t.nbytes() == from->nbytes() && t.dtype() == from->dtype(), "batch does not match the model's input ",
-             name);
+    FR_CHECK(t.nbytes() == from->nbytes() && t.dtype() == from->dtype(),
+             "batch does not match the model's input ", name);
     std::memcpy(t.raw(), from->raw(), t.nbytes());
   }
 }
@@ -333,7 +335,8 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh) {
     std::vector<char> blob;
     blob.reserve(static_cast<size_t>(bytes));
     for (const auto& [name, t] : tensors)
-      blob.insert(blob.end(), static_cast<const char*>(t.raw()), static_cast<const char*>(t.raw()) + t.nbytes());
+      blob.insert(blob.end(), static_cast<const char*>(t.raw()),
+                  static_cast<const char*>(t.raw()) + t.nbytes());
     const int64_t sizes[2] = {static_cast<int64_t>(manifest.size()), bytes};
     pipe.send(sizes, 2, DType::i64, 0, kTensorsTag);
     pipe.send(manifest.data(), sizes[0], DType::u8, 0, kTensorsTag);

@@ -24,8 +24,8 @@ void check_device(const RunConfig& cfg);
 // A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer pass) or
 // evaluation (forward and loss only: dropout off, batchnorm on running statistics). Under tensor parallelism
 // (parallel.tensor > 1) it is the local program of tensor rank `tensor_rank`.
-Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training, BuiltModel* built,
-                      int64_t tensor_rank = 0, int64_t stage = 0);
+Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
+                      BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0);
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {
@@ -85,9 +85,10 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh);
 // its dropout stream, the update on the last one. Returns the mean loss of the micro-batches. `timer`, when
 // given, receives each kernel's time (flowrun time).
 // With `anomaly` (--detect-anomaly) every kernel's outputs are checked; the first node to produce an inf or
-// NaN is stored there and the step stops (the caller reports it). Under fp16 loss scaling the backward pass is
-// exempt: its overflows are expected and skip the step.
+// NaN is stored there and the step stops (the caller reports it). Under fp16 loss scaling the backward pass
+// is exempt: its overflows are expected and skip the step.
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
-                  const std::function<void(const Node&, double)>* timer = nullptr, const Node** anomaly = nullptr);
+                  const std::function<void(const Node&, double)>* timer = nullptr,
+                  const Node** anomaly = nullptr);
 
 }  // namespace flowrun

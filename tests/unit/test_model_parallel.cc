@@ -1,6 +1,6 @@
-// Tensor and pipeline parallelism without a launcher: SBP values, the layout SBP deduction gives the zoo's GPT
-// and MLP, the local programs of every tensor rank run in threads over an in-process communicator against one
-// process, and the pipeline's cut into stages.
+// Tensor and pipeline parallelism without a launcher: SBP values, the layout SBP deduction gives the zoo's
+// GPT and MLP, the local programs of every tensor rank run in threads over an in-process communicator against
+// one process, and the pipeline's cut into stages.
 #include <gtest/gtest.h>
 
 #include <condition_variable>

@@ -25,15 +25,18 @@ TEST(ParallelLaunch, EnvironmentsInPriorityOrder) {
   EXPECT_EQ(launch_with({}).world, 1);
   EXPECT_EQ(launch_with({}).source, "none");
   // mpirun inside sbatch: every rank sees SLURM_PROCID=0, OpenMPI's variables win.
-  const LaunchInfo m = launch_with({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"SLURM_PROCID", "0"},
+  const LaunchInfo m = launch_with({{"OMPI_COMM_WORLD_RANK", "3"},
+                                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                    {"SLURM_PROCID", "0"},
                                     {"SLURM_NTASKS", "1"}});
   EXPECT_EQ(m.rank, 3);
   EXPECT_EQ(m.world, 4);
   EXPECT_EQ(m.local_rank, 1);
   EXPECT_EQ(m.source, "OMPI");
   // srun --mpi=pmix: PMIX_RANK and SLURM_* only.
-  const LaunchInfo p = launch_with({{"PMIX_RANK", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_PROCID", "1"}});
+  const LaunchInfo p =
+      launch_with({{"PMIX_RANK", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_PROCID", "1"}});
   EXPECT_EQ(p.source, "PMIX");
   EXPECT_EQ(p.rank, 1);
   EXPECT_EQ(p.world, 2);

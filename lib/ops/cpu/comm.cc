@@ -53,8 +53,8 @@ void all_reduce(const KernelCtx& c) {
 // The shards attribute must be the data axis's size: a program sharded for D ranks runs only on D ranks.
 void check_shards(const KernelCtx& c) {
   const int64_t world = c.comm ? c.comm->size() : 1;
-  FR_CHECK(c.attrs().i("shards") == world, c.node->name, ": sharded ", c.attrs().i("shards"), " ways on ", world,
-           " ranks");
+  FR_CHECK(c.attrs().i("shards") == world, c.node->name, ": sharded ", c.attrs().i("shards"), " ways on ",
+           world, " ranks");
 }
 
 void local_shard(const KernelCtx& c) {
@@ -86,7 +86,8 @@ void all_reduce_start(const KernelCtx& c) {
   char* bucket = static_cast<char*>(c.out[0].data);
   int64_t at = 0;
   for (int i = 0; i < c.num_in; ++i) {
-    std::memcpy(bucket + at * static_cast<int64_t>(esize), c.in[i].data, static_cast<size_t>(c.in[i].numel()) * esize);
+    std::memcpy(bucket + at * static_cast<int64_t>(esize), c.in[i].data,
+                static_cast<size_t>(c.in[i].numel()) * esize);
     at += c.in[i].numel();
   }
   *c.out[1].as<int64_t>() = c.comm ? c.comm->start_all_reduce(bucket, at, c.in[0].dtype, ReduceOp::sum) : -1;
@@ -143,23 +144,23 @@ void rank_major_to_whole(const Blocks& b, const char* src, char* dst) {
   const size_t row = static_cast<size_t>(b.chunk) * b.esize;
   for (int64_t r = 0; r < b.parts; ++r)
     for (int64_t o = 0; o < b.outer; ++o)
-      std::memcpy(dst + static_cast<size_t>(o * b.parts + r) * row, src + static_cast<size_t>(r * b.outer + o) * row,
-                  row);
+      std::memcpy(dst + static_cast<size_t>(o * b.parts + r) * row,
+                  src + static_cast<size_t>(r * b.outer + o) * row, row);
 }
 
 void whole_to_rank_major(const Blocks& b, const char* src, char* dst) {
   const size_t row = static_cast<size_t>(b.chunk) * b.esize;
   for (int64_t r = 0; r < b.parts; ++r)
     for (int64_t o = 0; o < b.outer; ++o)
-      std::memcpy(dst + static_cast<size_t>(r * b.outer + o) * row, src + static_cast<size_t>(o * b.parts + r) * row,
-                  row);
+      std::memcpy(dst + static_cast<size_t>(r * b.outer + o) * row,
+                  src + static_cast<size_t>(o * b.parts + r) * row, row);
 }
 
 // The group must have as many ranks as the program was split for.
 int tp_rank(const KernelCtx& c) {
   const int64_t size = c.tp ? c.tp->size() : 1;
-  FR_CHECK(c.attrs().i("parts") == size, c.node->name, ": split ", c.attrs().i("parts"), " ways on a tensor axis of ",
-           size, " ranks");
+  FR_CHECK(c.attrs().i("parts") == size, c.node->name, ": split ", c.attrs().i("parts"),
+           " ways on a tensor axis of ", size, " ranks");
   return c.tp ? c.tp->rank() : 0;
 }
 
@@ -167,12 +168,14 @@ int tp_rank(const KernelCtx& c) {
 
 void tp_all_reduce(const KernelCtx& c) {
   tp_rank(c);
-  if (c.out[0].data != c.in[0].data) std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
+  if (c.out[0].data != c.in[0].data)
+    std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
   if (c.tp) c.tp->all_reduce(c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
 }
 
 void tp_copy(const KernelCtx& c) {
-  if (c.out[0].data != c.in[0].data) std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
+  if (c.out[0].data != c.in[0].data)
+    std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
 }
 
 void tp_all_gather(const KernelCtx& c) {
