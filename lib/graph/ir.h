@@ -80,12 +80,15 @@ struct TensorType {
 // Placement of a value on the device mesh, filled by the distributed passes; the default is "one device,
 // whole tensor".
 struct Placement {
-  // The tensor axis (graph/tensor_parallel.cc): this value's SBP over `tensor_parts` ranks, and the shape of
+  // The tensor axis (graph/sbp_parallel.cc): this value's SBP over `tensor_parts` ranks, and the shape of
   // the whole value when it is split (the value's own shape is then one rank's piece). Before that pass,
   // `hint` (a model's `sbp:` override, "B" or "S(i)") and `groups` (a fused projection's blocks, e.g. 3 for
   // q|k|v) steer the choice for parameters.
   Sbp tensor;
   int64_t tensor_parts = 1;
+  // The data axis's SBP (graph/sbp_parallel.cc): S(0) for the batch and what is computed from it, B for
+  // parameters; the value's shape is already one rank's.
+  Sbp data;
   Shape whole;
   std::string hint;
   int groups = 1;

@@ -253,9 +253,13 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",
                  [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});
+  if (opts.data_parallel > 1)
+    p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) {
+                   split_over_axis(g, MeshAxis::data, o.data_parallel, o.data_rank);
+                 }});
   if (opts.tensor_parallel > 1)
     p.push_back({"tensor_parallel", [](Graph& g, const CompileOptions& o) {
-                   tensor_parallel(g, o.tensor_parallel, o.tensor_rank);
+                   split_over_axis(g, MeshAxis::tensor, o.tensor_parallel, o.tensor_rank);
                  }});
   if (opts.compute != DType::f32)
     p.push_back(
@@ -277,8 +281,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                    autodiff(g, it->second, seed);
                  }});
     if (opts.data_parallel > 1)
-      p.push_back({"data_parallel", [](Graph& g, const CompileOptions& o) {
-                     data_parallel(g, o.data_parallel, o.loss, o.zero >= 2, o.bucket_bytes);
+      p.push_back({"reduce_gradients", [](Graph& g, const CompileOptions& o) {
+                     reduce_gradients(g, o.data_parallel, o.zero >= 2, o.bucket_bytes);
                    }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
   }

@@ -35,7 +35,7 @@ struct OptimizerSpec {
   // one flat shard of every parameter ("local_shard"), then the shards are gathered back into the full
   // parameter ("all_gather_into"). State values carry Placement::global_shape.
   int64_t zero_shards = 1;
-  // ZeRO-2: the gradients arrive as this rank's flat shards already (data_parallel's reduce-scatter), and
+  // ZeRO-2: the gradients arrive as this rank's flat shards already (reduce_gradients' reduce-scatter), and
   // the gradient norm sums its squares over the data axis.
   bool sharded_grads = false;
   // A pipeline stage: the updates are apply-phase nodes even without accumulation (they run once every
@@ -51,10 +51,11 @@ struct CompileOptions {
   std::string loss = "loss";  // name of the output to differentiate; empty = inference only
   OptimizerSpec optimizer;
   DType compute = DType::f32;  // f16 or bf16: the mixed-precision pass runs (see auto_mixed_precision)
-  int64_t data_parallel = 1;   // ranks on the data axis; > 1 adds the gradient all-reduce (data_parallel)
-  int64_t zero = 0;            // ZeRO stage (optimizer.zero_shards carries the shard count)
-  int64_t bucket_bytes = int64_t{25} << 20;  // gradient all-reduce buckets (data_parallel)
-  int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 runs tensor_parallel for rank tensor_rank
+  int64_t data_parallel = 1;   // ranks on the data axis; > 1 splits the batch over them (split_over_axis)
+  int64_t data_rank = 0;
+  int64_t zero = 0;                          // ZeRO stage (optimizer.zero_shards carries the shard count)
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradient all-reduce buckets (reduce_gradients)
+  int64_t tensor_parallel = 1;  // ranks on the tensor axis; > 1 splits the model over them (split_over_axis)
   int64_t tensor_rank = 0;
   int64_t pipeline = 1;  // stages; > 1 keeps stage pipeline_stage of the model (pipeline_stage)
   int64_t pipeline_stage = 0;
@@ -88,18 +89,16 @@ void auto_mixed_precision(Graph& g, DType low);  // forward graph, before autodi
 // kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
                                bool every_node);
-// Data parallelism over `ranks` processes (after autodiff, before the optimizer): gradients are summed over
-// the ranks in one all_reduce bucket per dtype and scaled by 1/ranks, the `loss` output is averaged likewise,
-// and random ops are marked batch_split so that each rank draws its slice of the global batch's numbers.
-// With shard_grads (ZeRO-2) each gradient is reduce-scattered instead: param_grads then holds this rank's
-// flat shard of the summed gradient. bucket_bytes: the gradient all-reduce's bucket size (buckets start as
-// soon as their gradients exist).
-void data_parallel(Graph& g, int64_t ranks, const std::string& loss, bool shard_grads = false,
-                   int64_t bucket_bytes = int64_t{25} << 20);
-// Tensor parallelism over `parts` ranks (forward graph, before mixed precision and autodiff): SBP deduction
-// on the tensor axis and boxing, leaving rank `rank`'s local graph; parameters carry their SBP and whole
-// shape in Value::placement (see graph/tensor_parallel.cc).
-void tensor_parallel(Graph& g, int64_t parts, int64_t rank);
+// Data or tensor parallelism over the `parts` ranks of one mesh axis (forward graph, before mixed precision
+// and autodiff): SBP deduction from the ops' signatures and boxing, leaving rank `rank`'s local graph; values
+// carry their SBP (and split parameters their whole shape) in Value::placement. The data axis runs first, on
+// the graph of the global micro-batch (see graph/sbp_parallel.cc).
+void split_over_axis(Graph& g, MeshAxis axis, int64_t parts, int64_t rank);
+// After autodiff, on the data axis's `ranks`: the parameters' gradient all-reduces (the boxing of their
+// partial sums) fused into buckets of about bucket_bytes, started as soon as their gradients exist and waited
+// for before the optimizer; with shard_grads (ZeRO-2) a reduce-scatter of each instead, param_grads then
+// holding this rank's flat shard of the summed gradient.
+void reduce_gradients(Graph& g, int64_t ranks, bool shard_grads, int64_t bucket_bytes);
 // Pipeline parallelism (forward graph, first of the parallel passes): keeps stage `stage` of `stages`, with
 // the input "pp/in" and the output "pp/out" (see graph/pipeline.cc).
 void pipeline_stage(Graph& g, int64_t stages, int64_t stage);

@@ -53,7 +53,7 @@ ValueId dense(Ctx& c, ValueId x, int64_t out, bool bias, bool residual, std::opt
 }
 
 // `sbp: {w: S(0), b: B}` on a layer: fixes how its parameters are laid out on the tensor axis instead of
-// leaving it to SBP deduction (Placement::hint; graph/tensor_parallel.cc).
+// leaving it to SBP deduction (Placement::hint; graph/sbp_parallel.cc).
 void apply_sbp(Ctx& c, const Opts& o) {
   if (!o.has("sbp")) return;
   const YAML::Node m = o.node("sbp");

@@ -182,6 +182,13 @@ void register_attention_ops(OpRegistry& r) {
     return static_cast<size_t>(numel(in[1].shape)) * dtype_size(in[1].dtype);
   };
   d.nondiff_outputs = {1};
+  // Heads (tensor parallel) or the batch (data parallel) split: each rank attends over its own.
+  d.sbp = [](const SbpQuery&) {
+    std::vector<SbpSignature> sigs;
+    for (int a : {1, 0})
+      sigs.push_back({{Sbp::split(a), Sbp::split(a), Sbp::split(a)}, {Sbp::split(a), Sbp::split(a)}});
+    return sigs;
+  };
   d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa}};
   d.samples = sdpa_samples;
   r.add(d);

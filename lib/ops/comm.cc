@@ -1,6 +1,6 @@
 // Collective ops, inserted by the parallel passes (never written in a model): all_reduce sums a bucket of
 // tensors over the ranks of the data axis in one transfer; local_shard and all_gather_into split a tensor
-// into per-rank flat shards and put it back together (ZeRO); the tp_* ops box values on the tensor axis.
+// into per-rank flat shards and put it back together (ZeRO); the sbp_* ops box values on a mesh axis.
 #include "ops/cpu/comm.h"
 
 #include <cstring>
@@ -20,25 +20,37 @@ double bytes_of(const std::vector<TensorType>& ts) {
   return b;
 }
 
-// The boxing ops of the tensor axis (graph/tensor_parallel.cc), each the other's gradient: attrs parts (the
-// axis's ranks) and, for the split ones, axis and groups (an S(axis)xgroups split, parallel/sbp.h).
-void register_tensor_axis_ops(OpRegistry& r) {
+// On another mesh axis a boxing op is linear (partial sums pass) and leaves splits of the other tensor axes
+// alone.
+std::vector<SbpSignature> boxing_passes(const SbpQuery& q) {
+  std::vector<SbpSignature> sigs;
+  if (!q.cur[0]) return sigs;
+  const Sbp s = *q.cur[0];
+  const bool moves_axis = q.attrs.has("axis");
+  if (s.kind == Sbp::P || (s.kind == Sbp::S && (!moves_axis || s.axis != q.attrs.i("axis"))))
+    sigs.push_back({{s}, {s}});
+  return sigs;
+}
+
+// The boxing ops of a mesh axis (graph/sbp_parallel.cc), each the other's gradient: attrs mesh ("data" or
+// "tensor"), parts (the axis's ranks) and, for the split ones, axis and groups (an S(axis)xgroups split,
+// parallel/sbp.h).
+void register_boxing_ops(OpRegistry& r) {
   auto attrs_of = [](const Node& n) { return n.attrs; };
   auto split_shape = [](const TensorType& t, const Attrs& a, bool gather) -> TensorType {
     const int64_t parts = a.i("parts"), axis = a.i("axis"), groups = a.i("groups", 1);
     if (parts < 1 || groups < 1 || axis < 0 || axis >= static_cast<int64_t>(t.shape.size()))
-      throw input_error(cat("tensor-axis op: bad parts ", parts, ", axis ", axis, " or groups ", groups,
-                            " for ", shape_str(t.shape)));
+      throw input_error(cat("boxing op: bad parts ", parts, ", axis ", axis, " or groups ", groups, " for ",
+                            shape_str(t.shape)));
     TensorType out = t;
     int64_t& d = out.shape[static_cast<size_t>(axis)];
     if (gather) {
-      if (d % groups != 0)
-        throw input_error(cat("tensor-axis gather: axis ", axis, " not divisible by groups"));
+      if (d % groups != 0) throw input_error(cat("boxing gather: axis ", axis, " not divisible by groups"));
       d *= parts;
     } else {
       if (d % (parts * groups) != 0)
-        throw input_error(cat("tensor-axis split: ", shape_str(t.shape), " axis ", axis,
-                              " is not divisible by ", parts, " x ", groups));
+        throw input_error(cat("boxing split: ", shape_str(t.shape), " axis ", axis, " is not divisible by ",
+                              parts, " x ", groups));
       d /= parts;
     }
     return out;
@@ -53,79 +65,85 @@ void register_tensor_axis_ops(OpRegistry& r) {
     };
     return o;
   };
-  const Attrs one{{"parts", int64_t{1}}};
-  const Attrs one_split{{"parts", int64_t{1}}, {"axis", int64_t{1}}, {"groups", int64_t{3}}};
+  const Attrs one{{"parts", int64_t{1}}, {"mesh", std::string("tensor")}};
+  const Attrs one_split{
+      {"parts", int64_t{1}}, {"mesh", std::string("data")}, {"axis", int64_t{1}}, {"groups", int64_t{3}}};
   auto bytes = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     return Cost{0, bytes_of(in) + bytes_of(out)};
   };
 
   OpDef ar;
-  ar.name = "tp_all_reduce";
-  ar.doc = "P -> B on the tensor axis: the sum over its ranks (Megatron's g); gradient: the identity";
+  ar.name = "sbp_all_reduce";
+  ar.doc = "P -> B on a mesh axis: the sum over its ranks (Megatron's g); gradient: the identity";
   ar.infer = same_as_input0;
   ar.cost = bytes;
+  ar.sbp = boxing_passes;
   ar.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.dout(0)}; };
-  ar.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_all_reduce}};
+  ar.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sbp_all_reduce}};
   ar.samples = [=] { return std::vector<OpSample>{sample("one rank", one)}; };
   r.add(ar);
 
   OpDef en;
-  en.name = "tp_enter";
+  en.name = "sbp_enter";
   en.doc =
-      "a B value read by ops split over the tensor axis: the identity, whose gradient (each rank's partial "
-      "sum) is all-reduced (Megatron's f)";
+      "a B value read by ops split over a mesh axis: the identity, whose gradient (each rank's partial sum) "
+      "is all-reduced (Megatron's f; a parameter's gradient under data parallelism)";
   en.infer = same_as_input0;
   en.cost = bytes;
+  en.sbp = boxing_passes;
   en.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("tp_all_reduce", {c.dout(0)}, attrs_of(c.node))};
+    return {c.b.op1("sbp_all_reduce", {c.dout(0)}, attrs_of(c.node))};
   };
-  en.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_copy}};
+  en.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sbp_copy}};
   en.samples = [=] { return std::vector<OpSample>{sample("one rank", one)}; };
   r.add(en);
 
   OpDef ag;
-  ag.name = "tp_all_gather";
-  ag.doc = "S(axis) -> B on the tensor axis: every rank's block, in rank order; gradient: tp_slice";
+  ag.name = "sbp_all_gather";
+  ag.doc = "S(axis) -> B on a mesh axis: every rank's block, in rank order; gradient: sbp_slice";
   ag.infer = [=](const std::vector<TensorType>& in, const Attrs& a) {
     return std::vector<TensorType>{split_shape(in[0], a, true)};
   };
   ag.cost = bytes;
+  ag.sbp = boxing_passes;
   ag.workspace = [](const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
     return static_cast<size_t>(bytes_of(out));
   };
   ag.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("tp_slice", {c.dout(0)}, attrs_of(c.node))};
+    return {c.b.op1("sbp_slice", {c.dout(0)}, attrs_of(c.node))};
   };
-  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::tp_all_gather}};
+  ag.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::sbp_all_gather}};
   ag.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
   r.add(ag);
 
   OpDef sl;
-  sl.name = "tp_slice";
-  sl.doc = "B -> S(axis) on the tensor axis: this rank's block, no transfer; gradient: tp_all_gather";
+  sl.name = "sbp_slice";
+  sl.doc = "B -> S(axis) on a mesh axis: this rank's block, no transfer; gradient: sbp_all_gather";
   sl.infer = [=](const std::vector<TensorType>& in, const Attrs& a) {
     return std::vector<TensorType>{split_shape(in[0], a, false)};
   };
   sl.cost = bytes;
+  sl.sbp = boxing_passes;
   sl.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("tp_all_gather", {c.dout(0)}, attrs_of(c.node))};
+    return {c.b.op1("sbp_all_gather", {c.dout(0)}, attrs_of(c.node))};
   };
-  sl.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::tp_slice}};
+  sl.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::i64, DType::u8}, cpu::sbp_slice}};
   sl.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
   r.add(sl);
 
   OpDef rs;
-  rs.name = "tp_reduce_scatter";
-  rs.doc = "P -> S(axis) on the tensor axis: this rank's block of the sum; gradient: tp_all_gather";
+  rs.name = "sbp_reduce_scatter";
+  rs.doc = "P -> S(axis) on a mesh axis: this rank's block of the sum; gradient: sbp_all_gather";
   rs.infer = sl.infer;
   rs.cost = bytes;
+  rs.sbp = boxing_passes;
   rs.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     return static_cast<size_t>(bytes_of(in));
   };
   rs.grad = [attrs_of](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("tp_all_gather", {c.dout(0)}, attrs_of(c.node))};
+    return {c.b.op1("sbp_all_gather", {c.dout(0)}, attrs_of(c.node))};
   };
-  rs.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::tp_reduce_scatter}};
+  rs.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sbp_reduce_scatter}};
   rs.samples = [=] { return std::vector<OpSample>{sample("one rank", one_split)}; };
   r.add(rs);
 }
@@ -367,7 +385,7 @@ void register_comm_ops(OpRegistry& r) {
     return std::vector<OpSample>{o};
   };
   r.add(wt);
-  register_tensor_axis_ops(r);
+  register_boxing_ops(r);
 }
 
 }  // namespace flowrun

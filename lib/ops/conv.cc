@@ -312,6 +312,13 @@ Attrs with_shape(const Attrs& a, const char* key, const Shape& s) {
   return r;
 }
 
+// Images split by the batch (axis 0), the weights whole.
+std::vector<SbpSignature> batch_split(const SbpQuery& q) {
+  SbpSignature s{{Sbp::split(0)}, std::vector<Sbp>(q.out.size(), Sbp::split(0))};
+  s.in.resize(q.in.size(), Sbp::broadcast());
+  return {s};
+}
+
 }  // namespace
 
 void register_conv_ops(OpRegistry& r) {
@@ -353,6 +360,7 @@ void register_conv_ops(OpRegistry& r) {
     if (c.node.inputs.size() == 3) g.push_back(b.reduce_sum(dy, {0, 2, 3}));
     return g;
   };
+  conv.sbp = batch_split;
   conv.kernels = {{DeviceKind::cpu, kF, cpu::conv2d},
                   {DeviceKind::cpu, {DType::bf16}, cpu::conv2d, cpu::has_native_bf16}};
   conv.samples = conv_samples;
@@ -431,6 +439,7 @@ void register_conv_ops(OpRegistry& r) {
     return {c.b.op1("maxpool2d_grad", {c.dout(0), c.out(1)},
                     with_shape(c.attrs(), "in_shape", c.b.shape(c.in(0))))};
   };
+  mp.sbp = batch_split;
   mp.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d}};
   mp.samples = [] { return pool_samples(true); };
   r.add(mp);
@@ -470,6 +479,7 @@ void register_conv_ops(OpRegistry& r) {
   ap.grad = [](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("avgpool2d_grad", {c.dout(0)}, with_shape(c.attrs(), "in_shape", c.b.shape(c.in(0))))};
   };
+  ap.sbp = batch_split;
   ap.kernels = {{DeviceKind::cpu, kF, cpu::avgpool2d}};
   ap.samples = [] { return pool_samples(false); };
   r.add(ap);
@@ -507,6 +517,7 @@ void register_conv_ops(OpRegistry& r) {
     const ValueId full = b.op1("broadcast_to", {dy}, {{"shape", xs}});
     return {b.mul_scalar(full, 1.0 / static_cast<double>(xs[2] * xs[3]))};
   };
+  gp.sbp = batch_split;
   gp.kernels = {{DeviceKind::cpu, kF, cpu::global_avgpool}};
   gp.samples = [] {
     std::vector<OpSample> s;

@@ -70,10 +70,18 @@ std::vector<OpSample> unary_samples(std::vector<Attrs> attr_sets = {Attrs{}}, bo
   return s;
 }
 
+// Splits pass through elementwise ops; partial sums only through the linear ones (a sum of partial sums,
+// a scaled or re-typed partial sum).
+std::function<std::vector<SbpSignature>(const SbpQuery&)> pointwise_sbp(const std::string& op) {
+  const bool linear = op == "add" || op == "sub" || op == "mul_scalar" || op == "cast";
+  return [linear](const SbpQuery& q) { return elementwise_signatures(q, linear); };
+}
+
 OpDef binary(const std::string& name, KernelFn fn, std::function<std::vector<ValueId>(GradCtx&)> grad,
              bool positive_b = false) {
   OpDef d;
   d.name = name;
+  d.sbp = pointwise_sbp(name);
   d.doc = "elementwise " + name + " with NumPy broadcasting";
   d.num_inputs = 2;
   d.infer = infer_broadcast;
@@ -90,6 +98,7 @@ void activation(OpRegistry& r, const std::string& name, const std::string& doc, 
                 bool grad_uses_output, std::vector<Attrs> attr_sets = {Attrs{}}) {
   OpDef d;
   d.name = name;
+  d.sbp = pointwise_sbp(name);
   d.doc = doc;
   d.infer = same_as_input0;
   d.cost = elementwise_cost;
@@ -117,6 +126,7 @@ OpDef scalar_op(const std::string& name, const std::string& doc, KernelFn fn,
                 std::function<std::vector<ValueId>(GradCtx&)> grad, double sample_value, bool positive) {
   OpDef d;
   d.name = name;
+  d.sbp = pointwise_sbp(name);
   d.doc = doc;
   d.infer = same_as_input0;
   d.cost = elementwise_cost;
@@ -182,6 +192,7 @@ void register_elementwise_ops(OpRegistry& r) {
   fill.name = "fill_like";
   fill.doc = "a tensor shaped like the input, every element = value (the input is only read for its type)";
   fill.infer = same_as_input0;
+  fill.sbp = pointwise_sbp(fill.name);
   fill.cost = elementwise_cost;
   fill.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::fill_like}};
   fill.grad = [](GradCtx&) -> std::vector<ValueId> { return {kNoValue}; };
@@ -192,6 +203,7 @@ void register_elementwise_ops(OpRegistry& r) {
   sg.name = "stop_gradient";
   sg.doc = "identity forward; no gradient flows back";
   sg.infer = same_as_input0;
+  sg.sbp = pointwise_sbp(sg.name);
   sg.cost = elementwise_cost;
   sg.inplace_input = 0;
   sg.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::copy}};
@@ -217,6 +229,7 @@ void register_elementwise_ops(OpRegistry& r) {
     if (!t) throw input_error(cat("unknown dtype '", a.s("dtype"), "'"));
     return {{in[0].shape, *t}};
   };
+  cast.sbp = pointwise_sbp(cast.name);
   cast.cost = elementwise_cost;
   cast.kernels = {
       {DeviceKind::cpu, std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes)), cpu::cast}};

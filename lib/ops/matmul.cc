@@ -177,6 +177,29 @@ void register_matmul_ops(OpRegistry& r) {
     if (c.node.inputs.size() == 3) g.push_back(b.reduce_to_shape(dy, b.shape(c.in(2))));
     return g;
   };
+  lin.sbp = [](const SbpQuery& q) {
+    const int r = static_cast<int>(q.in[0].shape.size());
+    const bool bias = q.in.size() == 3;
+    std::vector<SbpSignature> sigs;
+    auto with_bias = [&](SbpSignature s, Sbp b) {
+      if (bias) s.in.push_back(b);
+      return s;
+    };
+    // Column parallel: the output features split (grouped as the weight is).
+    const int g = q.groups[1];
+    sigs.push_back(
+        with_bias({{Sbp::broadcast(), Sbp::split(0, g)}, {Sbp::split(r - 1, g)}}, Sbp::split(0, g)));
+    // Row parallel: the input features split; partial sums out (the bias added after their sum).
+    SbpSignature row = with_bias(
+        {{Sbp::split(r - 1), Sbp::split(1)}, {bias ? Sbp::broadcast() : Sbp::partial()}}, Sbp::broadcast());
+    row.row_bias = bias;
+    sigs.push_back(row);
+    // A split over leading (batch, sequence) axes with the weight whole: data parallelism.
+    for (int a = 0; a < r - 1; ++a)
+      sigs.push_back(with_bias({{Sbp::split(a), Sbp::broadcast()}, {Sbp::split(a)}}, Sbp::broadcast()));
+    if (!bias) sigs.push_back({{Sbp::partial(), Sbp::broadcast()}, {Sbp::partial()}});
+    return sigs;
+  };
   lin.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::linear},
                  {DeviceKind::cpu, {DType::bf16}, cpu::linear_bf16, cpu::has_native_bf16}};
   lin.samples = [] {

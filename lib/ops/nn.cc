@@ -350,6 +350,7 @@ void add_softmax_like(OpRegistry& r, const std::string& name, const std::string&
   d.grad = [name](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1(name + "_grad", {c.dout(0), c.out(0)}, c.attrs())};
   };
+  d.sbp = [](const SbpQuery& q) { return row_wise_signatures(q, 1); };
   d.kernels = {{DeviceKind::cpu, kF, fwd}};
   d.samples = [log] { return softmax_samples(log); };
   r.add(d);
@@ -395,7 +396,7 @@ void register_nn_ops(OpRegistry& r) {
     return {{{}, in[0].dtype}, {in[1].shape, in[0].dtype}};
   };
   ce.cost = cost_per_elem(4.0, 0);
-  // Logits split over the tensor axis by class (attrs offset, classes; set by graph/tensor_parallel.cc): the
+  // Logits split over the tensor axis by class (attrs offset, classes; set by graph/sbp_parallel.cc): the
   // row statistics are reduced over its ranks.
   ce.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
     return a.has("classes") ? static_cast<size_t>(3 * numel(in[1].shape)) * sizeof(double) : size_t{0};
@@ -404,6 +405,19 @@ void register_nn_ops(OpRegistry& r) {
   ce.nondiff_outputs = {1};
   ce.grad = [](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("cross_entropy_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)}, c.attrs()), kNoValue};
+  };
+  ce.sbp = [](const SbpQuery& q) {
+    const int r = static_cast<int>(q.in[0].shape.size());
+    // Vocabulary parallel: logits split by class, the row statistics reduced over the ranks in the kernel.
+    std::vector<SbpSignature> sigs{
+        {{Sbp::split(r - 1), Sbp::broadcast()}, {Sbp::broadcast(), Sbp::broadcast()}}};
+    // Rows split (the batch): each rank's mean over its rows.
+    for (int a = 0; a + 1 < r; ++a) {
+      SbpSignature s{{Sbp::split(a), Sbp::split(a)}, {Sbp::partial(), Sbp::split(a)}};
+      s.partial_mean = true;
+      sigs.push_back(s);
+    }
+    return sigs;
   };
   ce.kernels = {{DeviceKind::cpu, kF, cpu::cross_entropy}};
   ce.samples = [] { return class_samples(/*cross_entropy=*/true); };
@@ -444,6 +458,15 @@ void register_nn_ops(OpRegistry& r) {
   nll.nondiff_inputs = {1};
   nll.grad = [](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("nll_loss_grad", {c.dout(0), c.in(0), c.in(1)}, c.attrs()), kNoValue};
+  };
+  nll.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    for (int a = 0; a + 1 < static_cast<int>(q.in[0].shape.size()); ++a) {
+      SbpSignature s{{Sbp::split(a), Sbp::split(a)}, {Sbp::partial()}};
+      s.partial_mean = true;
+      sigs.push_back(s);
+    }
+    return sigs;
   };
   nll.kernels = {{DeviceKind::cpu, kF, cpu::nll_loss}};
   nll.samples = [] { return class_samples(/*cross_entropy=*/false); };
@@ -486,6 +509,16 @@ void register_nn_ops(OpRegistry& r) {
         c.b.mul_scalar(c.b.mul(diff, c.dout(0)), n > 0 ? 2.0 / static_cast<double>(n) : 0.0);
     return {dpred, c.b.mul_scalar(dpred, -1.0)};
   };
+  // Pred and target split alike: each rank's mean over equal parts.
+  mse.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    for (int a = 0; a < static_cast<int>(q.in[0].shape.size()); ++a) {
+      SbpSignature s{{Sbp::split(a), Sbp::split(a)}, {Sbp::partial()}};
+      s.partial_mean = true;
+      sigs.push_back(s);
+    }
+    return sigs;
+  };
   mse.kernels = {{DeviceKind::cpu, kF, cpu::mse_loss}};
   mse.samples = mse_samples;
   r.add(mse);
@@ -508,6 +541,7 @@ void register_nn_ops(OpRegistry& r) {
   dr.grad = [](GradCtx& c) -> std::vector<ValueId> {
     return {c.b.op1("dropout_grad", {c.dout(0), c.out(1)}, c.attrs())};
   };
+  dr.sbp = [](const SbpQuery& q) { return elementwise_signatures(q, false); };
   dr.kernels = {{DeviceKind::cpu, kF, cpu::dropout}};
   dr.samples = dropout_samples;
   r.add(dr);
@@ -555,6 +589,14 @@ void register_nn_ops(OpRegistry& r) {
     const int64_t V = c.b.shape(c.in(1))[0];
     return {kNoValue, c.b.op1("embedding_grad", {c.dout(0), c.in(0)},
                               {{"num_embeddings", V}, {"offset", c.attrs().i("offset", 0)}})};
+  };
+  // Vocabulary parallel (the table split by rows, each rank's lookups partial sums: zero rows for ids it does
+  // not hold, attr offset set by the pass), or the ids split with the table whole.
+  emb.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs{{{Sbp::broadcast(), Sbp::split(0)}, {Sbp::partial()}}};
+    for (int a = 0; a < static_cast<int>(q.in[0].shape.size()); ++a)
+      sigs.push_back({{Sbp::split(a), Sbp::broadcast()}, {Sbp::split(a)}});
+    return sigs;
   };
   emb.kernels = {{DeviceKind::cpu, kF, cpu::embedding}};
   emb.samples = embedding_samples;

@@ -247,6 +247,7 @@ void register_norm_ops(OpRegistry& r) {
   };
   ln.cost = row_norm_cost;
   ln.nondiff_outputs = {1, 2};
+  ln.sbp = [](const SbpQuery& q) { return row_wise_signatures(q, 1); };
   ln.kernels = {{DeviceKind::cpu, kF, cpu::layernorm}};
   ln.samples = [] { return row_norm_samples(true); };
   r.add(ln);
@@ -292,6 +293,7 @@ void register_norm_ops(OpRegistry& r) {
   };
   rms.cost = row_norm_cost;
   rms.nondiff_outputs = {1};
+  rms.sbp = [](const SbpQuery& q) { return row_wise_signatures(q, 1); };
   rms.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm}};
   rms.samples = [] { return row_norm_samples(false); };
   r.add(rms);
@@ -363,6 +365,16 @@ void register_norm_ops(OpRegistry& r) {
   bn.nondiff_inputs = {3, 4};
   bn.nondiff_outputs = {1, 2};
   bn.mutates = {3, 4};
+  // The batch split: exact for inference. In training each rank normalises by its own part's statistics, as
+  // PyTorch's DistributedDataParallel does (not SyncBatchNorm): offered on the data axis only, where that is
+  // what users expect.
+  bn.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    if (q.axis == MeshAxis::data || !q.attrs.b("training", true))
+      sigs.push_back({{Sbp::split(0), Sbp::broadcast(), Sbp::broadcast(), Sbp::broadcast(), Sbp::broadcast()},
+                      {Sbp::split(0), Sbp::broadcast(), Sbp::broadcast()}});
+    return sigs;
+  };
   bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm}};
   bn.samples = batchnorm_samples;
   r.add(bn);

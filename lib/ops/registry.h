@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "graph/ir.h"
+#include "parallel/sbp_rules.h"
 
 namespace flowrun {
 
@@ -41,12 +42,9 @@ struct KernelCtx {
   int num_out = 0;
   void* workspace = nullptr;  // workspace_bytes() of the op, planned in the arena
   size_t workspace_bytes = 0;
-  RngStream rng;  // seeded from (run seed, step, node) by the executor
-  // Index of this kernel's first element in the whole (unsplit) tensor, for random ops on a batch split over
-  // data-parallel ranks: element i draws the numbers of element rng_offset + i, as in one process.
-  int64_t rng_offset = 0;
+  RngStream rng;                 // seeded from (run seed, step, node) by the executor
   Communicator* comm = nullptr;  // the data axis's group, for its collectives; null in a one-process program
-  Communicator* tp = nullptr;    // the tensor axis's group (tp_* ops); null without tensor parallelism
+  Communicator* tp = nullptr;    // the tensor axis's group; null without tensor parallelism
   Communicator* pp = nullptr;    // the pipeline axis's group; null without pipeline parallelism
   Communicator* ends = nullptr;  // the pipeline's first and last stages (all_reduce {group: ends})
   const Attrs& attrs() const { return node->attrs; }
@@ -118,6 +116,9 @@ struct OpDef {
   // Scheduled as soon as its inputs are ready, ahead of other ready nodes: a collective started early
   // overlaps the computation scheduled after it (all_reduce_start).
   bool eager = false;
+  // The ways it runs split over a mesh axis (parallel/sbp_rules.h), for SBP deduction; unset: replicated only
+  // (every input whole). Random ops lose the grouped-split ones (see without_grouped_outputs).
+  std::function<std::vector<SbpSignature>(const SbpQuery&)> sbp;
   std::vector<KernelDef> kernels;
   std::function<std::vector<OpSample>()> samples;
   // Ops whose gradient checks exercise this one, for backward helpers that have no samples of their own.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <tuple>
 
 #include "graph/builder.h"
@@ -157,6 +158,25 @@ OpSample typed_sample(OpSample o, DType t) {
   return o;
 }
 
+// A contiguous split of axis a of `from` is a split of axis b of `to` when the axes before them hold as
+// many elements and b divides evenly (the rank's elements stay one block per leading index).
+std::optional<int> reshaped_axis(const Shape& from, const Shape& to, const Sbp& s, int64_t parts) {
+  int64_t before = 1;
+  for (int i = 0; i < s.axis; ++i) before *= from[static_cast<size_t>(i)];
+  int64_t p = 1;
+  for (size_t b = 0; b < to.size(); ++b) {
+    if (p == before && to[b] > 1 && to[b] % (parts * s.groups) == 0) return static_cast<int>(b);
+    p *= to[b];
+    if (p > before) break;
+  }
+  return std::nullopt;
+}
+
+// Ops that move elements without changing them pass partial sums through.
+void partial_passes(const SbpQuery& q, std::vector<SbpSignature>& sigs) {
+  if (q.cur[0] && q.cur[0]->kind == Sbp::P) sigs.push_back({{Sbp::partial()}, {Sbp::partial()}});
+}
+
 void register_reshape(OpRegistry& r) {
   OpDef d;
   d.name = "reshape";
@@ -180,6 +200,15 @@ void register_reshape(OpRegistry& r) {
     return {{s, in[0].dtype}};
   };
   d.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.reshape(c.dout(0), c.b.shape(c.in(0)))}; };
+  // A split the new shape keeps as one block per leading index (the local graph's attr shape is one rank's).
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    if (q.cur[0] && q.cur[0]->kind == Sbp::S)
+      if (auto b = reshaped_axis(q.in[0].shape, q.out[0].shape, *q.cur[0], q.parts))
+        sigs.push_back({{*q.cur[0]}, {Sbp::split(*b, q.cur[0]->groups)}});
+    partial_passes(q, sigs);
+    return sigs;
+  };
   d.cost = copy_cost;
   d.inplace_input = 0;
   d.view = true;
@@ -215,6 +244,19 @@ void register_transpose(OpRegistry& r) {
   };
   // Swapping two axes is its own inverse.
   d.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.op1("transpose", {c.dout(0)}, c.attrs())}; };
+  // A split moves with its axis.
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    const size_t r = q.in[0].shape.size();
+    const int d0 = normalize_axis(q.attrs.i("dim0"), r), d1 = normalize_axis(q.attrs.i("dim1"), r);
+    if (q.cur[0] && q.cur[0]->kind == Sbp::S) {
+      const Sbp s = *q.cur[0];
+      const int a = s.axis == d0 ? d1 : s.axis == d1 ? d0 : s.axis;
+      sigs.push_back({{s}, {Sbp::split(a, s.groups)}});
+    }
+    partial_passes(q, sigs);
+    return sigs;
+  };
   d.cost = copy_cost;
   d.kernels = {{DeviceKind::cpu, kAnyDType, cpu::transpose}};
   d.samples = [] {
@@ -254,6 +296,17 @@ void register_permute(OpRegistry& r) {
     std::vector<int64_t> inverse(perm.size());
     for (size_t j = 0; j < perm.size(); ++j) inverse[static_cast<size_t>(perm[j])] = static_cast<int64_t>(j);
     return {c.b.op1("permute", {c.dout(0)}, {{"perm", inverse}})};
+  };
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    if (q.cur[0] && q.cur[0]->kind == Sbp::S) {
+      const std::vector<int> perm = checked_perm(q.attrs.ints("perm"), q.in[0].shape.size());
+      const Sbp s = *q.cur[0];
+      for (size_t j = 0; j < perm.size(); ++j)
+        if (perm[j] == s.axis) sigs.push_back({{s}, {Sbp::split(static_cast<int>(j), s.groups)}});
+    }
+    partial_passes(q, sigs);
+    return sigs;
   };
   d.cost = copy_cost;
   d.kernels = {{DeviceKind::cpu, kAnyDType, cpu::permute}};
@@ -442,6 +495,22 @@ void register_split(OpRegistry& r) {
     std::vector<ValueId> dys;
     for (size_t i = 0; i < c.node.outputs.size(); ++i) dys.push_back(c.dout(static_cast<int>(i)));
     return {c.b.op1("concat", dys, {{"axis", c.attrs().i("axis")}})};
+  };
+  // A split of another axis passes to every piece; a grouped split cut along its groups (q|k|v) gives each
+  // piece a plain split (the local graph's sizes are one rank's).
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    if (!q.cur[0] || q.cur[0]->kind != Sbp::S) return sigs;
+    const Sbp s = *q.cur[0];
+    const int axis = normalize_axis(q.attrs.i("axis"), q.in[0].shape.size());
+    const std::vector<int64_t>& sizes = q.attrs.ints("sizes");
+    if (s.axis != axis) {
+      sigs.push_back({{s}, std::vector<Sbp>(q.out.size(), s)});
+    } else if (s.groups == static_cast<int>(sizes.size()) &&
+               std::all_of(sizes.begin(), sizes.end(), [&](int64_t v) { return v == sizes[0]; })) {
+      sigs.push_back({{s}, std::vector<Sbp>(q.out.size(), Sbp::split(axis))});
+    }
+    return sigs;
   };
   d.cost = move_cost;
   d.kernels = {{DeviceKind::cpu, kAnyDType, cpu::split}};

@@ -27,6 +27,10 @@ struct Sbp {
   std::string str() const;  // "B", "P", "S(1)", "S(0)x3"
 };
 
+// The mesh axes a graph is split over by SBP deduction (graph/sbp_parallel.cc), in the order the passes run.
+enum class MeshAxis : uint8_t { data, tensor };
+const char* mesh_axis_name(MeshAxis a);  // "data", "tensor"
+
 // "B", "P", "S(i)" or "S(i)xG" (i may be negative: from the last axis of a tensor of `rank` axes); an
 // input_error naming `what` otherwise.
 Sbp parse_sbp(const std::string& text, size_t rank, const std::string& what);

@@ -88,12 +88,6 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     s.ctx.comm = comm;
     s.ctx.tp = tp;
     s.stream = name_stream(n.name);
-    // The batch is split over the data axis; a value also split over the tensor axis numbers its elements in
-    // the tensor-axis whole (attr rng_whole, see the dropout kernel).
-    if (comm && n.attrs.b("batch_split") && !n.outputs.empty())
-      s.ctx.rng_offset = static_cast<int64_t>(comm->rank()) * (n.attrs.has("rng_whole")
-                                                                   ? numel(Shape(n.attrs.ints("rng_whole")))
-                                                                   : numel(g.value(n.outputs[0]).shape()));
     if (ws.kernel_bytes > 0) {
       s.ctx.workspace = wbase + ws.kernel_offset;
       s.ctx.workspace_bytes = ws.kernel_bytes;

@@ -44,24 +44,25 @@ PlanReport plan_layout(const RunConfig& cfg) {
   const double tp = static_cast<double>(cfg.parallel.tensor);
   for (NodeId id : p.order) {
     const Node& n = p.graph.node(id);
-    const bool tensor_axis =
-        n.op == "tp_all_reduce" || n.op == "tp_all_gather" || n.op == "tp_reduce_scatter";
-    const bool data_axis = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "all_gather_into" ||
-                           n.op == "reduce_scatter_shard";
+    const bool boxing = n.op == "sbp_all_reduce" || n.op == "sbp_all_gather" || n.op == "sbp_reduce_scatter";
+    const bool tensor_axis = boxing && n.attrs.is("mesh", "tensor");
+    const bool data_axis = (boxing && !tensor_axis) || n.op == "all_reduce" || n.op == "all_reduce_start" ||
+                           n.op == "all_gather_into" || n.op == "reduce_scatter_shard";
     if (!data_axis && !tensor_axis) continue;
     CollectivePlan c;
     c.node = n.name;
     c.op = n.op;
+    c.axis = tensor_axis ? "tensor" : "data";
     // What the collective covers: the whole tensor (the gathered output, the reduced input).
     c.tensor_bytes =
-        static_cast<double>(g.value(n.op == "tp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
+        static_cast<double>(g.value(n.op == "sbp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
     if (n.op == "all_reduce")
       for (size_t i = 1; i < n.inputs.size(); ++i)
         c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
     c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
     if (n.op == "all_reduce_start") c.tensor_bytes = static_cast<double>(g.value(n.outputs[0]).nbytes());
     const double factor =
-        n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "tp_all_reduce" ? 2.0 : 1.0;
+        n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "sbp_all_reduce" ? 2.0 : 1.0;
     const double group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
     c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
     r.sent_bytes_per_step += c.sent_bytes;
@@ -100,8 +101,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     std::vector<std::pair<std::string, CollectivePlan>> lines;
     for (const CollectivePlan& c : r.collectives) {
       const std::string key = c.op == "all_gather_into"        ? "zero/*/gather"
-                              : c.op == "reduce_scatter_shard" ? "data_parallel/* (ZeRO-2)"
-                              : c.op.rfind("tp_", 0) == 0      ? "tensor axis (all layers)"
+                              : c.op == "reduce_scatter_shard" ? "reduce_gradients/* (ZeRO-2)"
+                              : c.op.rfind("sbp_", 0) == 0     ? cat(c.axis, " axis boxing")
                                                                : c.node;
       auto it = std::find_if(lines.begin(), lines.end(),
                              [&](const auto& l) { return l.first == key && l.second.op == c.op; });

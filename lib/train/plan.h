@@ -11,7 +11,8 @@
 namespace flowrun {
 
 struct CollectivePlan {
-  std::string node, op;     // e.g. "data_parallel/grads_f32", "all_reduce"
+  std::string node, op;     // e.g. "reduce_gradients/bucket0_f32/start", "all_reduce_start"
+  std::string axis;         // the mesh axis it runs on: "data" or "tensor"
   double tensor_bytes = 0;  // what the collective covers on one device
   double calls = 0;         // per optimizer step
   double sent_bytes = 0;    // per device per step: ring all-reduce 2T(p-1)/p, all-gather T(p-1)/p

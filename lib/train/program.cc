@@ -71,9 +71,12 @@ void check_device(const RunConfig& c) {
 }
 
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built, int64_t tensor_rank, int64_t stage) {
+                      BuiltModel* built, int64_t tensor_rank, int64_t stage, int64_t data_rank) {
   Graph g;
-  *built = build_model(g, cfg.model, model_inputs(spec, batch), training);
+  // Training under data parallelism compiles the global micro-batch, which the data axis's SBP deduction
+  // splits into each rank's `batch`.
+  const int64_t ranks = training ? cfg.parallel.data : 1;
+  *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training);
   CompileOptions o;
   o.compute = compute_dtype(cfg.precision);
   o.tensor_parallel = cfg.parallel.tensor;
@@ -87,6 +90,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
     o.optimizer = optimizer_spec(cfg);
     o.optimizer.pipeline = cfg.parallel.pipeline > 1;
     o.data_parallel = cfg.parallel.data;
+    o.data_rank = data_rank;
     if (cfg.parallel.zero >= 1) o.optimizer.zero_shards = cfg.parallel.data;
     o.zero = cfg.parallel.data > 1 ? cfg.parallel.zero : 0;
     o.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(cfg.parallel.bucket_mb * 1048576.0));
@@ -123,7 +127,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   t.mesh = join_world(cfg);
   t.data = open_dataset(cfg.data);
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
-                            t.mesh.tensor->rank(), t.mesh.stage());
+                            t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank());
   t.params = persistent_names(p, ValueKind::param);
   // Gradient accumulators are scratch within a step (its first micro-batch overwrites them): checkpoints,
   // taken between steps, leave them out.

@@ -22,10 +22,11 @@ DType compute_dtype(const PrecisionConfig& p);
 void check_device(const RunConfig& cfg);
 
 // A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer pass) or
-// evaluation (forward and loss only: dropout off, batchnorm on running statistics). Under tensor parallelism
-// (parallel.tensor > 1) it is the local program of tensor rank `tensor_rank`.
+// evaluation (forward and loss only: dropout off, batchnorm on running statistics). `batch` is one rank's;
+// a training program is the local program of the mesh coordinates given (data rank, tensor rank, pipeline
+// stage) under the config's layout.
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0);
+                      BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0, int64_t data_rank = 0);
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {

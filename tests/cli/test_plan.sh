@@ -42,7 +42,7 @@ awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRA
 # Tensor parallelism on 2 ranks: each holds its pieces of the split parameters (and their state).
 expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.tensor=2 --json
 tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan3.json"
-expect_log "tp_all_reduce"
+expect_log "sbp_all_reduce"
 expect_log "blocks.0/attn/qkv/w [96,32] S(0)x3"
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
   --profile 0 --json --set parallel.tensor=2

@@ -188,8 +188,8 @@ TEST(TensorParallel, GptGetsMegatronsLayout) {
   // (q|k|v, MLP up, tied head). Logits are never gathered (vocabulary-parallel cross-entropy).
   int reduces = 0, gathers = 0;
   for (NodeId id : p.order) {
-    reduces += p.graph.node(id).op == "tp_all_reduce";
-    gathers += p.graph.node(id).op == "tp_all_gather";
+    reduces += p.graph.node(id).op == "sbp_all_reduce";
+    gathers += p.graph.node(id).op == "sbp_all_gather";
   }
   EXPECT_EQ(reduces, 10);
   EXPECT_EQ(gathers, 0);
@@ -339,6 +339,58 @@ TEST(PipelineParallel, TooManyStagesIsAnInputError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::bad_input);
     EXPECT_NE(std::string(e.what()).find("cannot be cut into 6 stages"), std::string::npos) << e.what();
+  }
+}
+
+// One SBP deduction for both axes: every zoo model splits its batch through every layer (no data-axis
+// gather or slice), the loss is the one data-axis all-reduce of the forward pass, and every parameter's
+// gradient reaches the optimizer through a bucket. Under DP2 x TP2 the GPT keeps Megatron's layout and its
+// gradients are summed over both axes.
+TEST(DataParallel, ZooModelsSplitTheBatchThroughEveryLayer) {
+  struct Case {
+    std::string zoo, params;
+    ModelInputs in;
+    int64_t tensor;
+  };
+  const std::vector<Case> cases = {
+      {"mlp", "{}", {false, {4, 1, 28, 28}, 10}, 1},
+      {"cnn", "{channels: [8, 16], hidden: [32]}", {false, {4, 1, 28, 28}, 10}, 1},
+      {"resnet", "{}", {false, {4, 3, 32, 32}, 10}, 1},
+      {"gpt", kGpt, {true, {4, 8}, 32}, 1},
+      {"gpt", kGpt, {true, {4, 8}, 32}, 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(cat(c.zoo, " tensor ", c.tensor));
+    Graph g;
+    build_model(g, zoo(c.zoo, c.params), c.in, /*training=*/true);
+    g.unmark_output("logits");
+    CompileOptions o;
+    o.optimizer.type = "sgd";
+    o.data_parallel = 2;
+    o.data_rank = 1;
+    o.tensor_parallel = c.tensor;
+    o.tensor_rank = c.tensor - 1;
+    const Program p = compile(std::move(g), o);
+    const Graph& pg = p.graph;
+    EXPECT_EQ(pg.value(pg.find_value("x")).shape()[0], 2);  // the rank's half of the batch
+    int loss_reduces = 0;
+    for (NodeId id : p.order) {
+      const Node& n = pg.node(id);
+      const bool data = n.op.rfind("sbp_", 0) == 0 && n.attrs.is("mesh", "data");
+      EXPECT_FALSE(data && (n.op == "sbp_all_gather" || n.op == "sbp_slice")) << n.name;
+      loss_reduces += data && n.op == "sbp_all_reduce";
+    }
+    EXPECT_EQ(loss_reduces, 1);
+    EXPECT_FALSE(pg.param_grads().empty());
+    for (const auto& [param, grad] : pg.param_grads()) {
+      EXPECT_EQ(pg.node(pg.value(grad).producer).op, "all_reduce_wait") << pg.value(param).name;
+      EXPECT_EQ(pg.value(param).placement.data, Sbp::broadcast());
+    }
+    if (c.tensor > 1) {
+      EXPECT_EQ(sbp_of(p, "blocks.0/attn/qkv/w"), "S(0)x3");
+      EXPECT_EQ(sbp_of(p, "blocks.0/attn/proj/w"), "S(1)");
+      EXPECT_EQ(sbp_of(p, "wte/w"), "S(0)");
+    }
   }
 }
 

@@ -1,5 +1,5 @@
-// Data parallelism without a launcher: rank detection from the environment, the data_parallel pass, the
-// sharded loader, and checkpoint comparison.
+// Data parallelism without a launcher: rank detection from the environment, the data axis's SBP pass and
+// gradient buckets, the sharded loader, and checkpoint comparison.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -69,39 +69,46 @@ TEST(ParallelComm, SingleProcessWorld) {
   EXPECT_EQ(y[1], 2.0f);
 }
 
-// A linear model with dropout: the pass buckets every gradient into one all-reduce (start, then wait, scaled
-// 1/ranks), reduces the loss, and marks the random op.
+// A linear model with dropout on the global batch of 8, data rank 2 of 4: each rank computes its 2 rows, the
+// loss is its mean scaled by 1/4 (a partial sum) and all-reduced, the parameters' gradient all-reduces are
+// fused into one bucket, and dropout numbers its elements from the rank's first row of the whole.
 TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   Graph g;
   GraphBuilder b(g);
-  const ValueId x = b.input("x", {4, 3});
+  const ValueId x = b.input("x", {8, 3});
   const ValueId h = b.op("dropout", {x}, {{"p", 0.5}})[0];
   const ValueId y = b.op1("linear", {h, b.param("w", {2, 3}), b.param("b", {2})});
-  g.mark_output("loss", b.op1("mse_loss", {y, b.input("t", {4, 2})}));
+  g.mark_output("loss", b.op1("mse_loss", {y, b.input("t", {8, 2})}));
   CompileOptions o;
   o.optimizer.type = "sgd";
   o.data_parallel = 4;
+  o.data_rank = 2;
   const Program p = compile(std::move(g), o);
-  int starts = 0, loss_reduce = 0;
+  const Graph& pg = p.graph;
+  EXPECT_EQ(pg.value(pg.find_value("x")).shape(), (Shape{2, 3}));
+  EXPECT_EQ(pg.value(pg.find_value("x")).placement.data, Sbp::split(0));
+  EXPECT_EQ(pg.value(pg.find_value("w")).placement.data, Sbp::broadcast());
+  int starts = 0, dropouts = 0;
   for (NodeId id : p.order) {
-    const Node& n = p.graph.node(id);
+    const Node& n = pg.node(id);
     if (n.op == "dropout") {
-      EXPECT_TRUE(n.attrs.b("batch_split"));
+      ++dropouts;
+      EXPECT_EQ(n.attrs.ints("rng_whole"), (std::vector<int64_t>{8, 3}));
+      EXPECT_EQ(n.attrs.ints("rng_start"), (std::vector<int64_t>{4, 0}));
     }
     starts += n.op == "all_reduce_start" && n.inputs.size() == 2;
-    if (n.op == "all_reduce_wait") {
-      EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
-    }
-    if (n.op == "all_reduce") {
-      EXPECT_DOUBLE_EQ(n.attrs.f("scale"), 0.25);
-      ++loss_reduce;
-    }
+    EXPECT_NE(n.op, "sbp_all_gather") << n.name;  // nothing gathers the batch
   }
+  EXPECT_EQ(dropouts, 1);
   EXPECT_EQ(starts, 1);
-  EXPECT_EQ(loss_reduce, 1);
-  for (const auto& [param, grad] : p.graph.param_grads())
-    EXPECT_EQ(p.graph.node(p.graph.value(grad).producer).op, "all_reduce_wait") << p.graph.value(param).name;
-  EXPECT_EQ(p.graph.node(p.graph.value(p.graph.outputs().at("loss")).producer).op, "all_reduce");
+  for (const auto& [param, grad] : pg.param_grads())
+    EXPECT_EQ(pg.node(pg.value(grad).producer).op, "all_reduce_wait") << pg.value(param).name;
+  const Node& reduce = pg.node(pg.value(pg.outputs().at("loss")).producer);
+  EXPECT_EQ(reduce.op, "sbp_all_reduce");
+  EXPECT_EQ(reduce.attrs.s("mesh"), "data");
+  const Node& mean = pg.node(pg.value(reduce.inputs[0]).producer);
+  EXPECT_EQ(mean.op, "mul_scalar");
+  EXPECT_DOUBLE_EQ(mean.attrs.f("value"), 0.25);
 }
 
 // Small buckets on a 3-layer MLP: the last layer's gradients are bucketed first, and each bucket's transfer

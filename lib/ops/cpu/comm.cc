@@ -126,7 +126,7 @@ namespace flowrun::cpu {
 
 namespace {
 
-// A tensor of the tensor axis as [outer, parts, chunk] (parallel/sbp.h): copies rank-major blocks
+// A tensor split over a mesh axis as [outer, parts, chunk] (parallel/sbp.h): copies rank-major blocks
 // [parts][outer][chunk] (as collectives move them) to and from the interleaved layout.
 struct Blocks {
   int64_t outer, chunk, parts;
@@ -156,41 +156,49 @@ void whole_to_rank_major(const Blocks& b, const char* src, char* dst) {
                   src + static_cast<size_t>(o * b.parts + r) * row, row);
 }
 
+// The group of the mesh axis the op boxes on (attr mesh: "data" or "tensor"); null in one process.
+Communicator* group_of(const KernelCtx& c) {
+  return c.attrs().is("mesh", "data") ? c.comm : c.tp;
+}
+
 // The group must have as many ranks as the program was split for.
-int tp_rank(const KernelCtx& c) {
-  const int64_t size = c.tp ? c.tp->size() : 1;
-  FR_CHECK(c.attrs().i("parts") == size, c.node->name, ": split ", c.attrs().i("parts"),
-           " ways on a tensor axis of ", size, " ranks");
-  return c.tp ? c.tp->rank() : 0;
+int axis_rank(const KernelCtx& c) {
+  Communicator* g = group_of(c);
+  const int64_t size = g ? g->size() : 1;
+  FR_CHECK(c.attrs().i("parts") == size, c.node->name, ": split ", c.attrs().i("parts"), " ways on a ",
+           c.attrs().s("mesh"), " axis of ", size, " ranks");
+  return g ? g->rank() : 0;
 }
 
 }  // namespace
 
-void tp_all_reduce(const KernelCtx& c) {
-  tp_rank(c);
+void sbp_all_reduce(const KernelCtx& c) {
+  axis_rank(c);
+  Communicator* g = group_of(c);
   if (c.out[0].data != c.in[0].data)
     std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
-  if (c.tp) c.tp->all_reduce(c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
+  if (g) g->all_reduce(c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
 }
 
-void tp_copy(const KernelCtx& c) {
+void sbp_copy(const KernelCtx& c) {
   if (c.out[0].data != c.in[0].data)
     std::memcpy(c.out[0].data, c.in[0].data, c.out[0].numel() * dtype_size(c.in[0].dtype));
 }
 
-void tp_all_gather(const KernelCtx& c) {
-  tp_rank(c);
+void sbp_all_gather(const KernelCtx& c) {
+  axis_rank(c);
+  Communicator* g = group_of(c);
   const Blocks b = blocks_of(c, *c.out[0].shape);
-  if (!c.tp) {
+  if (!g) {
     std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * b.esize);
     return;
   }
-  c.tp->all_gather(c.in[0].data, c.workspace, c.in[0].numel(), c.in[0].dtype);
+  g->all_gather(c.in[0].data, c.workspace, c.in[0].numel(), c.in[0].dtype);
   rank_major_to_whole(b, static_cast<const char*>(c.workspace), static_cast<char*>(c.out[0].data));
 }
 
-void tp_slice(const KernelCtx& c) {
-  const int r = tp_rank(c);
+void sbp_slice(const KernelCtx& c) {
+  const int r = axis_rank(c);
   const Blocks b = blocks_of(c, *c.in[0].shape);
   const size_t row = static_cast<size_t>(b.chunk) * b.esize;
   const char* src = static_cast<const char*>(c.in[0].data);
@@ -199,15 +207,16 @@ void tp_slice(const KernelCtx& c) {
     std::memcpy(dst + static_cast<size_t>(o) * row, src + static_cast<size_t>(o * b.parts + r) * row, row);
 }
 
-void tp_reduce_scatter(const KernelCtx& c) {
-  tp_rank(c);
+void sbp_reduce_scatter(const KernelCtx& c) {
+  axis_rank(c);
+  Communicator* g = group_of(c);
   const Blocks b = blocks_of(c, *c.in[0].shape);
-  if (!c.tp) {
+  if (!g) {
     std::memcpy(c.out[0].data, c.in[0].data, static_cast<size_t>(c.out[0].numel()) * b.esize);
     return;
   }
   whole_to_rank_major(b, static_cast<const char*>(c.in[0].data), static_cast<char*>(c.workspace));
-  c.tp->reduce_scatter(c.workspace, c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
+  g->reduce_scatter(c.workspace, c.out[0].data, c.out[0].numel(), c.in[0].dtype, ReduceOp::sum);
 }
 
 }  // namespace flowrun::cpu

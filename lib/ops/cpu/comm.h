@@ -16,11 +16,12 @@ void all_reduce_wait(const KernelCtx& c);
 
 namespace flowrun::cpu {
 
-// Tensor-parallel boxing (ops/comm.cc, "tp_*"): over KernelCtx::tp, the tensor axis's group.
-void tp_all_reduce(const KernelCtx& c);
-void tp_copy(const KernelCtx& c);  // tp_enter: the identity forward
-void tp_all_gather(const KernelCtx& c);
-void tp_slice(const KernelCtx& c);
-void tp_reduce_scatter(const KernelCtx& c);
+// SBP boxing (ops/comm.cc, "sbp_*"): over the group of the mesh axis named by attr mesh (KernelCtx::comm
+// for "data", KernelCtx::tp for "tensor").
+void sbp_all_reduce(const KernelCtx& c);
+void sbp_copy(const KernelCtx& c);  // sbp_enter: the identity forward
+void sbp_all_gather(const KernelCtx& c);
+void sbp_slice(const KernelCtx& c);
+void sbp_reduce_scatter(const KernelCtx& c);
 
 }  // namespace flowrun::cpu

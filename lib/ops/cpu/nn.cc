@@ -376,9 +376,25 @@ void dropout(const KernelCtx& c) {
       mask[i] = keep;
       y[i] = keep ? x[i] * scale : T(0);
     };
+    // A piece of a tensor split over mesh axes (attrs rng_whole: the whole shape, rng_start: this piece's
+    // first index on every axis) draws, for each element, the numbers of its index in the whole. A piece that
+    // is one contiguous run of the whole (a batch split) starts at element o; others go row by row.
+    int64_t o = 0;
+    bool contiguous = true;
     if (c.attrs().has("rng_whole")) {
-      // A piece of a tensor split over the tensor axis (attrs rng_whole: the whole shape, rng_start: this
-      // piece's first index on every axis): each element draws the numbers of its index in the whole.
+      const std::vector<int64_t>& whole = c.attrs().ints("rng_whole");
+      const std::vector<int64_t>& start = c.attrs().ints("rng_start");
+      const Shape& local = *c.in[0].shape;
+      size_t first = 0;  // the first axis holding more than one index: every later axis must be whole
+      while (first + 1 < local.size() && local[first] == 1) ++first;
+      int64_t stride = 1;
+      for (size_t a = local.size(); a-- > 0;) {
+        contiguous = contiguous && (a <= first || local[a] == whole[a]);
+        o += start[a] * stride;
+        stride *= whole[a];
+      }
+    }
+    if (!contiguous) {
       const std::vector<int64_t>& whole = c.attrs().ints("rng_whole");
       const std::vector<int64_t>& start = c.attrs().ints("rng_start");
       const Shape& local = *c.in[0].shape;
@@ -392,7 +408,6 @@ void dropout(const KernelCtx& c) {
             rem /= local[a];
             stride *= whole[a];
           }
-          g += c.rng_offset;
           std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(g / 4));
           for (int64_t j = 0; j < len; ++j, ++g) {
             if (j > 0 && g % 4 == 0) w = rng.block(static_cast<uint64_t>(g / 4));
@@ -402,10 +417,10 @@ void dropout(const KernelCtx& c) {
       });
       return;
     }
-    // Element i uses word (o + i) % 4 of Philox block (o + i) / 4, o = rng_offset: a rank holding a slice of
-    // the batch draws what one process would for those elements. Blocks are processed whole, so the loop
-    // runs over the global blocks this slice touches.
-    const int64_t o = c.rng_offset, first = o / 4, last = (o + n + 3) / 4;
+    // Element i uses word (o + i) % 4 of Philox block (o + i) / 4: a rank holding a slice of the batch draws
+    // what one process would for those elements. Blocks are processed whole, so the loop runs over the
+    // global blocks this slice touches.
+    const int64_t first = o / 4, last = (o + n + 3) / 4;
     parallel_for(last - first, kGrain / 4, [&](int64_t s, int64_t e) {
       for (int64_t b = first + s; b < first + e; ++b) {
         const std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(b));
