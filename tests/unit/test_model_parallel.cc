@@ -125,7 +125,11 @@ class ThreadCommunicator final : public Communicator {
   void barrier() override {
     g_.exchange(rank_, this, [](const auto&) {});
   }
-  int64_t start_all_reduce(void*, int64_t, DType, ReduceOp) override { return 0; }
+  // Synchronous: the wait then has nothing left to do.
+  int64_t start_all_reduce(void* data, int64_t n, DType t, ReduceOp op) override {
+    all_reduce(data, n, t, op);
+    return 0;
+  }
   void wait(int64_t) override {}
   std::shared_ptr<Communicator> split(int, int) override { return nullptr; }
 
@@ -146,7 +150,7 @@ const std::string kGpt = "{n_layer: 2, n_head: 4, d_model: 16, dropout: 0.1}";
 const ModelInputs kText{true, {2, 8}, 32};
 
 Program compile_tp(const ModelConfig& m, const ModelInputs& in, int64_t parts, int64_t rank,
-                   BuiltModel* built) {
+                   BuiltModel* built, int64_t data = 1) {
   Graph g;
   *built = build_model(g, m, in, /*training=*/true);
   g.unmark_output("logits");  // as training programs do
@@ -156,8 +160,10 @@ Program compile_tp(const ModelConfig& m, const ModelInputs& in, int64_t parts, i
   o.optimizer.type = "sgd";
   o.optimizer.momentum = 0.9;
   o.optimizer.clip_grad_norm = 0.5;
-  o.tensor_parallel = parts;
-  o.tensor_rank = rank;
+  o.tensor_parallel = data > 1 ? 1 : parts;
+  o.tensor_rank = data > 1 ? 0 : rank;
+  o.data_parallel = data;
+  o.data_rank = data > 1 ? rank : 0;
   return compile(std::move(g), o);
 }
 
@@ -272,6 +278,64 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
         diff = std::max(diff, std::abs(a[i] - b[i]));
       }
       EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
+    }
+  }
+}
+
+// The same step on `parts` data ranks (threads), each fed its rows of the global batch of 4: the SBP pass
+// splits the batch, the loss is the global batch's mean, dropout draws what one process draws for those
+// rows, and the bucketed gradient all-reduce leaves every rank with one process's weights.
+TEST(DataParallel, RanksInThreadsMatchOneProcess) {
+  const ModelConfig model = zoo("gpt", kGpt);
+  const ModelInputs in{true, {4, 8}, 32};
+  // Row `first` on: the global batch's values, whatever part of it a rank holds.
+  auto feed = [](Executor& ex, int64_t first) {
+    Tensor& x = ex.tensor("x");
+    Tensor& y = ex.tensor("y");
+    const int64_t off = first * x.shape()[1];
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = ((off + i) * 7 + 3) % 32;
+    for (int64_t i = 0; i < y.numel(); ++i) y.data<int64_t>()[i] = ((off + i) * 5 + 1) % 32;
+    ex.tensor("lr").data<float>()[0] = 0.1f;
+  };
+  BuiltModel built;
+  Executor one(compile_tp(model, in, 1, 0, &built), kCpu, 5);
+  init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return one.tensor(n); });
+  feed(one, 0);
+  one.run();
+  const double loss = one.output("loss").to_f64()[0];
+
+  for (int parts : {2, 4}) {
+    ThreadGroup group(parts);
+    std::vector<double> losses(static_cast<size_t>(parts));
+    std::vector<std::map<std::string, Tensor>> weights(static_cast<size_t>(parts));
+    std::vector<Program> programs;
+    for (int r = 0; r < parts; ++r) {
+      BuiltModel b;
+      programs.push_back(compile_tp(model, in, parts, r, &b, parts));
+    }
+    std::vector<std::thread> threads;
+    for (int r = 0; r < parts; ++r)
+      threads.emplace_back([&, r] {
+        ThreadCommunicator comm(group, r);
+        Executor local(programs[static_cast<size_t>(r)], kCpu, 5, {}, &comm, nullptr);
+        init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return local.tensor(n); });
+        feed(local, r * 4 / parts);
+        local.run();
+        losses[static_cast<size_t>(r)] = local.output("loss").to_f64()[0];
+        for (const auto& [n, spec] : built.init) weights[static_cast<size_t>(r)][n] = local.tensor(n).clone();
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < parts; ++r) {
+      EXPECT_NEAR(losses[static_cast<size_t>(r)], loss, 1e-6 * loss) << parts;
+      for (const auto& [n, w] : weights[static_cast<size_t>(r)]) {
+        const std::vector<double> a = one.tensor(n).to_f64(), b = w.to_f64();
+        double scale = 0, diff = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          scale = std::max(scale, std::abs(a[i]));
+          diff = std::max(diff, std::abs(a[i] - b[i]));
+        }
+        EXPECT_LE(diff, 1e-5 * scale) << n << " on rank " << r << " of " << parts;
+      }
     }
   }
 }
