@@ -216,8 +216,11 @@ std::string summary_row(const std::string& name, const std::string& shape, const
 // logits with (B, T) targets need no flattening (and integer labels no reshape kernel).
 ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, ValueId logits, ValueId y) {
   const Shape s = b.shape(logits);
-  const Shape want =
+  Shape want =
       in.text ? Shape{in.x_shape[0], in.x_shape[1], in.num_classes} : Shape{in.x_shape[0], in.num_classes};
+  // A language model may predict over more tokens than the data uses (GPT-2's 50257 on bytes, a vocabulary
+  // padded to a multiple of 64): every target is still a valid class.
+  if (in.text && s.size() == 3 && s[2] >= in.num_classes) want[2] = s[2];
   if (s != want)
     throw input_error(cat(m.src.file, ": layers: the model's output is ", shape_str(s),
                           " but the loss needs ",

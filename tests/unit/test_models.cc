@@ -150,6 +150,16 @@ TEST(ZooModels, Gpt2SmallHas124MParameters) {
   EXPECT_NE(g.find_value("blocks.11/attn/qkv/w"), kNoValue);
 }
 
+// GPT-2's vocabulary over byte data (configs/bench/gpt2_124m.yaml): the head predicts 50257 classes, the
+// targets use 256 of them. A vocabulary smaller than the data's is refused.
+TEST(ZooModels, GptVocabularyLargerThanTheData) {
+  Graph g;
+  const BuiltModel m = build_model(g, zoo("gpt", "{n_layer: 1, vocab_size: 50257}"), text(2, 16, 256), true);
+  EXPECT_EQ(g.value(m.logits).shape(), (Shape{2, 16, 50257}));
+  Graph small;
+  EXPECT_THROW(build_model(small, zoo("gpt", "{n_layer: 1, vocab_size: 100}"), text(2, 16, 256), true), Error);
+}
+
 TEST(ZooModels, GptDefaultFirstStep) {
   Trainer t(zoo("gpt"), text(2, 16, 64), 4, 0.1);
   const double loss = t.step();
