@@ -2,6 +2,8 @@
 // and stop_gradient. CPU kernels are in ops/cpu/elementwise.cc.
 #include "ops/cpu/elementwise.h"
 
+#include <cmath>
+
 #include "graph/builder.h"
 #include "ops/registry.h"
 
@@ -94,8 +96,11 @@ OpDef binary(const std::string& name, KernelFn fn, std::function<std::vector<Val
 }
 
 // An activation y = f(x) whose gradient is its own op `<name>_grad(dy, x or y)`.
+// An activation's derivative in f64, from what its gradient op reads (the input x, or the output y).
+using Derivative = double (*)(double z, const Attrs& a);
+
 void activation(OpRegistry& r, const std::string& name, const std::string& doc, KernelFn fwd, KernelFn bwd,
-                bool grad_uses_output, std::vector<Attrs> attr_sets = {Attrs{}}) {
+                bool grad_uses_output, Derivative derivative, std::vector<Attrs> attr_sets = {Attrs{}}) {
   OpDef d;
   d.name = name;
   d.sbp = pointwise_sbp(name);
@@ -119,6 +124,27 @@ void activation(OpRegistry& r, const std::string& name, const std::string& doc, 
   g.inplace_input = 0;
   g.kernels = {{DeviceKind::cpu, kF, bwd}};
   g.covered_by = {name};
+  // Samples of its own, against the derivative in f64, so that every device's kernel of it is checked.
+  g.samples = [attr_sets, derivative] {
+    std::vector<OpSample> s;
+    for (const Attrs& a : attr_sets) {
+      OpSample o;
+      o.label = "dy, z [3,5]";
+      o.inputs = {{{3, 5}, DType::f64}, {{3, 5}, DType::f64}};
+      o.attrs = a;
+      o.gradcheck = false;
+      o.reference = [derivative](const std::vector<Tensor>& in, const Attrs& at) {
+        const std::vector<double> dy = in[0].to_f64(), z = in[1].to_f64();
+        std::vector<double> dx(dy.size());
+        for (size_t i = 0; i < dx.size(); ++i) dx[i] = dy[i] * derivative(z[i], at);
+        Tensor out = Tensor::empty(in[0].shape(), DType::f64);
+        out.fill_from(dx);
+        return std::vector<Tensor>{out};
+      };
+      s.push_back(o);
+    }
+    return s;
+  };
   r.add(g);
 }
 
@@ -181,12 +207,26 @@ void register_elementwise_ops(OpRegistry& r) {
       },
       1.7, true));
 
-  activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true);
+  activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true,
+             [](double y, const Attrs&) { return y > 0 ? 1.0 : 0.0; });
   activation(r, "gelu", "x * Phi(x); approximate=none (erf) or tanh", cpu::gelu, cpu::gelu_grad, false,
+             [](double x, const Attrs& a) {
+               if (a.is("approximate", "tanh")) {
+                 const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+                 return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+               }
+               return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+                      x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+             },
              {Attrs{{"approximate", std::string("none")}}, Attrs{{"approximate", std::string("tanh")}}});
-  activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false);
-  activation(r, "tanh", "tanh(x)", cpu::tanh, cpu::tanh_grad, true);
-  activation(r, "sigmoid", "1 / (1 + exp(-x))", cpu::sigmoid, cpu::sigmoid_grad, true);
+  activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false, [](double x, const Attrs&) {
+    const double s = 1 / (1 + std::exp(-x));
+    return s * (1 + x * (1 - s));
+  });
+  activation(r, "tanh", "tanh(x)", cpu::tanh, cpu::tanh_grad, true,
+             [](double y, const Attrs&) { return 1 - y * y; });
+  activation(r, "sigmoid", "1 / (1 + exp(-x))", cpu::sigmoid, cpu::sigmoid_grad, true,
+             [](double y, const Attrs&) { return y * (1 - y); });
 
   OpDef fill;
   fill.name = "fill_like";

@@ -1,4 +1,5 @@
-// The op registry and its explicit fill (see all_ops.h: no static initialisers, so the linker keeps every op).
+// The op registry and its explicit fill (see all_ops.h: no static initialisers, so the linker keeps every
+// op).
 #include "ops/registry.h"
 
 #include <algorithm>
@@ -65,6 +66,12 @@ void OpRegistry::add(OpDef def) {
   ops_.emplace(def.name, std::move(def));
 }
 
+void OpRegistry::add_kernel(const std::string& op, KernelDef k) {
+  auto it = ops_.find(op);
+  FR_CHECK(it != ops_.end(), "a kernel for op ", op, ", which is not registered");
+  it->second.kernels.push_back(std::move(k));
+}
+
 const OpDef* OpRegistry::find(const std::string& name) const {
   auto it = ops_.find(name);
   return it == ops_.end() ? nullptr : &it->second;
@@ -78,7 +85,9 @@ const OpDef& OpRegistry::at(const std::string& name) const {
   throw input_error(cat("unknown op '", name, "'", near.empty() ? "" : cat(" (did you mean '", near, "'?)")));
 }
 
-std::vector<TensorType> same_as_input0(const std::vector<TensorType>& in, const Attrs&) { return {in.at(0)}; }
+std::vector<TensorType> same_as_input0(const std::vector<TensorType>& in, const Attrs&) {
+  return {in.at(0)};
+}
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   auto dist = [](const std::string& a, const std::string& b) {

@@ -47,6 +47,7 @@ struct KernelCtx {
   Communicator* tp = nullptr;    // the tensor axis's group; null without tensor parallelism
   Communicator* pp = nullptr;    // the pipeline axis's group; null without pipeline parallelism
   Communicator* ends = nullptr;  // the pipeline's first and last stages (all_reduce {group: ends})
+  void* stream = nullptr;        // CUDA kernels: the cudaStream_t to launch on (null: the default stream)
   const Attrs& attrs() const { return node->attrs; }
 };
 
@@ -156,6 +157,8 @@ class OpRegistry {
  public:
   static OpRegistry& get();  // filled on first use by register_all_ops (no static initialisers)
   void add(OpDef def);
+  // A kernel for another device, added to an op already registered (the CUDA backend's, ops/cuda/).
+  void add_kernel(const std::string& op, KernelDef k);
   const OpDef& at(const std::string& name) const;  // throws input_error with a "did you mean"
   const OpDef* find(const std::string& name) const;
   const std::map<std::string, OpDef>& all() const { return ops_; }

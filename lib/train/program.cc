@@ -10,6 +10,9 @@
 #include <cstring>
 #include <sstream>
 
+#ifdef FLOWRUN_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 #include "ops/registry.h"
 #include "optim/schedule.h"
 
@@ -64,9 +67,22 @@ DType compute_dtype(const PrecisionConfig& p) {
 }
 
 void check_device(const RunConfig& c) {
-  if (c.train.device != "cpu")
+  if (c.train.device != "cpu") {
+#ifdef FLOWRUN_HAS_CUDA
+    std::string why;
+    if (cuda::device_count(&why) == 0)
+      throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
+                        why + "); use cpu");
+    throw input_error(
+        c.where("train.device") +
+        "'cuda': this build has CUDA kernels for the elementwise ops only, and no CUDA executor "
+        "yet (issue 8); use cpu");
+#else
     throw input_error(c.where("train.device") +
-                      "'cuda' is not available: this build of flowrun has no CUDA backend yet; use cpu");
+                      "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "
+                      "-DFLOWRUN_CUDA=ON where the CUDA toolkit is installed); use cpu");
+#endif
+  }
   if (c.train.threads > 0) omp_set_num_threads(static_cast<int>(c.train.threads));
 }
 

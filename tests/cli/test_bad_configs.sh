@@ -13,3 +13,10 @@ for f in "$SRC"/tests/configs/bad/*.yaml; do
 done
 [[ $n -ge 30 ]] || fail "only $n malformed configs in the corpus"
 echo "$n malformed configs rejected with exit code 2 and their location"
+
+# A device this build or machine cannot use: refused before anything runs, naming the key (here: no GPU, so
+# "no CUDA device is visible" in a CUDA build, "no CUDA backend" otherwise).
+expect_exit 2 "$FLOWRUN" train "$SRC/configs/quickstart.yaml" --set train.device=cuda
+expect_log "train.device: 'cuda'"
+expect_log "use cpu"
+echo "train.device=cuda refused: $(grep -o "train.device: 'cuda'.*" "$SCRATCH/last.log")"

@@ -1,0 +1,23 @@
+// The CUDA runtime as flowrun uses it (built with FLOWRUN_CUDA only): device discovery that answers without
+// a GPU or driver, checked calls that throw an Error naming the call, device memory and copies.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace flowrun::cuda {
+
+// The devices this process sees; 0, with the runtime's reason in `why`, when there are none (no driver, no
+// GPU, CUDA_VISIBLE_DEVICES empty). cudaGetDeviceCount fails without a GPU and leaves its count unwritten.
+int device_count(std::string* why);
+
+// Throws an Error "CUDA error in <what>: <the runtime's message>" unless `status` (a cudaError_t) is success.
+void check(int status, const char* what);
+
+void* alloc(size_t bytes);  // device memory (256-byte aligned)
+void free(void* p);
+void to_device(void* dst, const void* src, size_t bytes);
+void to_host(void* dst, const void* src, size_t bytes);
+void synchronize();
+
+}  // namespace flowrun::cuda

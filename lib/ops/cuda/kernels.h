@@ -1,0 +1,38 @@
+// The CUDA kernels as the op registry calls them (KernelFn), registered by ops/cuda/register.cc. They launch
+// on KernelCtx::stream and take device pointers; ops/cuda/launch.h holds the launchers they call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/runtime.h"
+#include "ops/registry.h"
+
+namespace flowrun::cuda {
+
+enum class Storage : int;
+Storage storage_of(DType t);  // throws for dtypes the CUDA kernels do not store
+cudaStream_t stream_of(const KernelCtx& c);
+
+// Elementwise (ops/cuda/elementwise.cc): the ops of ops/elementwise.cc, f32/f16/bf16.
+void add(const KernelCtx& c);
+void sub(const KernelCtx& c);
+void mul(const KernelCtx& c);
+void div(const KernelCtx& c);
+void add_scalar(const KernelCtx& c);
+void mul_scalar(const KernelCtx& c);
+void pow_scalar(const KernelCtx& c);
+void relu(const KernelCtx& c);
+void gelu(const KernelCtx& c);
+void silu(const KernelCtx& c);
+void tanh(const KernelCtx& c);
+void sigmoid(const KernelCtx& c);
+void relu_grad(const KernelCtx& c);
+void gelu_grad(const KernelCtx& c);
+void silu_grad(const KernelCtx& c);
+void tanh_grad(const KernelCtx& c);
+void sigmoid_grad(const KernelCtx& c);
+void fill_like(const KernelCtx& c);
+void copy(const KernelCtx& c);  // stop_gradient, reshape (when not planned in place)
+void cast(const KernelCtx& c);  // between f32, f16 and bf16
+
+}  // namespace flowrun::cuda

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the one GPU check (issue 8), sized for a 15-minute lease on one GPU. Runs the CUDA kernel
+# tests (label gpu), then trains configs/kjv_gpt.yaml on the GPU, then the GPT-2 124M bf16 benchmark, and
+# writes every log and a summary under $OUT (or ./gpu-check-out). Exit status: 0 only if every step passed.
+#
+#   scripts/gpu_check.sh --pack     here (no GPU needed): build with CUDA and bundle the binaries, the shared
+#                                   libraries they need beyond libc, and the KJV data into .gpu-pack/ (git-
+#                                   ignored, about 25 MiB), for a machine that has a GPU but not the project's
+#                                   Debian packages (the lent H200 reaches no package registry)
+#   scripts/gpu_check.sh            on the GPU machine: uses .gpu-pack/ when it is there, else builds with CUDA
+#                                   in build-gpu/ (needs the packages of scripts/setup.sh)
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PACK_DIR="$ROOT/.gpu-pack"
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
+
+if [[ "${1:-}" == "--pack" ]]; then
+  set -e
+  # Not -march=native: the GPU machine's processor is another.
+  scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF -DFLOWRUN_NATIVE=OFF
+  [[ -f data/cache/kjv.h5 ]] || build-gpu/apps/flowrun data kjv
+  stage=$(mktemp -d)
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
+  cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
+  cp data/cache/kjv.h5 "$stage/data/"
+  # Every library the binaries load, but the C library's own (those must be the machine's).
+  for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  mkdir -p "$PACK_DIR"
+  tar -C "$stage" -cJf "$PACK_DIR/pack.tar.xz" .
+  rm -rf "$stage"
+  grep -qx '/.gpu-pack/' .git/info/exclude 2>/dev/null || echo '/.gpu-pack/' >>.git/info/exclude
+  echo "gpu_check.sh: $(du -h "$PACK_DIR/pack.tar.xz" | cut -f1) in $PACK_DIR/pack.tar.xz; carry .gpu-pack"
+  exit 0
+fi
+
+OUT="${OUT:-$ROOT/gpu-check-out}"
+mkdir -p "$OUT"
+summary="$OUT/summary.md"
+echo "# gpu_check $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null)" >"$summary"
+status=0
+step() {  # step NAME CMD...: runs CMD with its output in $OUT/NAME.log, one summary line
+  local name=$1 start=$SECONDS rc
+  shift
+  "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  echo "- $name: exit $rc in $((SECONDS - start)) s" >>"$summary"
+  [[ $rc -eq 0 ]] || status=1
+  return $rc
+}
+
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "- nvidia-smi: failed (no driver?)" >>"$summary"
+if [[ -f "$PACK_DIR/pack.tar.xz" ]]; then
+  BIN=/tmp/flowrun-gpu
+  rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xJf "$PACK_DIR/pack.tar.xz"
+  export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export FLOWRUN_DATA="$BIN/data"
+  FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests"
+else
+  step build scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF || {
+    echo "gpu_check.sh: the CUDA build failed (see $OUT/build.log)" >&2
+    exit 1
+  }
+  FLOWRUN=build-gpu/apps/flowrun GPU_TESTS=build-gpu/tests/flowrun_gpu_tests
+fi
+
+step gpu_tests "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
+grep -E '^\[  (PASSED|FAILED)  \] ([0-9]+ tests?|.*ms\)$)' "$OUT/gpu_tests.log" | sed 's/^/  /' >>"$summary"
+step train_kjv_gpt "$FLOWRUN" train configs/kjv_gpt.yaml --set train.device=cuda --set train.steps=300 \
+  --set train.run_dir="$OUT/run"
+tail -3 "$OUT/train_kjv_gpt.log" | sed 's/^/  /' >>"$summary"
+step bench_gpt2_124m "$FLOWRUN" time configs/bench/gpt2_124m.yaml --set train.device=cuda --steps 20 --warmup 5
+tail -3 "$OUT/bench_gpt2_124m.log" | sed 's/^/  /' >>"$summary"
+cat "$summary"
+exit $status
