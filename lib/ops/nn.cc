@@ -397,9 +397,10 @@ void register_nn_ops(OpRegistry& r) {
   };
   ce.cost = cost_per_elem(4.0, 0);
   // Logits split over the tensor axis by class (attrs offset, classes; set by graph/sbp_parallel.cc): the
-  // row statistics are reduced over its ranks.
+  // row statistics are reduced over its ranks in three doubles a row. The CUDA kernel keeps each row's loss
+  // term (one double) to sum them in order.
   ce.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
-    return a.has("classes") ? static_cast<size_t>(3 * numel(in[1].shape)) * sizeof(double) : size_t{0};
+    return static_cast<size_t>((a.has("classes") ? 3 : 1) * numel(in[1].shape)) * sizeof(double);
   };
   ce.nondiff_inputs = {1};
   ce.nondiff_outputs = {1};
@@ -435,6 +436,10 @@ void register_nn_ops(OpRegistry& r) {
     return {in[1]};
   };
   ceg.cost = cost_per_elem(4.0, 1);
+  // The CUDA kernel's dloss / count, computed once for every row.
+  ceg.workspace = [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {
+    return sizeof(float);
+  };
   ceg.kernels = {{DeviceKind::cpu, kF, cpu::cross_entropy_grad}};
   ceg.covered_by = {"cross_entropy"};
   r.add(ceg);

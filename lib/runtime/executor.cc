@@ -196,11 +196,19 @@ Tensor Executor::output(const std::string& name) const {
   const Graph& g = program_.graph;
   auto it = g.outputs().find(name);
   if (it == g.outputs().end()) throw input_error(cat("the program has no output named '", name, "'"));
-  const Value& v = g.value(it->second);
+  return value(it->second);
+}
+
+Tensor Executor::value(ValueId id) const {
+  const Value& v = program_.graph.value(id);
   if (v.kind != ValueKind::intermediate) return persistent_.at(v.name);
+  FR_CHECK(program_.memory.offset[static_cast<size_t>(v.id)] >= 0 || v.nbytes() == 0, v.name,
+           " has no memory");
   Tensor t = Tensor::empty(v.shape(), v.dtype(), device_);
-  std::memcpy(t.raw(), static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)],
-              v.nbytes());
+  if (v.nbytes() > 0)
+    std::memcpy(t.raw(),
+                static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)],
+                v.nbytes());
   return t;
 }
 

@@ -22,7 +22,8 @@ class Executor {
   // `comm`: the data axis's group, `tp`: the tensor axis's, for collective ops (parallel programs); they
   // must outlive the executor.
   Executor(Program program, Device device = kCpu, uint64_t seed = 0,
-           const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr, Communicator* tp = nullptr);
+           const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr,
+           Communicator* tp = nullptr);
 
   // One step: every kernel in order, with dropout streams keyed by (seed, step, node). With apply = false
   // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.
@@ -46,6 +47,9 @@ class Executor {
   bool has_tensor(const std::string& name) const { return persistent_.count(name) != 0; }
   // A named graph output (e.g. "loss", "grad/w1") as a view into the arena, valid until the next run().
   Tensor output(const std::string& name) const;
+  // Any value, copied out of the arena: meaningful while it is live (in a run_timed callback, a node's inputs
+  // and outputs; its inputs only if the program was compiled without in-place reuse).
+  Tensor value(ValueId id) const;
   const std::map<std::string, Tensor>& persistent() const { return persistent_; }
 
   const Program& program() const { return program_; }

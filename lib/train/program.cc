@@ -73,10 +73,9 @@ void check_device(const RunConfig& c) {
     if (cuda::device_count(&why) == 0)
       throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
                         why + "); use cpu");
-    throw input_error(
-        c.where("train.device") +
-        "'cuda': this build has CUDA kernels for the elementwise ops only, and no CUDA executor "
-        "yet (issue 8); use cpu");
+    throw input_error(c.where("train.device") +
+                      "'cuda': this build has CUDA kernels for some ops but no CUDA executor "
+                      "yet (issue 8); use cpu");
 #else
     throw input_error(c.where("train.device") +
                       "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "

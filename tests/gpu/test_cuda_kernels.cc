@@ -1,10 +1,13 @@
-// The generic CUDA kernel test (label gpu: needs a GPU): every op with a CUDA kernel runs its own samples on
-// the device in f32, f16 and bf16, against the CPU kernel on the same inputs. The CPU program of a sample
-// gives the inputs, the node (attributes) and the expected outputs; the device run copies the inputs over,
-// launches the CUDA kernel on them and copies the outputs back.
+// The generic CUDA kernel test (label gpu: needs a GPU): every op with a CUDA kernel runs on the device in
+// f32, f16 and bf16 against the CPU kernel on the same inputs. An op with samples runs them (the device gets
+// the inputs before the CPU run, which updates mutated ones in place); a backward helper without samples
+// (cross_entropy_grad, layernorm_grad, ...) is caught in the backward passes of the ops it serves
+// (OpDef::covered_by): programs compiled without in-place reuse, so that after each of its nodes the node's
+// inputs and outputs can be read back.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "core/cuda/runtime.h"
 #include "op_harness.h"
@@ -13,7 +16,7 @@ namespace flowrun {
 namespace {
 
 using testing::build_sample;
-using testing::fill_input;
+using testing::fill_all;
 using testing::SampleProgram;
 
 std::vector<std::string> ops_with_cuda_kernels() {
@@ -39,8 +42,79 @@ struct DeviceBuffers {
   }
 };
 
+// Floating values in a storage the CUDA kernels have (labels and ids are copied as they are).
 bool cuda_storable(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::bf16;
+  return !is_floating(t) || t == DType::f32 || t == DType::f16 || t == DType::bf16;
+}
+
+bool storable(const Graph& g, const Node& n) {
+  bool ok = true;
+  for (ValueId v : n.inputs) ok = ok && cuda_storable(g.value(v).dtype());
+  for (ValueId v : n.outputs) ok = ok && cuda_storable(g.value(v).dtype());
+  return ok;
+}
+
+void expect_close(const Tensor& want_t, const Tensor& got_t, DType t, const std::string& what) {
+  const auto want = want_t.to_f64(), got = got_t.to_f64();
+  ASSERT_EQ(want.size(), got.size()) << what;
+  double scale = 1e-3;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  // f32: CUDA's libm and the CPU's (and the summation orders) differ in the last bits; f16/bf16: about one
+  // rounding of the output apart.
+  const double tol = (t == DType::bf16 ? 1.0 / 128 : t == DType::f16 ? 1.0 / 1024 : 1e-5) * scale;
+  for (size_t e = 0; e < want.size(); ++e) {
+    if (std::isnan(want[e]))
+      EXPECT_TRUE(std::isnan(got[e])) << what << " [" << e << "]";
+    else
+      EXPECT_NEAR(got[e], want[e], tol) << what << " [" << e << "]";
+  }
+}
+
+// Runs kernel k of node n of g on the device with `inputs` and compares its outputs with `want`, and the
+// inputs it updates in place with `want_mutated` (by input index).
+void check_on_device(const OpDef& def, const KernelDef& k, const Graph& g, const Node& n,
+                     const std::vector<Tensor>& inputs, const std::vector<Tensor>& want,
+                     const std::map<int, Tensor>& want_mutated, DType t) {
+  DeviceBuffers mem;
+  std::vector<TensorView> in, out;
+  std::vector<TensorType> in_types, out_types;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Tensor& host = inputs[i];
+    void* d = mem.add(host.nbytes());
+    cuda::to_device(d, host.raw(), host.nbytes());
+    in.push_back({d, &g.value(n.inputs[i]).shape(), host.dtype()});
+    in_types.push_back(g.value(n.inputs[i]).type);
+  }
+  for (ValueId v : n.outputs) {
+    out.push_back({mem.add(g.value(v).nbytes()), &g.value(v).shape(), g.value(v).dtype()});
+    out_types.push_back(g.value(v).type);
+  }
+  KernelCtx ctx;
+  ctx.workspace_bytes = def.workspace ? def.workspace(in_types, out_types, n.attrs) : 0;
+  if (ctx.workspace_bytes > 0) ctx.workspace = mem.add(ctx.workspace_bytes);
+  ctx.node = &n;
+  ctx.in = in.data();
+  ctx.num_in = static_cast<int>(in.size());
+  ctx.out = out.data();
+  ctx.num_out = static_cast<int>(out.size());
+  k.fn(ctx);
+  cuda::synchronize();
+  for (size_t j = 0; j < out.size(); ++j) {
+    Tensor got = Tensor::empty(want[j].shape(), want[j].dtype());
+    cuda::to_host(got.raw(), out[j].data, got.nbytes());
+    expect_close(want[j], got, t, cat(n.name, " output ", j));
+  }
+  for (const auto& [i, w] : want_mutated) {
+    Tensor got = Tensor::empty(w.shape(), w.dtype());
+    cuda::to_host(got.raw(), in[static_cast<size_t>(i)].data, got.nbytes());
+    expect_close(w, got, t, cat(n.name, " input ", i, " (updated in place)"));
+  }
+}
+
+const Node& node_named(const Graph& g, const std::string& name) {
+  for (const Node& n : g.nodes())
+    if (n.name == name) return n;
+  throw std::runtime_error("no node " + name);
 }
 
 class CudaKernel : public ::testing::TestWithParam<std::string> {};
@@ -53,59 +127,44 @@ TEST_P(CudaKernel, MatchesTheCpuKernel) {
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     const KernelDef* k = def.kernel(DeviceKind::cuda, t);
     if (!k) continue;
-    for (const OpSample& s : def.samples()) {
-      SCOPED_TRACE(cat(s.label, " in ", dtype_name(t)));
-      SampleProgram cpu = build_sample(def, s, false, t);
-      const Graph& g = cpu.exec->program().graph;
-      const Node* node = nullptr;
-      for (const Node& n : g.nodes())
-        if (n.name == "op") node = &n;
-      ASSERT_NE(node, nullptr);
-      bool storable = true;
-      for (ValueId v : node->inputs) storable = storable && cuda_storable(g.value(v).dtype());
-      for (ValueId v : node->outputs) storable = storable && cuda_storable(g.value(v).dtype());
-      if (!storable) continue;  // e.g. a cast to f64, which the CUDA kernels do not store
-      for (size_t i = 0; i < cpu.input_names.size(); ++i)
-        fill_input(s, static_cast<int>(i), cpu.exec->tensor(cpu.input_names[i]), 11);
-      cpu.exec->run();
-
-      DeviceBuffers mem;
-      std::vector<TensorView> in, out;
-      for (size_t i = 0; i < node->inputs.size(); ++i) {
-        const Tensor& host = cpu.exec->tensor(cpu.input_names[i]);
-        void* d = mem.add(host.nbytes());
-        cuda::to_device(d, host.raw(), host.nbytes());
-        in.push_back({d, &g.value(node->inputs[i]).shape(), host.dtype()});
+    if (def.samples) {
+      for (const OpSample& s : def.samples()) {
+        SCOPED_TRACE(cat(s.label, " in ", dtype_name(t)));
+        SampleProgram cpu = build_sample(def, s, false, t);
+        const Graph& g = cpu.exec->program().graph;
+        const Node& n = node_named(g, "op");
+        if (!storable(g, n)) continue;  // e.g. a cast to f64
+        fill_all(s, cpu, 11);
+        std::vector<Tensor> inputs;
+        for (const std::string& name : cpu.input_names) inputs.push_back(cpu.exec->tensor(name).clone());
+        cpu.exec->run();
+        std::vector<Tensor> want;
+        for (int j = 0; j < cpu.num_outputs; ++j) want.push_back(cpu.exec->output(cat("out", j)));
+        std::map<int, Tensor> mutated;
+        for (int i : def.mutates) mutated[i] = cpu.exec->tensor(cpu.input_names[static_cast<size_t>(i)]);
+        check_on_device(def, *k, g, n, inputs, want, mutated, t);
+        ++checked;
       }
-      for (ValueId v : node->outputs)
-        out.push_back({mem.add(g.value(v).nbytes()), &g.value(v).shape(), g.value(v).dtype()});
-      KernelCtx ctx;
-      ctx.node = node;
-      ctx.in = in.data();
-      ctx.num_in = static_cast<int>(in.size());
-      ctx.out = out.data();
-      ctx.num_out = static_cast<int>(out.size());
-      k->fn(ctx);
-      cuda::synchronize();
-
-      for (size_t j = 0; j < out.size(); ++j) {
-        const Tensor want_t = cpu.exec->output(cat("out", j));
-        Tensor got_t = Tensor::empty(want_t.shape(), want_t.dtype());
-        cuda::to_host(got_t.raw(), out[j].data, got_t.nbytes());
-        const auto want = want_t.to_f64(), got = got_t.to_f64();
-        double scale = 1e-3;
-        for (double v : want) scale = std::max(scale, std::fabs(v));
-        // f32: transcendental functions of CUDA's libm and the CPU's differ in the last bits; f16/bf16: one
-        // rounding of the output apart.
-        const double tol = (t == DType::bf16 ? 1.0 / 128 : t == DType::f16 ? 1.0 / 1024 : 1e-5) * scale;
-        for (size_t e = 0; e < want.size(); ++e) {
-          if (std::isnan(want[e]))
-            EXPECT_TRUE(std::isnan(got[e])) << "output " << j << " [" << e << "]";
-          else
-            EXPECT_NEAR(got[e], want[e], tol) << "output " << j << " [" << e << "]";
-        }
+      continue;
+    }
+    // A backward helper: in the backward passes of the ops it serves.
+    for (const std::string& user : def.covered_by) {
+      const OpDef& udef = OpRegistry::get().at(user);
+      for (const OpSample& s : udef.samples()) {
+        if (!s.gradcheck) continue;
+        SCOPED_TRACE(cat(user, " ", s.label, " in ", dtype_name(t)));
+        SampleProgram cpu = build_sample(udef, s, true, t, nullptr, /*inplace=*/false);
+        fill_all(s, cpu, 11);
+        const Graph& g = cpu.exec->program().graph;
+        cpu.exec->run_timed([&](const Node& n, double) {
+          if (n.op != def.name || !storable(g, n)) return;
+          std::vector<Tensor> inputs, want;
+          for (ValueId v : n.inputs) inputs.push_back(cpu.exec->value(v));
+          for (ValueId v : n.outputs) want.push_back(cpu.exec->value(v));
+          check_on_device(def, *k, g, n, inputs, want, {}, t);
+          ++checked;
+        });
       }
-      ++checked;
     }
   }
   EXPECT_GT(checked, 0) << "no sample of " << def.name << " ran on the device";

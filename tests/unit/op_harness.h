@@ -23,7 +23,9 @@ struct SampleProgram {
   bool has_loss = false;
 };
 
-inline bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+inline bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 // Fills input i with the sample's generator or uniform [-1, 1] (ints: 0..3).
 inline void fill_input(const OpSample& s, int i, Tensor& t, uint64_t seed) {
@@ -35,9 +37,10 @@ inline void fill_input(const OpSample& s, int i, Tensor& t, uint64_t seed) {
   t.fill_from(v);
 }
 
-// `as` replaces f64 by another float dtype (for the f32 check); `with_grad` adds the weighted-sum loss.
+// `as` replaces f64 by another float dtype (for the f32 check); `with_grad` adds the weighted-sum loss;
+// `inplace` false keeps every node's inputs intact after it runs (Executor::value in a run_timed callback).
 inline SampleProgram build_sample(const OpDef& def, const OpSample& s, bool with_grad, DType as = DType::f64,
-                                  std::set<std::string>* ops_seen = nullptr) {
+                                  std::set<std::string>* ops_seen = nullptr, bool inplace = true) {
   SampleProgram sp;
   Graph g;
   GraphBuilder b(g);
@@ -45,11 +48,13 @@ inline SampleProgram build_sample(const OpDef& def, const OpSample& s, bool with
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     const std::string name = "x" + std::to_string(i);
     const DType t = s.inputs[i].dtype == DType::f64 ? as : s.inputs[i].dtype;
-    const bool param = with_grad && def.grad && is_floating(t) && !contains(def.nondiff_inputs, static_cast<int>(i)) &&
+    const bool param = with_grad && def.grad && is_floating(t) &&
+                       !contains(def.nondiff_inputs, static_cast<int>(i)) &&
                        !contains(def.mutates, static_cast<int>(i));
     ins.push_back(param ? g.add_param(name, s.inputs[i].shape, t)
-                        : (contains(def.mutates, static_cast<int>(i)) ? g.add_state(name, s.inputs[i].shape, t)
-                                                                       : g.add_input(name, s.inputs[i].shape, t)));
+                        : (contains(def.mutates, static_cast<int>(i))
+                               ? g.add_state(name, s.inputs[i].shape, t)
+                               : g.add_input(name, s.inputs[i].shape, t)));
     sp.input_names.push_back(name);
     sp.is_param.push_back(param);
   }
@@ -58,14 +63,16 @@ inline SampleProgram build_sample(const OpDef& def, const OpSample& s, bool with
   ValueId loss = kNoValue;
   for (size_t j = 0; j < outs.size(); ++j) {
     g.mark_output("out" + std::to_string(j), outs[j]);
-    if (!with_grad || !g.value(outs[j]).requires_grad || g.value(outs[j]).dtype() != DType::f64) continue;
+    if (!with_grad || !g.value(outs[j]).requires_grad || g.value(outs[j]).dtype() != as) continue;
     sp.diff_outputs.push_back(static_cast<int>(j));
-    const ValueId w = g.add_input("w" + std::to_string(j), g.value(outs[j]).shape(), g.value(outs[j]).dtype());
+    const ValueId w =
+        g.add_input("w" + std::to_string(j), g.value(outs[j]).shape(), g.value(outs[j]).dtype());
     const ValueId term = b.reduce_sum(b.mul(outs[j], w), {});
     loss = loss == kNoValue ? term : b.add(loss, term);
   }
   CompileOptions opts;
   opts.fuse = false;  // test the op itself, not what fusion would replace it with
+  opts.inplace = inplace;
   if (loss != kNoValue) {
     g.mark_output("loss", loss);
     sp.has_loss = true;

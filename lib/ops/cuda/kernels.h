@@ -35,4 +35,31 @@ void fill_like(const KernelCtx& c);
 void copy(const KernelCtx& c);  // stop_gradient, reshape (when not planned in place)
 void cast(const KernelCtx& c);  // between f32, f16 and bf16
 
+// Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses, its
+// gradient's the scale dloss / count.
+void softmax(const KernelCtx& c);
+void log_softmax(const KernelCtx& c);
+void softmax_grad(const KernelCtx& c);
+void log_softmax_grad(const KernelCtx& c);
+void cross_entropy(const KernelCtx& c);
+void cross_entropy_grad(const KernelCtx& c);
+void layernorm(const KernelCtx& c);
+void layernorm_grad(const KernelCtx& c);
+
+// Index ops (ops/cuda/index.cc): any dtype for the gathers, f32/f16/bf16 for sums and embeddings.
+void transpose(const KernelCtx& c);
+void permute(const KernelCtx& c);
+void broadcast_to(const KernelCtx& c);
+void reduce_sum(const KernelCtx& c);
+void embedding(const KernelCtx& c);
+void embedding_grad(const KernelCtx& c);
+
+// Optimizer updates (ops/cuda/optim.cc): f32 parameters (the master weights) in place.
+void sgd_update(const KernelCtx& c);
+void adamw_update(const KernelCtx& c);
+
+// cuBLASLt (ops/cuda/blas.cc): f32, f16, bf16, accumulating in f32.
+void matmul(const KernelCtx& c);
+void linear(const KernelCtx& c);  // the bias in the GEMM's epilogue
+
 }  // namespace flowrun::cuda

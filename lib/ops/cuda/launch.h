@@ -48,4 +48,59 @@ void unary_grad(GradOp op, Storage t, const void* dy, const void* z, void* dx, i
 // y = x converted between storages.
 void convert(Storage from, const void* x, Storage to, void* y, int64_t n, cudaStream_t s);
 
+// Row-wise ops (ops/cuda/rows.cu) over `rows` contiguous rows of `cols` elements, one thread block a row.
+// softmax or log_softmax (log) along the rows, and their gradients from (dy, y).
+void softmax(Storage t, bool log, const void* x, void* y, int64_t rows, int64_t cols, cudaStream_t s);
+void softmax_grad(Storage t, bool log, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols,
+                  cudaStream_t s);
+// Cross-entropy of logits x with integer labels: lse per row, and loss = the mean of lse - x[label] over the
+// rows whose label is not `ignore` (labels outside [0, cols) count and add 0). `partial`: rows doubles.
+void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, void* lse, int64_t rows,
+                   int64_t cols, int64_t ignore, double* partial, cudaStream_t s);
+// dx = dloss / count * (softmax(x) - onehot(label)), zero rows for ignored or out-of-range labels. `scale`:
+// one float of scratch.
+void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
+                        void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s);
+// y = (x - mean) * rstd * gamma + beta per row of d, with the row statistics; and its gradient (dgamma and
+// dbeta summed over the rows in a fixed order).
+void layernorm(Storage t, const void* x, const void* gamma, const void* beta, void* y, void* mean, void* rstd,
+               int64_t rows, int64_t d, float eps, cudaStream_t s);
+void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
+                    const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
+                    cudaStream_t s);
+
+// Optimizer updates of f32 parameters in place (ops/cuda/optim.cu), as ops/cpu/optim.cc: the learning rate,
+// step and gradient coefficient are device scalars (coef null: 1; a non-finite coef skips the update, as the
+// loss scaler asks).
+struct SgdParams {
+  float momentum, dampening, weight_decay;
+  bool nesterov;
+};
+void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr, const float* coef,
+                int64_t n, cudaStream_t s);
+struct AdamParams {
+  double beta1, beta2, eps, weight_decay;
+  bool decoupled;
+};
+void adamw_update(const AdamParams& a, float* p, const float* g, float* m, float* v, const float* lr,
+                  const int64_t* step, const float* coef, int64_t n, cudaStream_t s);
+
+// Index kernels (ops/cuda/index.cu). An output of `rank` <= 8 axes `dims`, whose element at multi-index i
+// reads the input at sum(i[k] * stride[k]) (a permutation of the input's strides, or 0 along broadcast axes).
+struct Strided {
+  int rank = 0;
+  int64_t dims[8] = {};
+  int64_t stride[8] = {};
+};
+// y[i] = x[offset(i)] for the n elements of y, whose elements are elem_bytes (1, 2, 4 or 8) wide.
+void gather_strided(size_t elem_bytes, const void* x, void* y, int64_t n, const Strided& out, cudaStream_t s);
+// y[i] = sum over the reduced index r of x[offset(i) + offset_r(r)], n outputs, in a fixed order.
+void reduce_sum(Storage t, const void* x, void* y, int64_t n, const Strided& out, const Strided& reduced,
+                cudaStream_t s);
+// Table rows by id (ids - offset outside [0, V) give zero rows), and the gradient summed per row in id order.
+void embedding(Storage t, const int64_t* ids, const void* table, void* y, int64_t n, int64_t V, int64_t D,
+               int64_t offset, cudaStream_t s);
+void embedding_grad(Storage t, const void* dy, const int64_t* ids, void* dtable, int64_t n, int64_t V,
+                    int64_t D, int64_t offset, cudaStream_t s);
+
 }  // namespace flowrun::cuda

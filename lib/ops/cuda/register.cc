@@ -30,6 +30,28 @@ void register_cuda_kernels(OpRegistry& r) {
       {"cast", cuda::cast},
   };
   for (const auto& [op, fn] : elementwise) r.add_kernel(op, {DeviceKind::cuda, floats, fn});
+  const std::pair<const char*, KernelFn> rows[] = {
+      {"softmax", cuda::softmax},
+      {"log_softmax", cuda::log_softmax},
+      {"softmax_grad", cuda::softmax_grad},
+      {"log_softmax_grad", cuda::log_softmax_grad},
+      {"cross_entropy", cuda::cross_entropy},
+      {"cross_entropy_grad", cuda::cross_entropy_grad},
+      {"layernorm", cuda::layernorm},
+      {"layernorm_grad", cuda::layernorm_grad},
+  };
+  for (const auto& [op, fn] : rows) r.add_kernel(op, {DeviceKind::cuda, floats, fn});
+  const std::vector<DType> any = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8};
+  r.add_kernel("transpose", {DeviceKind::cuda, any, cuda::transpose});
+  r.add_kernel("permute", {DeviceKind::cuda, any, cuda::permute});
+  r.add_kernel("broadcast_to", {DeviceKind::cuda, floats, cuda::broadcast_to});
+  r.add_kernel("reduce_sum", {DeviceKind::cuda, floats, cuda::reduce_sum});
+  r.add_kernel("embedding", {DeviceKind::cuda, floats, cuda::embedding});
+  r.add_kernel("embedding_grad", {DeviceKind::cuda, floats, cuda::embedding_grad});
+  r.add_kernel("sgd_update", {DeviceKind::cuda, {DType::f32}, cuda::sgd_update});
+  r.add_kernel("adamw_update", {DeviceKind::cuda, {DType::f32}, cuda::adamw_update});
+  r.add_kernel("matmul", {DeviceKind::cuda, floats, cuda::matmul});
+  r.add_kernel("linear", {DeviceKind::cuda, floats, cuda::linear});
 }
 
 }  // namespace flowrun

@@ -1,0 +1,77 @@
+// KernelCtx adapters of the row-wise CUDA kernels (ops/cuda/rows.cu).
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
+
+namespace flowrun::cuda {
+
+namespace {
+
+// Rows of the last axis.
+int64_t cols_of(const TensorView& t) {
+  return t.rank() == 0 ? 1 : t.dim(-1);
+}
+int64_t rows_of(const TensorView& t) {
+  const int64_t c = cols_of(t);
+  return c == 0 ? 0 : t.numel() / c;
+}
+
+// The classes split over the tensor axis (graph/sbp_parallel.cc) need the row statistics reduced over its
+// ranks, which the CUDA kernels do not do yet.
+void whole_rows_only(const KernelCtx& c) {
+  if (c.attrs().has("classes"))
+    throw runtime_error(
+        cat(c.node->name, ": the CUDA cross-entropy does not take vocabulary-parallel logits yet"));
+}
+
+}  // namespace
+
+void softmax(const KernelCtx& c) {
+  softmax(storage_of(c.in[0].dtype), false, c.in[0].data, c.out[0].data, rows_of(c.in[0]), cols_of(c.in[0]),
+          stream_of(c));
+}
+void log_softmax(const KernelCtx& c) {
+  softmax(storage_of(c.in[0].dtype), true, c.in[0].data, c.out[0].data, rows_of(c.in[0]), cols_of(c.in[0]),
+          stream_of(c));
+}
+void softmax_grad(const KernelCtx& c) {
+  softmax_grad(storage_of(c.in[0].dtype), false, c.in[0].data, c.in[1].data, c.out[0].data, rows_of(c.in[0]),
+               cols_of(c.in[0]), stream_of(c));
+}
+void log_softmax_grad(const KernelCtx& c) {
+  softmax_grad(storage_of(c.in[0].dtype), true, c.in[0].data, c.in[1].data, c.out[0].data, rows_of(c.in[0]),
+               cols_of(c.in[0]), stream_of(c));
+}
+
+void cross_entropy(const KernelCtx& c) {
+  whole_rows_only(c);
+  const TensorView& x = c.in[0];
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(rows_of(x)) * sizeof(double), c.node->name,
+           ": the workspace holds no per-row losses");
+  cross_entropy(storage_of(x.dtype), x.data, c.in[1].as<int64_t>(), c.out[0].data, c.out[1].data, rows_of(x),
+                cols_of(x), c.attrs().i("ignore_index", -100), static_cast<double*>(c.workspace),
+                stream_of(c));
+}
+
+void cross_entropy_grad(const KernelCtx& c) {
+  whole_rows_only(c);
+  const TensorView& x = c.in[1];
+  FR_CHECK(c.workspace_bytes >= sizeof(float), c.node->name, ": no workspace for the gradient's scale");
+  cross_entropy_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].as<int64_t>(), c.in[3].data,
+                     c.out[0].data, rows_of(x), cols_of(x), c.attrs().i("ignore_index", -100),
+                     static_cast<float*>(c.workspace), stream_of(c));
+}
+
+void layernorm(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  layernorm(storage_of(x.dtype), x.data, c.in[1].data, c.in[2].data, c.out[0].data, c.out[1].data,
+            c.out[2].data, rows_of(x), cols_of(x), static_cast<float>(c.attrs().f("eps", 1e-5)),
+            stream_of(c));
+}
+
+void layernorm_grad(const KernelCtx& c) {
+  const TensorView& x = c.in[1];
+  layernorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
+                 c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x), stream_of(c));
+}
+
+}  // namespace flowrun::cuda

@@ -1,0 +1,323 @@
+// Row-wise CUDA kernels: softmax, log_softmax, cross-entropy and layernorm with their gradients. One block of
+// kThreads threads per row; the row's sums and maxima are reduced in a fixed order (warp shuffles, then the
+// warps' partials), f32 arithmetic on f32/f16/bf16 storage.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <type_traits>
+
+#include "core/cuda/runtime.h"
+#include "ops/cuda/launch.h"
+
+namespace flowrun::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ float load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void store(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+template <typename F>
+void dispatch(Storage t, F f) {
+  switch (t) {
+    case Storage::f32:
+      f(static_cast<float*>(nullptr));
+      break;
+    case Storage::f16:
+      f(static_cast<__half*>(nullptr));
+      break;
+    case Storage::bf16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+  }
+}
+
+// The block's sum (or maximum) of every thread's v, returned to every thread. `scratch`: kWarps floats.
+template <bool kMax>
+__device__ float block_reduce(float v, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float w = __shfl_down_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kWarps ? scratch[lane] : (kMax ? -FLT_MAX : 0.0f);
+    for (int o = 16; o > 0; o /= 2) {
+      const float w = __shfl_down_sync(0xffffffffu, v, o);
+      v = kMax ? fmaxf(v, w) : v + w;
+    }
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  const float r = scratch[0];
+  __syncthreads();  // scratch is reused by the next reduction
+  return r;
+}
+
+// log(sum(exp(x))) of row x.
+template <typename T>
+__device__ float row_lse(const T* x, int64_t cols, float* scratch) {
+  float m = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) m = fmaxf(m, load(x, j));
+  m = block_reduce<true>(m, scratch);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) s += expf(load(x, j) - m);
+  return m + logf(block_reduce<false>(s, scratch));
+}
+
+template <typename T>
+__global__ void softmax_kernel(bool log, const T* x, T* y, int64_t cols) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  const float lse = row_lse(xr, cols, scratch);
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads)
+    store(yr, j, log ? load(xr, j) - lse : expf(load(xr, j) - lse));
+}
+
+template <typename T>
+__global__ void softmax_grad_kernel(bool log, const T* dy, const T* y, T* dx, int64_t cols) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T *dyr = dy + r * cols, *yr = y + r * cols;
+  T* dxr = dx + r * cols;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) s += log ? load(dyr, j) : load(dyr, j) * load(yr, j);
+  s = block_reduce<false>(s, scratch);
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+    const float g = load(dyr, j), v = load(yr, j);
+    store(dxr, j, log ? g - expf(v) * s : v * (g - s));
+  }
+}
+
+// Per row: lse, and the row's loss term (0 for ignored or out-of-range labels) in partial.
+template <typename T>
+__global__ void cross_entropy_rows(const T* x, const int64_t* labels, T* lse, double* partial, int64_t cols,
+                                   int64_t ignore) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const float l = row_lse(xr, cols, scratch);
+  if (threadIdx.x == 0) {
+    const T stored = [&] {
+      T v[1];
+      store(v, 0, l);
+      return v[0];
+    }();
+    lse[r] = stored;
+    const int64_t label = labels[r];
+    // As the CPU kernel: the term uses the stored (rounded) lse.
+    partial[r] = label != ignore && label >= 0 && label < cols
+                     ? double(load(&stored, 0)) - double(load(xr, label))
+                     : 0.0;
+  }
+}
+
+// Counts the rows that are not ignored; one block.
+__device__ int64_t count_targets(const int64_t* labels, int64_t rows, int64_t ignore, float* scratch) {
+  float n = 0.0f;
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) n += labels[r] != ignore ? 1.0f : 0.0f;
+  return static_cast<int64_t>(block_reduce<false>(n, scratch) + 0.5f);
+}
+
+// The mean of the row terms, summed in row order as the CPU does (one thread; rows are few compared to the
+// row work).
+template <typename T>
+__global__ void cross_entropy_mean(const int64_t* labels, const double* partial, T* loss, int64_t rows,
+                                   int64_t ignore) {
+  __shared__ float scratch[kWarps];
+  const int64_t n = count_targets(labels, rows, ignore, scratch);
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < rows; ++r) sum += partial[r];
+    store(loss, 0, n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_scale(const T* dloss, const int64_t* labels, float* scale, int64_t rows,
+                                    int64_t ignore) {
+  __shared__ float scratch[kWarps];
+  const int64_t n = count_targets(labels, rows, ignore, scratch);
+  if (threadIdx.x == 0) *scale = n > 0 ? load(dloss, 0) / static_cast<float>(n) : 0.0f;
+}
+
+template <typename T>
+__global__ void cross_entropy_grad_rows(const float* scale, const T* x, const int64_t* labels, const T* lse,
+                                        T* dx, int64_t cols, int64_t ignore) {
+  const int64_t r = blockIdx.x;
+  const int64_t label = labels[r];
+  const T* xr = x + r * cols;
+  T* dxr = dx + r * cols;
+  const float g = *scale;
+  const bool counted = label != ignore && label >= 0 && label < cols;
+  const float m = load(lse, r);
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads)
+    store(dxr, j, counted ? g * expf(load(xr, j) - m) - (j == label ? g : 0.0f) : 0.0f);
+}
+
+template <typename T>
+__global__ void layernorm_kernel(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int64_t d,
+                                 float eps) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  T* yr = y + r * d;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) s += load(xr, j);
+  const float mu = block_reduce<false>(s, scratch) / static_cast<float>(d);
+  float v = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const float c = load(xr, j) - mu;
+    v += c * c;
+  }
+  const float rs = rsqrtf(block_reduce<false>(v, scratch) / static_cast<float>(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += kThreads)
+    store(yr, j, (load(xr, j) - mu) * rs * load(gamma, j) + load(beta, j));
+  if (threadIdx.x == 0) {
+    store(mean, r, mu);
+    store(rstd, r, rs);
+  }
+}
+
+// dx = rstd * (g dy - mean(g dy) - xhat mean(g dy xhat)) per row.
+template <typename T>
+__global__ void layernorm_dx(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd, T* dx,
+                             int64_t d) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T *dyr = dy + r * d, *xr = x + r * d;
+  T* dxr = dx + r * d;
+  const float mu = load(mean, r), rs = load(rstd, r);
+  float a = 0.0f, b = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const float gd = load(gamma, j) * load(dyr, j);
+    a += gd;
+    b += gd * (load(xr, j) - mu) * rs;
+  }
+  a = block_reduce<false>(a, scratch) / static_cast<float>(d);
+  b = block_reduce<false>(b, scratch) / static_cast<float>(d);
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const float xhat = (load(xr, j) - mu) * rs;
+    store(dxr, j, rs * (load(gamma, j) * load(dyr, j) - a - xhat * b));
+  }
+}
+
+// dgamma[j] = sum over rows of dy xhat, dbeta[j] = sum of dy: a thread per column, rows in order.
+template <typename T>
+__global__ void layernorm_dparams(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma, T* dbeta,
+                                  int64_t rows, int64_t d) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= d) return;
+  float g = 0.0f, b = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float v = load(dy, r * d + j);
+    g += v * (load(x, r * d + j) - load(mean, r)) * load(rstd, r);
+    b += v;
+  }
+  store(dgamma, j, g);
+  store(dbeta, j, b);
+}
+
+unsigned grid(int64_t rows) {
+  return static_cast<unsigned>(rows);
+}
+
+}  // namespace
+
+void softmax(Storage t, bool log, const void* x, void* y, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    softmax_kernel<<<grid(rows), kThreads, 0, s>>>(log, static_cast<const T*>(x), static_cast<T*>(y), cols);
+  });
+  check(cudaGetLastError(), "softmax kernel launch");
+}
+
+void softmax_grad(Storage t, bool log, const void* dy, const void* y, void* dx, int64_t rows, int64_t cols,
+                  cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    softmax_grad_kernel<<<grid(rows), kThreads, 0, s>>>(log, static_cast<const T*>(dy),
+                                                        static_cast<const T*>(y), static_cast<T*>(dx), cols);
+  });
+  check(cudaGetLastError(), "softmax gradient kernel launch");
+}
+
+void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, void* lse, int64_t rows,
+                   int64_t cols, int64_t ignore, double* partial, cudaStream_t s) {
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0)
+      cross_entropy_rows<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), labels,
+                                                         static_cast<T*>(lse), partial, cols, ignore);
+    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, partial, static_cast<T*>(loss), rows, ignore);
+  });
+  check(cudaGetLastError(), "cross-entropy kernel launch");
+}
+
+void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
+                        void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    cross_entropy_scale<<<1, kThreads, 0, s>>>(static_cast<const T*>(dloss), labels, scale, rows, ignore);
+    cross_entropy_grad_rows<<<grid(rows), kThreads, 0, s>>>(scale, static_cast<const T*>(x), labels,
+                                                            static_cast<const T*>(lse), static_cast<T*>(dx),
+                                                            cols, ignore);
+  });
+  check(cudaGetLastError(), "cross-entropy gradient kernel launch");
+}
+
+void layernorm(Storage t, const void* x, const void* gamma, const void* beta, void* y, void* mean, void* rstd,
+               int64_t rows, int64_t d, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    layernorm_kernel<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                                     static_cast<const T*>(beta), static_cast<T*>(y),
+                                                     static_cast<T*>(mean), static_cast<T*>(rstd), d, eps);
+  });
+  check(cudaGetLastError(), "layernorm kernel launch");
+}
+
+void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
+                    const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
+                    cudaStream_t s) {
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0)
+      layernorm_dx<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                   static_cast<const T*>(gamma), static_cast<const T*>(mean),
+                                                   static_cast<const T*>(rstd), static_cast<T*>(dx), d);
+    layernorm_dparams<<<static_cast<unsigned>((d + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
+        static_cast<const T*>(rstd), static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, d);
+  });
+  check(cudaGetLastError(), "layernorm gradient kernel launch");
+}
+
+}  // namespace flowrun::cuda
