@@ -2,6 +2,7 @@
 // ops/cpu/attention.cc.
 #include "ops/cpu/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -222,10 +223,11 @@ void register_attention_ops(OpRegistry& r) {
     // Recomputed q k^T, dout v^T, p^T dout, ds^T q and ds k.
     return {pairs * (2.0 * static_cast<double>(3 * s.d + 2 * s.dv) + 5.0), bytes_of(in) + bytes_of(out)};
   };
-  // scale * k^T and v^T, one slice each per (batch, head).
+  // CPU: scale * k^T and v^T, one slice each per (batch, head); CUDA: rowsum(dout * out), an f32 per query.
   g.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                    const Attrs&) -> size_t {
-    return static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype);
+    return std::max(static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype),
+                    static_cast<size_t>(numel(in[5].shape)) * sizeof(float));
   };
   g.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_grad}};
   g.covered_by = {"sdpa"};

@@ -54,8 +54,26 @@ void reduce_sum(const KernelCtx& c);
 void embedding(const KernelCtx& c);
 void embedding_grad(const KernelCtx& c);
 
+// Attention (ops/cuda/attention.cc): f32, f16, bf16 with an f32 lse; sdpa_grad's workspace holds the rows'
+// dout . out.
+void sdpa(const KernelCtx& c);
+void sdpa_grad(const KernelCtx& c);
+
+// Dropout (ops/cuda/random.cc): the CPU kernel's mask, element for element.
+void dropout(const KernelCtx& c);
+void dropout_grad(const KernelCtx& c);
+
+// Shape ops (ops/cuda/shape.cc): strided row copies, any dtype.
+void slice(const KernelCtx& c);
+void slice_grad(const KernelCtx& c);
+void concat(const KernelCtx& c);
+void split(const KernelCtx& c);
+
 // Optimizer updates (ops/cuda/optim.cc): f32 parameters (the master weights) in place.
 void sgd_update(const KernelCtx& c);
+void global_norm(const KernelCtx& c);  // one GPU: no reduction over mesh axes yet
+void clip_coef(const KernelCtx& c);
+void grad_accumulate(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
 
 // cuBLASLt (ops/cuda/blas.cc): f32, f16, bf16, accumulating in f32.

@@ -103,4 +103,45 @@ void embedding(Storage t, const int64_t* ids, const void* table, void* y, int64_
 void embedding_grad(Storage t, const void* dy, const int64_t* ids, void* dtable, int64_t n, int64_t V,
                     int64_t D, int64_t offset, cudaStream_t s);
 
+// Scaled-dot-product attention (ops/cuda/attention.cu) over bh = batch x heads: q (t x d), k (s x d), v (s x
+// dv) each, out (t x dv) and an f32 lse per query; under `causal` query i sees keys j <= i + s - t. The
+// backward recomputes the probabilities from lse; `rowsum`: bh x t floats of scratch. A thread block per
+// query row (per key row for dk and dv): no atomics, fixed summation orders.
+// A row of scores (or two rows of queries' terms) lives in a block's shared memory: 48 KiB, the default.
+constexpr int64_t kAttentionMaxKeys = 48 * 1024 / sizeof(float);
+struct Attention {
+  int64_t bh, t, s, d, dv;
+  bool causal;
+  float scale;
+};
+void sdpa(Storage st, const Attention& a, const void* q, const void* k, const void* v, void* out, float* lse,
+          cudaStream_t s);
+void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, const void* k, const void* v,
+               const void* out, const float* lse, void* dq, void* dk, void* dv, float* rowsum,
+               cudaStream_t s);
+
+// Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the whole tensor is
+// kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p. This
+// rank's piece has the local dims of `local` (its strides: the whole tensor's) and starts at whole index
+// `base`.
+struct DropoutDraw {
+  double p;
+  uint64_t seed, stream;
+  int64_t base;
+};
+void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,
+             int64_t n, cudaStream_t s);
+void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void* dx, int64_t n,
+                  cudaStream_t s);
+
+// The gradient norm's pieces (ops/cuda/optim.cu): the sum of squares of x[b * block, (b + 1) * block) in
+// double into partial[b] for each block b of x; then out = scale * sqrt(sum of partial[0, n)) as an f32, the
+// partials added in order.
+void sum_squares(Storage t, const void* x, int64_t n, int64_t block, double* partial, cudaStream_t s);
+void norm_from_partials(const double* partial, int64_t n, double scale, float* out, cudaStream_t s);
+// out = scale * min(1, max_norm / (norm + 1e-6)), every value a device f32 scalar.
+void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s);
+// acc = g on the first micro-batch (*micro == 0), acc + g after.
+void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, int64_t n, cudaStream_t s);
+
 }  // namespace flowrun::cuda

@@ -1,4 +1,6 @@
 // KernelCtx adapters of the CUDA optimizer updates (ops/cuda/optim.cu).
+#include "ops/cpu/optim.h"  // kNormBlock: the blocks of the gradient norm, on every device
+
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -15,6 +17,33 @@ const float* f32_scalar(const KernelCtx& c, int index) {
 }
 
 }  // namespace
+
+// One GPU: the collectives of split or sharded gradients (attrs split_inputs, data_sharded, pipeline) are not
+// there yet.
+void global_norm(const KernelCtx& c) {
+  if (c.attrs().i("split_inputs", 0) > 0 || c.attrs().b("data_sharded") || c.attrs().b("pipeline"))
+    throw runtime_error(cat(c.node->name, ": the CUDA gradient norm does not reduce over a mesh axis yet"));
+  double* partial = static_cast<double*>(c.workspace);
+  int64_t blocks = 0;
+  for (int k = 0; k < c.num_in; ++k) {
+    const TensorView& x = c.in[k];
+    sum_squares(storage_of(x.dtype), x.data, x.numel(), cpu::kNormBlock, partial + blocks, stream_of(c));
+    blocks += (x.numel() + cpu::kNormBlock - 1) / cpu::kNormBlock;
+  }
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(blocks) * sizeof(double), c.node->name,
+           ": the workspace holds fewer partial sums than blocks");
+  norm_from_partials(partial, blocks, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
+}
+
+void clip_coef(const KernelCtx& c) {
+  clip_coef(f32_scalar(c, 0), c.attrs().f("max_norm"), c.attrs().f("scale", 1.0), c.out[0].as<float>(),
+            stream_of(c));
+}
+
+void grad_accumulate(const KernelCtx& c) {
+  grad_accumulate(storage_of(c.in[0].dtype), c.in[0].data, c.in[1].data, c.in[2].as<int64_t>(),
+                  c.in[0].numel(), stream_of(c));
+}
 
 void sgd_update(const KernelCtx& c) {
   const SgdParams a{static_cast<float>(c.attrs().f("momentum", 0)),

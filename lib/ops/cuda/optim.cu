@@ -1,6 +1,10 @@
 // Optimizer updates on the device: one thread per element, the scalars (learning rate, step, the loss
 // scaler's coefficient) read from device memory so that no step waits for the host.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda/runtime.h"
 #include "ops/cuda/launch.h"
@@ -14,6 +18,78 @@ constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+__device__ __forceinline__ float load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void store(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+template <typename F>
+void dispatch(Storage t, F f) {
+  switch (t) {
+    case Storage::f32:
+      f(static_cast<float*>(nullptr));
+      break;
+    case Storage::f16:
+      f(static_cast<__half*>(nullptr));
+      break;
+    case Storage::bf16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+  }
+}
+
+// Block b: the sum of squares of its `block` elements in double, a tree over the threads (a fixed order).
+template <typename T>
+__global__ void sum_squares_kernel(const T* x, int64_t n, int64_t block, double* partial) {
+  __shared__ double sums[kThreads];
+  const int64_t begin = blockIdx.x * block, end = begin + block < n ? begin + block : n;
+  double acc = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const double v = load(x, i);
+    acc += v * v;
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) sums[threadIdx.x] += sums[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
+}
+
+__global__ void norm_kernel(const double* partial, int64_t n, double scale, float* out) {
+  double total = 0.0;
+  for (int64_t b = 0; b < n; ++b) total += partial[b];
+  *out = static_cast<float>(scale * sqrt(total));
+}
+
+__global__ void clip_kernel(const float* norm, double max_norm, double scale, float* out) {
+  const double clip = fmin(1.0, max_norm / (static_cast<double>(*norm) + 1e-6));
+  *out = static_cast<float>(scale * clip);
+}
+
+template <typename T>
+__global__ void accumulate_kernel(T* acc, const T* g, const int64_t* micro, int64_t n) {
+  const bool first = *micro == 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store(acc, i, first ? load(g, i) : load(acc, i) + load(g, i));
 }
 
 __global__ void sgd_kernel(SgdParams a, float* p, const float* g, float* buf, const float* lr,
@@ -58,6 +134,36 @@ __global__ void adamw_kernel(AdamParams a, float* p, const float* g, float* m, f
 }
 
 }  // namespace
+
+void sum_squares(Storage t, const void* x, int64_t n, int64_t block, double* partial, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    sum_squares_kernel<<<static_cast<unsigned>((n + block - 1) / block), kThreads, 0, s>>>(
+        static_cast<const T*>(x), n, block, partial);
+  });
+  check(cudaGetLastError(), "sum of squares kernel launch");
+}
+
+void norm_from_partials(const double* partial, int64_t n, double scale, float* out, cudaStream_t s) {
+  norm_kernel<<<1, 1, 0, s>>>(partial, n, scale, out);
+  check(cudaGetLastError(), "norm kernel launch");
+}
+
+void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s) {
+  clip_kernel<<<1, 1, 0, s>>>(norm, max_norm, scale, out);
+  check(cudaGetLastError(), "clip_coef kernel launch");
+}
+
+void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    accumulate_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(acc), static_cast<const T*>(g),
+                                                         micro, n);
+  });
+  check(cudaGetLastError(), "grad_accumulate kernel launch");
+}
 
 void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr, const float* coef,
                 int64_t n, cudaStream_t s) {

@@ -1,0 +1,45 @@
+// KernelCtx adapters of the CUDA attention (ops/cuda/attention.cu).
+#include <cmath>
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
+
+namespace flowrun::cuda {
+
+namespace {
+
+Attention geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v) {
+  const int64_t d = q.dim(3);
+  Attention a{};
+  a.bh = q.dim(0) * q.dim(1);
+  a.t = q.dim(2);
+  a.s = k.dim(2);
+  a.d = d;
+  a.dv = v.dim(3);
+  a.causal = c.attrs().b("causal", true);
+  a.scale = static_cast<float>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(d))));
+  if (a.s > kAttentionMaxKeys || 2 * a.t > kAttentionMaxKeys)
+    throw runtime_error(cat(c.node->name, ": the CUDA attention takes up to ", kAttentionMaxKeys,
+                            " keys and ", kAttentionMaxKeys / 2, " queries (a row in shared memory), not ",
+                            a.s, " and ", a.t));
+  return a;
+}
+
+}  // namespace
+
+void sdpa(const KernelCtx& c) {
+  const TensorView &q = c.in[0], &k = c.in[1], &v = c.in[2];
+  sdpa(storage_of(q.dtype), geometry(c, q, k, v), q.data, k.data, v.data, c.out[0].data, c.out[1].as<float>(),
+       stream_of(c));
+}
+
+void sdpa_grad(const KernelCtx& c) {
+  const TensorView &q = c.in[1], &k = c.in[2], &v = c.in[3];
+  const Attention a = geometry(c, q, k, v);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(a.bh * a.t) * sizeof(float), c.node->name,
+           ": the workspace holds no row sums");
+  sdpa_grad(storage_of(q.dtype), a, c.in[0].data, q.data, k.data, v.data, c.in[4].data, c.in[5].as<float>(),
+            c.out[0].data, c.out[1].data, c.out[2].data, static_cast<float*>(c.workspace), stream_of(c));
+}
+
+}  // namespace flowrun::cuda

@@ -1,0 +1,33 @@
+// KernelCtx adapters of the CUDA dropout (ops/cuda/random.cu).
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
+
+namespace flowrun::cuda {
+
+// Numbered in the whole tensor when this is a piece of one (attrs rng_whole, rng_start; see the CPU kernel).
+void dropout(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  const Shape& local = *x.shape;
+  FR_CHECK(local.size() <= 8, "the CUDA dropout takes at most 8 axes");
+  const Shape whole = c.attrs().has("rng_whole") ? Shape(c.attrs().ints("rng_whole")) : local;
+  const std::vector<int64_t> start =
+      c.attrs().has("rng_start") ? c.attrs().ints("rng_start") : std::vector<int64_t>(local.size(), 0);
+  Strided s;
+  s.rank = static_cast<int>(local.size());
+  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.rng.stream, 0};
+  int64_t stride = 1;
+  for (size_t a = local.size(); a-- > 0;) {
+    s.dims[a] = local[a];
+    s.stride[a] = stride;
+    d.base += start[a] * stride;
+    stride *= whole[a];
+  }
+  dropout(storage_of(x.dtype), d, s, x.data, c.out[0].data, c.out[1].as<uint8_t>(), x.numel(), stream_of(c));
+}
+
+void dropout_grad(const KernelCtx& c) {
+  dropout_grad(storage_of(c.in[0].dtype), c.attrs().f("p", 0.5), c.in[0].data, c.in[1].as<uint8_t>(),
+               c.out[0].data, c.in[0].numel(), stream_of(c));
+}
+
+}  // namespace flowrun::cuda

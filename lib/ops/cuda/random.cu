@@ -1,0 +1,128 @@
+// Dropout on the device, bit-identical in its mask to the CPU kernel: each thread runs Philox4x32-10 for its
+// element's block (core/rng.cc, the same rounds and constants) and maps its local index to the whole
+// tensor's.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "core/cuda/runtime.h"
+#include "ops/cuda/launch.h"
+
+namespace flowrun::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+__device__ __forceinline__ float load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void store(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+template <typename F>
+void dispatch(Storage t, F f) {
+  switch (t) {
+    case Storage::f32:
+      f(static_cast<float*>(nullptr));
+      break;
+    case Storage::f16:
+      f(static_cast<__half*>(nullptr));
+      break;
+    case Storage::bf16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+  }
+}
+
+// Word w of Philox4x32-10 block `block` of (seed, stream), as RngStream::block.
+__device__ uint32_t philox_word(uint64_t block, uint64_t seed, uint64_t stream, int w) {
+  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32),
+           c2 = static_cast<uint32_t>(stream), c3 = static_cast<uint32_t>(stream >> 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n1 = static_cast<uint32_t>(p1),
+                   n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1, n3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
+}
+
+template <typename T>
+__global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, uint8_t* mask, int64_t n) {
+  const float scale = d.p < 1.0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 0.0f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t rem = i, g = d.base;
+    for (int k = local.rank - 1; k >= 0; --k) {
+      g += (rem % local.dims[k]) * local.stride[k];
+      rem /= local.dims[k];
+    }
+    const uint32_t word =
+        philox_word(static_cast<uint64_t>(g / 4), d.seed, d.stream, static_cast<int>(g % 4));
+    const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
+    const bool keep = static_cast<double>(u) >= d.p;
+    mask[i] = keep;
+    store(y, i, keep ? load(x, i) * scale : 0.0f);
+  }
+}
+
+template <typename T>
+__global__ void dropout_grad_kernel(float scale, const T* dy, const uint8_t* mask, T* dx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store(dx, i, mask[i] ? load(dy, i) * scale : 0.0f);
+}
+
+}  // namespace
+
+void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,
+             int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dropout_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, local, static_cast<const T*>(x), static_cast<T*>(y),
+                                                      mask, n);
+  });
+  check(cudaGetLastError(), "dropout kernel launch");
+}
+
+void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void* dx, int64_t n,
+                  cudaStream_t s) {
+  if (n == 0) return;
+  const float scale = p < 1.0 ? static_cast<float>(1.0 / (1.0 - p)) : 0.0f;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dropout_grad_kernel<<<blocks_for(n), kThreads, 0, s>>>(scale, static_cast<const T*>(dy), mask,
+                                                           static_cast<T*>(dx), n);
+  });
+  check(cudaGetLastError(), "dropout gradient kernel launch");
+}
+
+}  // namespace flowrun::cuda
