@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the one GPU check (issue 8), sized for a 15-minute lease on one GPU. Runs the CUDA kernel
-# tests (label gpu), then trains configs/kjv_gpt.yaml on the GPU, then the GPT-2 124M bf16 benchmark, and
-# writes every log and a summary under $OUT (or ./gpu-check-out). Exit status: 0 only if every step passed.
+# tests (label gpu), the GPU-against-CPU training test (tests/cli/test_gpu_train.sh), trains
+# configs/kjv_gpt.yaml on the GPU, then the GPT-2 124M bf16 benchmark, and writes every log and a summary
+# under $OUT (or ./gpu-check-out). Exit status: 0 only if every step passed.
 #
 #   scripts/gpu_check.sh --pack     here (no GPU needed): build with CUDA and bundle the binaries, the shared
 #                                   libraries they need beyond libc, and the KJV data into .gpu-pack/ (git-
@@ -15,7 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PACK_DIR="$ROOT/.gpu-pack"
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
 
@@ -23,11 +24,11 @@ if [[ "${1:-}" == "--pack" ]]; then
   set -e
   # Not -march=native: the GPU machine's processor is another.
   scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF -DFLOWRUN_NATIVE=OFF
-  [[ -f data/cache/kjv.h5 ]] || build-gpu/apps/flowrun data kjv
+  for d in kjv wine; do [[ -f data/cache/$d.h5 ]] || build-gpu/apps/flowrun data $d; done
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
-  cp data/cache/kjv.h5 "$stage/data/"
+  cp data/cache/kjv.h5 data/cache/wine.h5 "$stage/data/"
   # Every library the binaries load, but the C library's own (those must be the machine's).
   for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
@@ -72,6 +73,8 @@ fi
 
 step gpu_tests "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
 grep -E '^\[  (PASSED|FAILED)  \] ([0-9]+ tests?|.*ms\)$)' "$OUT/gpu_tests.log" | sed 's/^/  /' >>"$summary"
+step gpu_train tests/cli/test_gpu_train.sh "$FLOWRUN" "$ROOT"
+tail -4 "$OUT/gpu_train.log" | sed 's/^/  /' >>"$summary"
 step train_kjv_gpt "$FLOWRUN" train configs/kjv_gpt.yaml --set train.device=cuda --set train.steps=300 \
   --set train.run_dir="$OUT/run"
 tail -3 "$OUT/train_kjv_gpt.log" | sed 's/^/  /' >>"$summary"

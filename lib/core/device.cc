@@ -5,10 +5,15 @@
 #include <new>
 
 #include "core/error.h"
+#ifdef FLOWRUN_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace flowrun {
 
-const char* device_kind_name(DeviceKind k) { return k == DeviceKind::cpu ? "cpu" : "cuda"; }
+const char* device_kind_name(DeviceKind k) {
+  return k == DeviceKind::cpu ? "cpu" : "cuda";
+}
 
 std::string device_str(Device d) {
   return d.kind == DeviceKind::cpu ? std::string("cpu") : cat("cuda:", d.index);
@@ -25,11 +30,24 @@ class CpuAllocator final : public Allocator {
   }
   void deallocate(void* p) override { std::free(p); }
 };
+
+#ifdef FLOWRUN_HAS_CUDA
+// The current CUDA device's memory (cudaMalloc: 256-byte aligned). One device per process.
+class CudaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override { return cuda::alloc(bytes); }
+  void deallocate(void* p) override { cuda::free(p); }
+};
+#endif
 }  // namespace
 
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
   if (d.kind == DeviceKind::cpu) return cpu;
+#ifdef FLOWRUN_HAS_CUDA
+  static CudaAllocator gpu;
+  if (d.index == 0) return gpu;
+#endif
   throw input_error(cat("device ", device_str(d), " is not available in this build of flowrun"));
 }
 

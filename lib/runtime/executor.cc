@@ -4,11 +4,64 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "ops/cpu/elementwise.h"
 #include "parallel/comm.h"
+#ifdef FLOWRUN_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace flowrun {
+
+// A persistent value's device copy (executors on a GPU). The trainer reads and writes persistent values as
+// host tensors (Executor::tensor); the kernels use the device copy. `fresh` says which side holds the current
+// bytes: a run uploads what the host changed and leaves parameters and state newer on the device; an access
+// downloads them. Executors that share a host tensor (an eval program reading the training program's
+// parameters) share its mirror, found by the host tensor's address.
+struct DeviceMirror {
+  enum class Fresh { both, host, device };
+  Tensor host;
+  void* device = nullptr;
+  Fresh fresh = Fresh::host;
+  bool written = false;  // a parameter or state: kernels update it
+  ~DeviceMirror() {
+#ifdef FLOWRUN_HAS_CUDA
+    cuda::free(device);
+#endif
+  }
+};
+
+namespace {
+
+#ifdef FLOWRUN_HAS_CUDA
+std::shared_ptr<DeviceMirror> mirror_of(const Tensor& host) {
+  static std::mutex mutex;
+  static std::map<const void*, std::weak_ptr<DeviceMirror>> mirrors;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::weak_ptr<DeviceMirror>& known = mirrors[host.raw()];
+  if (auto m = known.lock()) return m;
+  auto m = std::make_shared<DeviceMirror>();
+  m->host = host;
+  m->device = cuda::alloc(host.nbytes());
+  known = m;
+  return m;
+}
+#endif
+
+// A host copy of device bytes.
+Tensor download(const void* device, const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+#ifdef FLOWRUN_HAS_CUDA
+  if (t.nbytes() > 0) cuda::to_host(t.raw(), device, t.nbytes());
+#else
+  (void)device;
+  FR_CHECK(false, "no CUDA in this build");
+#endif
+  return t;
+}
+
+}  // namespace
 
 Executor::Executor(Program program, Device device, uint64_t seed, const std::map<std::string, Tensor>& shared,
                    Communicator* comm, Communicator* tp)
@@ -31,9 +84,17 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
                " does not match the program's value");
       t = it->second;
     } else {
-      t = Tensor::zeros(v.shape(), v.dtype(), device_);
+      t = Tensor::zeros(v.shape(), v.dtype());  // on the host: the trainer's side of it
     }
     addr[static_cast<size_t>(v.id)] = t.raw();
+#ifdef FLOWRUN_HAS_CUDA
+    if (device_.kind == DeviceKind::cuda) {
+      std::shared_ptr<DeviceMirror> m = mirror_of(t);
+      m->written = m->written || v.kind != ValueKind::input;
+      addr[static_cast<size_t>(v.id)] = m->device;
+      mirrors_.emplace(v.name, std::move(m));
+    }
+#endif
     persistent_.emplace(v.name, std::move(t));
   }
 
@@ -50,6 +111,9 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     const OpDef& def = OpRegistry::get().at(n.op);
     const KernelChoice k = select_kernel(def, device_.kind, kernel_dtype(g, n));
     FR_CHECK(k.kernel != nullptr, "no kernel for ", n.op);
+    // Widening converts on the host: a GPU program needs every kernel native.
+    FR_CHECK(!k.widened || device_.kind == DeviceKind::cpu, n.name, ": ", n.op, " has no native ",
+             dtype_name(kernel_dtype(g, n)), " kernel on ", device_str(device_));
     const WorkspaceLayout ws =
         workspace_layout(def, k.widened, types_of(n.inputs), types_of(n.outputs), n.attrs);
     char* wbase = mem.workspace_offset[static_cast<size_t>(id)] >= 0
@@ -102,23 +166,46 @@ void Executor::execute(const Step& s) {
   for (const Convert& c : s.narrow_out) cpu::convert(c.src, c.from, c.dst, c.to, c.n);
 }
 
+void Executor::upload_changed() {
+#ifdef FLOWRUN_HAS_CUDA
+  for (auto& [name, m] : mirrors_)
+    if (m->fresh == DeviceMirror::Fresh::host) {
+      if (m->host.nbytes() > 0) cuda::to_device(m->device, m->host.raw(), m->host.nbytes());
+      m->fresh = DeviceMirror::Fresh::both;
+    }
+#endif
+}
+
+void Executor::kernels_done() {
+#ifdef FLOWRUN_HAS_CUDA
+  if (mirrors_.empty()) return;
+  cuda::synchronize();  // a kernel's error surfaces here, in the step that made it
+  for (auto& [name, m] : mirrors_)
+    if (m->written) m->fresh = DeviceMirror::Fresh::device;
+#endif
+}
+
 void Executor::run(bool apply) {
+  upload_changed();
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     execute(s);
   }
+  kernels_done();
   ++step_;
 }
 
 void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {
   FR_CHECK(begin <= end && end <= steps_.size(), "run_part ", begin, "..", end, " of ", steps_.size());
+  upload_changed();
   for (size_t i = begin; i < end; ++i) {
     Step& s = steps_[i];
     if ((!apply && s.ctx.node->phase == 1) || (apply_only && s.ctx.node->phase != 1)) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     execute(s);
   }
+  kernels_done();
 }
 
 void Executor::set_pipeline(Communicator* pipeline, Communicator* ends) {
@@ -129,13 +216,18 @@ void Executor::set_pipeline(Communicator* pipeline, Communicator* ends) {
 }
 
 void Executor::run_timed(const std::function<void(const Node&, double)>& timer, bool apply) {
+  upload_changed();
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     const auto t0 = std::chrono::steady_clock::now();
     execute(s);
+#ifdef FLOWRUN_HAS_CUDA
+    if (device_.kind == DeviceKind::cuda) cuda::synchronize();  // the kernel's time, not its launch's
+#endif
     timer(*s.ctx.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  kernels_done();
   ++step_;
 }
 
@@ -167,6 +259,7 @@ bool all_finite(const TensorView& t) {
 
 const Node* Executor::run_checked(bool apply, const std::function<bool(const Node&)>& skip) {
   const Node* bad = nullptr;
+  upload_changed();
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
@@ -177,10 +270,16 @@ const Node* Executor::run_checked(bool apply, const std::function<bool(const Nod
       TensorView out = s.ctx.out[i];
       for (const Convert& c : s.narrow_out)
         if (c.src == out.data) out = TensorView{c.dst, out.shape, c.to};
-      if (!all_finite(out)) bad = s.ctx.node;
+      if (device_.kind == DeviceKind::cpu) {
+        if (!all_finite(out)) bad = s.ctx.node;
+      } else {
+        const Tensor host = download(out.data, *out.shape, out.dtype);
+        if (!all_finite({host.raw(), out.shape, out.dtype})) bad = s.ctx.node;
+      }
     }
     if (bad) break;
   }
+  kernels_done();
   ++step_;
   return bad;
 }
@@ -189,6 +288,14 @@ Tensor& Executor::tensor(const std::string& name) {
   auto it = persistent_.find(name);
   if (it == persistent_.end())
     throw input_error(cat("the program has no input, parameter or state named '", name, "'"));
+  if (auto m = mirrors_.find(name); m != mirrors_.end()) {
+    DeviceMirror& d = *m->second;
+#ifdef FLOWRUN_HAS_CUDA
+    if (d.fresh == DeviceMirror::Fresh::device && d.host.nbytes() > 0)
+      cuda::to_host(d.host.raw(), d.device, d.host.nbytes());
+#endif
+    d.fresh = DeviceMirror::Fresh::host;  // the caller may write it: the next run uploads it
+  }
   return it->second;
 }
 
@@ -201,14 +308,18 @@ Tensor Executor::output(const std::string& name) const {
 
 Tensor Executor::value(ValueId id) const {
   const Value& v = program_.graph.value(id);
-  if (v.kind != ValueKind::intermediate) return persistent_.at(v.name);
+  if (v.kind != ValueKind::intermediate) {
+    auto m = mirrors_.find(v.name);
+    if (m != mirrors_.end() && m->second->fresh == DeviceMirror::Fresh::device)
+      return download(m->second->device, v.shape(), v.dtype());
+    return persistent_.at(v.name);
+  }
   FR_CHECK(program_.memory.offset[static_cast<size_t>(v.id)] >= 0 || v.nbytes() == 0, v.name,
            " has no memory");
-  Tensor t = Tensor::empty(v.shape(), v.dtype(), device_);
-  if (v.nbytes() > 0)
-    std::memcpy(t.raw(),
-                static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)],
-                v.nbytes());
+  const char* at = static_cast<char*>(arena_->data()) + program_.memory.offset[static_cast<size_t>(v.id)];
+  if (device_.kind != DeviceKind::cpu) return download(at, v.shape(), v.dtype());
+  Tensor t = Tensor::empty(v.shape(), v.dtype());
+  if (v.nbytes() > 0) std::memcpy(t.raw(), at, v.nbytes());
   return t;
 }
 

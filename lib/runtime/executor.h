@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "ops/registry.h"
 
 namespace flowrun {
+
+struct DeviceMirror;
 
 class Executor {
  public:
@@ -43,6 +46,8 @@ class Executor {
   void set_pipeline(Communicator* pipeline, Communicator* ends);
 
   // Persistent tensors by value name: inputs (fed each step), params and state (trained / updated in place).
+  // Always host tensors: on a GPU this copies the device's newer bytes back first, and the next run uploads
+  // the tensor again (the caller may have written it).
   Tensor& tensor(const std::string& name);
   bool has_tensor(const std::string& name) const { return persistent_.count(name) != 0; }
   // A named graph output (e.g. "loss", "grad/w1") as a view into the arena, valid until the next run().
@@ -50,6 +55,7 @@ class Executor {
   // Any value, copied out of the arena: meaningful while it is live (in a run_timed callback, a node's inputs
   // and outputs; its inputs only if the program was compiled without in-place reuse).
   Tensor value(ValueId id) const;
+  // The host tensors as they are (on a GPU, current only where tensor() was asked for since the last run).
   const std::map<std::string, Tensor>& persistent() const { return persistent_; }
 
   const Program& program() const { return program_; }
@@ -74,12 +80,17 @@ class Executor {
     std::vector<Convert> widen_in, narrow_out;
   };
   static void execute(const Step& s);
+  // On a GPU: before a run, copies to the device what the host changed; after it, waits for the kernels and
+  // marks parameters and state newer on the device (see DeviceMirror). Nothing on the CPU.
+  void upload_changed();
+  void kernels_done();
   Program program_;
   Device device_;
   uint64_t seed_;
   int64_t step_ = 0;
   std::shared_ptr<Storage> arena_;
-  std::map<std::string, Tensor> persistent_;
+  std::map<std::string, Tensor> persistent_;                      // on the host, whatever the device
+  std::map<std::string, std::shared_ptr<DeviceMirror>> mirrors_;  // on a GPU: each one's device copy
   std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
   std::vector<Step> steps_;
 };

@@ -66,6 +66,10 @@ DType compute_dtype(const PrecisionConfig& p) {
   return p.dtype == "fp16" ? DType::f16 : p.dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
+Device device_of(const RunConfig& c) {
+  return c.train.device == "cuda" ? Device{DeviceKind::cuda, 0} : kCpu;
+}
+
 void check_device(const RunConfig& c) {
   if (c.train.device != "cpu") {
 #ifdef FLOWRUN_HAS_CUDA
@@ -73,9 +77,12 @@ void check_device(const RunConfig& c) {
     if (cuda::device_count(&why) == 0)
       throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
                         why + "); use cpu");
-    throw input_error(c.where("train.device") +
-                      "'cuda': this build has CUDA kernels for some ops but no CUDA executor "
-                      "yet (issue 8); use cpu");
+    // One process per GPU needs NCCL between them, which is not there yet.
+    if (c.parallel.data * c.parallel.tensor * c.parallel.pipeline > 1)
+      throw input_error(
+          c.where("parallel.data") +
+          "a layout of several processes on GPUs needs NCCL, which flowrun does not have yet; train "
+          "on one GPU (parallel.data, tensor and pipeline 1) or on CPUs");
 #else
     throw input_error(c.where("train.device") +
                       "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "
@@ -93,6 +100,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   const int64_t ranks = training ? cfg.parallel.data : 1;
   *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training);
   CompileOptions o;
+  o.device = device_of(cfg).kind;
   o.compute = compute_dtype(cfg.precision);
   o.tensor_parallel = cfg.parallel.tensor;
   o.tensor_rank = tensor_rank;
@@ -151,8 +159,8 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   spdlog::info("model: {} parameters, arena {:.1f} MiB (train), micro-batch {} x {} accumulation",
                t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
-  t.ex = std::make_unique<Executor>(std::move(p), kCpu, cfg.train.seed, std::map<std::string, Tensor>{},
-                                    t.mesh.data.get(), t.mesh.tensor.get());
+  t.ex = std::make_unique<Executor>(std::move(p), device_of(cfg), cfg.train.seed,
+                                    std::map<std::string, Tensor>{}, t.mesh.data.get(), t.mesh.tensor.get());
   // Every rank draws whole tensors, as one process would, and keeps its piece (each name has its own random
   // stream: the parameters of other pipeline stages are skipped with an empty tensor).
   std::map<std::string, Tensor> whole;
@@ -173,7 +181,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
       for (const auto& n : persistent_names(t.ex->program(), kind)) shared.emplace(n, t.ex->tensor(n));
     const int64_t slots = std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation);
     for (int64_t k = 1; k < slots; ++k) {
-      t.stash.push_back(std::make_unique<Executor>(t.ex->program(), kCpu, cfg.train.seed, shared,
+      t.stash.push_back(std::make_unique<Executor>(t.ex->program(), device_of(cfg), cfg.train.seed, shared,
                                                    t.mesh.data.get(), t.mesh.tensor.get()));
       t.stash.back()->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
     }

@@ -18,7 +18,9 @@ namespace flowrun {
 // f32, f16 or bf16 from precision.dtype.
 DType compute_dtype(const PrecisionConfig& p);
 
-// Refuses devices this build cannot use and applies train.threads.
+// The device of train.device (one GPU per process: index 0).
+Device device_of(const RunConfig& cfg);
+// Refuses devices this build or machine cannot use and applies train.threads.
 void check_device(const RunConfig& cfg);
 
 // A compiled program of cfg's model on `batch`-sized inputs: training (with the optimizer pass) or

@@ -17,8 +17,8 @@
 #include "data/loader.h"
 #include "nn/model.h"
 #include "optim/schedule.h"
-#include "train/metrics.h"
 #include "train/ckpt_writer.h"
+#include "train/metrics.h"
 #include "train/program.h"
 #include "train/stop.h"
 
@@ -135,7 +135,7 @@ class Run {
 
   const RunConfig& cfg_;
   TrainOptions opts_;
-  Mesh mesh_;          // declared before the executors, which use it
+  Mesh mesh_;           // declared before the executors, which use it
   Communicator* comm_;  // the world
   bool lead_ = true;    // rank 0: prints, writes metrics and checkpoints, evaluates
   // The ranks of rank 0's tensor-parallel group: they run the eval program together (under pipeline
@@ -189,8 +189,8 @@ void Run::setup() {
       RunConfig whole_model = cfg_;
       whole_model.parallel = ParallelConfig{};
       eval_ex_ = std::make_unique<Executor>(
-          compile_model(whole_model, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_), kCpu,
-          cfg_.train.seed);
+          compile_model(whole_model, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_),
+          device_of(cfg_), cfg_.train.seed);
     }
     return;
   }
@@ -201,7 +201,8 @@ void Run::setup() {
   for (const auto& n : state_) shared.emplace(n, ex_->tensor(n));
   Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_,
                                mesh_.tensor->rank());
-  eval_ex_ = std::make_unique<Executor>(std::move(eval), kCpu, cfg_.train.seed, shared, nullptr, mesh_.tensor.get());
+  eval_ex_ = std::make_unique<Executor>(std::move(eval), device_of(cfg_), cfg_.train.seed, shared, nullptr,
+                                        mesh_.tensor.get());
 }
 
 void Run::resume_from(const std::string& path) {
@@ -261,7 +262,8 @@ std::string Run::save_sharded(CheckpointData ck, Clock::time_point t0) {
     for (const auto& n : *names) {
       const Placement& p = g.value(g.find_value(n)).placement;
       const bool zero = p.sharded(), split = p.tensor_split();
-      if ((!zero && mesh_.data->rank() != 0) || (!split && mesh_.tensor->rank() != 0) || p.pipe_copy) continue;
+      if ((!zero && mesh_.data->rank() != 0) || (!split && mesh_.tensor->rank() != 0) || p.pipe_copy)
+        continue;
       ShardInfo info;
       if (split) {
         info.tensor = p.tensor.str();
@@ -342,7 +344,7 @@ bool Run::stop_requested(const StopRequests& stop, std::string* why) {
     if (any && code == 0) code = -2;
   }
   if (code == 0) return false;
-  *why = code > 0 ? std::string(signal_name(static_cast<int>(code)))
+  *why = code > 0     ? std::string(signal_name(static_cast<int>(code)))
          : code == -1 ? cat("train.max_wall_time ", cfg_.train.max_wall_time, " s")
                       : std::string("another rank's request");
   return true;
@@ -451,9 +453,9 @@ TrainResult Run::go() {
                ? pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_)
                : train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
     if (anomaly)
-      throw runtime_error(cat("step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
-                              ") produced a non-finite value (--detect-anomaly); stopping (the last checkpoint is ",
-                              "intact)"));
+      throw runtime_error(cat(
+          "step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
+          ") produced a non-finite value (--detect-anomaly); stopping (the last checkpoint is ", "intact)"));
     position_ = loader.position();
     ++step_;
     const double dt = seconds_since(t0);
@@ -482,7 +484,8 @@ TrainResult Run::go() {
     }
     std::string why;
     const bool requested = step_ < total && stop_requested(stop, &why);
-    const bool exit_now = requested || (opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total);
+    const bool exit_now =
+        requested || (opts_.exit_at_step > 0 && step_ == opts_.exit_at_step && step_ < total);
     if ((cfg_.train.checkpoint_every > 0 && step_ % cfg_.train.checkpoint_every == 0) || step_ == total ||
         exit_now)
       result.checkpoint = save();
@@ -532,7 +535,8 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
   BuiltModel m;
   RunConfig one_process = cfg;  // checkpoints hold whole tensors: any layout evaluates in one process
   one_process.parallel = ParallelConfig{};
-  Executor ex(compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m), kCpu, cfg.train.seed);
+  Executor ex(compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m), device_of(cfg),
+              cfg.train.seed);
   const Program& p = ex.program();
   const Mesh one = make_mesh(make_single_communicator(), 1);
   restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);

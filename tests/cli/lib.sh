@@ -30,3 +30,11 @@ wait_logged() {
   done
   fail "$1 did not reach $2 logged steps in 30 s"
 }
+
+# max_rel A B: largest |a - b| / |a| over the per-step losses of two metrics files (which must have as many).
+max_rel() {
+  paste <(grep -o '"loss": [0-9.e+-]*' "$1" | awk '{print $2}') <(grep -o '"loss": [0-9.e+-]*' "$2" | awk '{print $2}') |
+    awk 'NF != 2 {bad = 1} {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d} END {if (bad || NR == 0) print "mismatch"; else printf "%.3g\n", m}'
+}
+# within X T: X (a max_rel) is at most T.
+within() { awk -v x="$1" -v t="$2" 'BEGIN {exit !(x != "mismatch" && x + 0 <= t)}'; }

@@ -11,12 +11,6 @@ FLOWRUN=$1 SRC=$2
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
 COMMON=(--no-progress --set train.log_every=1 --set train.eval_every=0)
 
-# max_rel A B: largest |a - b| / |a| over the per-step losses of two metrics files (which must have as many).
-max_rel() {
-  paste <(grep -o '"loss": [0-9.e+-]*' "$1" | awk '{print $2}') <(grep -o '"loss": [0-9.e+-]*' "$2" | awk '{print $2}') |
-    awk 'NF != 2 {bad = 1} {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > m) m = d} END {if (bad || NR == 0) print "mismatch"; else printf "%.3g\n", m}'
-}
-within() { awk -v x="$1" -v t="$2" 'BEGIN {exit !(x != "mismatch" && x + 0 <= t)}'; }
 
 # name config loose layout extra-args... (layout: ranks:data:tensor[:pipeline]; loose: a regex or ""). A
 # pipeline runs 4 micro-batches, so its case's extra arguments give the one-process run as many.

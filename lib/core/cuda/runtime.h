@@ -15,7 +15,7 @@ int device_count(std::string* why);
 void check(int status, const char* what);
 
 void* alloc(size_t bytes);  // device memory (256-byte aligned)
-void free(void* p);
+void free(void* p);         // never throws
 void to_device(void* dst, const void* src, size_t bytes);
 void to_host(void* dst, const void* src, size_t bytes);
 void synchronize();
