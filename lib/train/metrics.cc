@@ -11,10 +11,18 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -61,7 +69,9 @@ MetricsWriter::MetricsWriter(const std::string& path) : path_(path), f_(std::fop
   if (!f_) throw runtime_error(cat("cannot open metrics file ", path, " for writing"));
 }
 
-MetricsWriter::~MetricsWriter() { std::fclose(f_); }
+MetricsWriter::~MetricsWriter() {
+  std::fclose(f_);
+}
 
 void MetricsWriter::write(const JsonLine& line) {
   const std::string s = line.str() + "\n";

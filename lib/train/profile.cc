@@ -119,7 +119,8 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   // What this process actually holds, for comparison with `flowrun plan`.
   for (const Value& v : prog.graph.values()) {
     if (v.kind != ValueKind::param && v.kind != ValueKind::state) continue;
-    (v.kind == ValueKind::param ? r.param_bytes : r.state_bytes) += static_cast<double>(ex.tensor(v.name).nbytes());
+    (v.kind == ValueKind::param ? r.param_bytes : r.state_bytes) +=
+        static_cast<double>(ex.tensor(v.name).nbytes());
   }
   r.lead = t.mesh.world->rank() == 0;
   r.threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
@@ -142,18 +143,21 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
                 static_cast<long long>(r.params));
   os << line;
   if (opts.profile > 0) {
-    std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward", "backward",
-                  "update", "share");
+    std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward",
+                  "backward", "update", "share");
     os << line;
     for (const std::string& name : layer_order) {
       const Bucket& b = layers[name];
-      std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %6.1f%%\n", name.c_str(), ms(b.seconds[0] * per).c_str(),
-                    ms(b.seconds[1] * per).c_str(), ms(b.seconds[2] * per).c_str(), 100.0 * b.total() / kernel_total);
+      std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %6.1f%%\n", name.c_str(),
+                    ms(b.seconds[0] * per).c_str(), ms(b.seconds[1] * per).c_str(),
+                    ms(b.seconds[2] * per).c_str(), 100.0 * b.total() / kernel_total);
       os << line;
     }
     std::vector<std::pair<std::string, Bucket>> by_time(ops.begin(), ops.end());
-    std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.second.total() > b.second.total(); });
-    std::snprintf(line, sizeof line, "\n%-28s %12s %12s %10s %7s\n", "op", "calls/step", "ms/step", "GFLOP/s", "share");
+    std::sort(by_time.begin(), by_time.end(),
+              [](const auto& a, const auto& b) { return a.second.total() > b.second.total(); });
+    std::snprintf(line, sizeof line, "\n%-28s %12s %12s %10s %7s\n", "op", "calls/step", "ms/step", "GFLOP/s",
+                  "share");
     os << line;
     for (const auto& [name, b] : by_time) {
       std::snprintf(line, sizeof line, "%-28s %12lld %12s %10.1f %6.1f%%\n", name.c_str(),
@@ -161,16 +165,22 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
                     b.total() > 0 ? b.flops / b.total() * 1e-9 : 0.0, 100.0 * b.total() / kernel_total);
       os << line;
     }
-    std::snprintf(line, sizeof line, "\nkernels: %.3f ms per step of %.3f ms measured with per-kernel timing\n",
+    std::snprintf(line, sizeof line,
+                  "\nkernels: %.3f ms per step of %.3f ms measured with per-kernel timing\n",
                   kernel_total * per * 1e3, r.median_ms);
     os << line;
   }
   r.table = os.str();
   JsonLine j;
-  j.add("config", cfg.file).add("median_step_ms", r.median_ms).add("p10_step_ms", r.p10_ms).add("p90_step_ms", r.p90_ms);
+  j.add("config", cfg.file)
+      .add("median_step_ms", r.median_ms)
+      .add("p10_step_ms", r.p10_ms)
+      .add("p90_step_ms", r.p90_ms);
   j.add("peak_rss_mib", r.peak_rss_mib).add("arena_mib", r.arena_mib).add("params", r.params);
   j.add("param_bytes", r.param_bytes).add("state_bytes", r.state_bytes);
-  j.add("flops_per_step", r.flops_per_step).add("threads", r.threads).add(r.text ? "tokens_per_step" : "samples_per_step", r.items_per_step);
+  j.add("flops_per_step", r.flops_per_step)
+      .add("threads", r.threads)
+      .add(r.text ? "tokens_per_step" : "samples_per_step", r.items_per_step);
   r.json = j.str();
   return r;
 }

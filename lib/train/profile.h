@@ -10,9 +10,9 @@
 namespace flowrun {
 
 struct TimeOptions {
-  int64_t steps = 20;    // timed optimizer steps
-  int64_t warmup = 3;    // untimed steps first (page faults, BLAS buffers, caches)
-  int64_t profile = 5;   // steps timed kernel by kernel for the breakdown (after the timed ones)
+  int64_t steps = 20;   // timed optimizer steps
+  int64_t warmup = 3;   // untimed steps first (page faults, BLAS buffers, caches)
+  int64_t profile = 5;  // steps timed kernel by kernel for the breakdown (after the timed ones)
 };
 
 struct TimeReport {
@@ -20,7 +20,7 @@ struct TimeReport {
   double flops_per_step = 0;                     // from the ops' registered costs
   double peak_rss_mib = 0, arena_mib = 0;
   double param_bytes = 0, state_bytes = 0;  // of the tensors this process holds (a rank's share under ZeRO)
-  bool lead = true;  // world rank 0, which reports (every rank's figures are its own)
+  bool lead = true;                         // world rank 0, which reports (every rank's figures are its own)
   int64_t params = 0, threads = 0, items_per_step = 0;  // samples (or tokens) per optimizer step
   bool text = false;
   std::string table;  // the human-readable report

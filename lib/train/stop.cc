@@ -40,14 +40,20 @@ StopRequests::~StopRequests() {
   sigaction(SIGINT, &g_old_int, nullptr);
 }
 
-int StopRequests::signal() const { return g_signal.load(); }
+int StopRequests::signal() const {
+  return g_signal.load();
+}
 
 const char* signal_name(int sig) {
   switch (sig) {
-    case SIGTERM: return "SIGTERM";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGINT: return "SIGINT";
-    default: return "a signal";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "a signal";
   }
 }
 

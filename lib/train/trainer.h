@@ -12,27 +12,27 @@
 namespace flowrun {
 
 struct TrainOptions {
-  std::string resume;         // "" = fresh, "auto" = newest complete checkpoint of the run (else fresh), or a path
-  std::string init_from;      // a checkpoint whose parameters initialise the model (fine-tuning)
-  int64_t exit_at_step = 0;   // > 0: save a checkpoint after this many steps and return (schedule unchanged)
-  int progress = -1;          // 1: live progress line, 0: plain log lines, -1: live when stderr is a terminal
+  std::string resume;  // "" = fresh, "auto" = newest complete checkpoint of the run (else fresh), or a path
+  std::string init_from;     // a checkpoint whose parameters initialise the model (fine-tuning)
+  int64_t exit_at_step = 0;  // > 0: save a checkpoint after this many steps and return (schedule unchanged)
+  int progress = -1;         // 1: live progress line, 0: plain log lines, -1: live when stderr is a terminal
   bool detect_anomaly = false;  // check every kernel's outputs; name the first op to produce an inf/NaN
 };
 
 struct EvalResult {
-  double loss = 0.0;          // mean cross-entropy per sample (images) or per token (text, nats per byte)
-  double accuracy = 0.0;      // top-1 over samples or tokens
-  int64_t count = 0;          // samples (images) or tokens (text) evaluated
+  double loss = 0.0;      // mean cross-entropy per sample (images) or per token (text, nats per byte)
+  double accuracy = 0.0;  // top-1 over samples or tokens
+  int64_t count = 0;      // samples (images) or tokens (text) evaluated
   bool text = false;
 };
 
 struct TrainResult {
-  int64_t step = 0;           // optimizer steps completed
-  double loss = 0.0;          // training loss of the last step
-  EvalResult eval;            // the last evaluation
-  std::string checkpoint;     // the last checkpoint written
-  bool stopped_early = false; // --exit-at-step, a signal or the wall-time budget
-  bool interrupted = false;   // a signal or the wall-time budget: exit with ExitCode::stopped
+  int64_t step = 0;            // optimizer steps completed
+  double loss = 0.0;           // training loss of the last step
+  EvalResult eval;             // the last evaluation
+  std::string checkpoint;      // the last checkpoint written
+  bool stopped_early = false;  // --exit-at-step, a signal or the wall-time budget
+  bool interrupted = false;    // a signal or the wall-time budget: exit with ExitCode::stopped
 };
 
 // Runs training as configured; the run directory is cfg.train.run_dir.
