@@ -1,58 +1,14 @@
 // Index CUDA kernels: strided gathers (transpose, permute, broadcast_to), sums over axes, embedding lookups
 // and their scatter-add. One thread per output element; every sum runs in a fixed order (no atomics), so the
 // results are the same bits on every run.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
-#include <type_traits>
-
-#include "core/cuda/runtime.h"
-#include "ops/cuda/launch.h"
+#include "ops/cuda/device.cuh"
 
 namespace flowrun::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
-}
-
-__device__ __forceinline__ float load(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ __forceinline__ float load(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ __forceinline__ void store(__half* p, int64_t i, float v) {
-  p[i] = __float2half_rn(v);
-}
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
-template <typename F>
-void dispatch(Storage t, F f) {
-  switch (t) {
-    case Storage::f32:
-      f(static_cast<float*>(nullptr));
-      break;
-    case Storage::f16:
-      f(static_cast<__half*>(nullptr));
-      break;
-    case Storage::bf16:
-      f(static_cast<__nv_bfloat16*>(nullptr));
-      break;
-  }
-}
+using namespace device;
 
 __device__ __forceinline__ int64_t offset_of(int64_t i, const Strided& s) {
   int64_t off = 0;

@@ -1,58 +1,15 @@
 // Optimizer updates on the device: one thread per element, the scalars (learning rate, step, the loss
 // scaler's coefficient) read from device memory so that no step waits for the host.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
-#include <type_traits>
 
-#include "core/cuda/runtime.h"
-#include "ops/cuda/launch.h"
+#include "ops/cuda/device.cuh"
 
 namespace flowrun::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
-}
-
-__device__ __forceinline__ float load(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ __forceinline__ float load(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ __forceinline__ void store(__half* p, int64_t i, float v) {
-  p[i] = __float2half_rn(v);
-}
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
-template <typename F>
-void dispatch(Storage t, F f) {
-  switch (t) {
-    case Storage::f32:
-      f(static_cast<float*>(nullptr));
-      break;
-    case Storage::f16:
-      f(static_cast<__half*>(nullptr));
-      break;
-    case Storage::bf16:
-      f(static_cast<__nv_bfloat16*>(nullptr));
-      break;
-  }
-}
+using namespace device;
 
 // Block b: the sum of squares of its `block` elements in double, a tree over the threads (a fixed order).
 template <typename T>
