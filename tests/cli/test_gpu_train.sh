@@ -3,7 +3,7 @@
 # seed, 20 steps of quickstart's MLP (AdamW, on the wine table) and of a small GPT (AdamW, dropout, clipping,
 # tied embeddings; an evaluation at step 10) log per-step losses within 1e-3 relative of the CPU's (cuBLAS
 # and oneDNN sum in other orders; dropout draws the same masks on both) and end with the same weights within
-# 1e-3; the GPT in bf16 stays within 3e-2 of the CPU's bf16 run.
+# 1e-3; the GPT in bf16 and in fp16 (loss scaling) stays within 3e-2 of the CPU's run in the same precision.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 COMMON=(--no-progress --set train.log_every=1 --set train.steps=20 --set schedule.warmup_steps=5)
@@ -30,4 +30,5 @@ gpu_vs_cpu mlp 1e-3 "$SRC/configs/quickstart.yaml" --set data.dataset=wine --set
   --set train.checkpoint_every=20
 gpu_vs_cpu gpt 1e-3 "${GPT[@]}"
 gpu_vs_cpu gpt-bf16 3e-2 "${GPT[@]}" --set precision.dtype=bf16
+gpu_vs_cpu gpt-fp16 3e-2 "${GPT[@]}" --set precision.dtype=fp16
 grep -q '"val_loss"' "$SCRATCH/gpt-cuda/metrics.jsonl" || fail "the GPU run logged no evaluation"

@@ -1,5 +1,6 @@
 // The GPU programs compile without a GPU (CUDA builds): every op of the training and evaluation steps of the
-// configs meant for a GPU has a native CUDA kernel in the dtype the step uses (compile's check_kernels for
+// configs meant for a GPU (fp32, bf16, fp16 with loss scaling) has a native CUDA kernel in the dtype the step
+// uses (compile's check_kernels for
 // the cuda device), and a model with an op that has none is refused naming it.
 #include <gtest/gtest.h>
 
@@ -40,6 +41,7 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
       {"configs/kjv_gpt.yaml",
        {"precision.dtype=bf16", "model.dropout=0.1", "train.grad_accumulation=2"},
        text_spec(128)},
+      {"configs/kjv_gpt.yaml", {"precision.dtype=fp16"}, text_spec(128)},
       {"configs/bench/gpt2_124m.yaml", {"data.seq_len=64"}, text_spec(64)},
   };
   for (const Case& c : cases) {

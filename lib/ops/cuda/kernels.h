@@ -74,6 +74,8 @@ void sgd_update(const KernelCtx& c);
 void global_norm(const KernelCtx& c);  // one GPU: no reduction over mesh axes yet
 void clip_coef(const KernelCtx& c);
 void grad_accumulate(const KernelCtx& c);
+void unscale_coef(const KernelCtx& c);  // fp16 loss scaling
+void loss_scale_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
 
 // cuBLASLt (ops/cuda/blas.cc): f32, f16, bf16, accumulating in f32.

@@ -61,13 +61,14 @@ void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, 
 // one float of scratch.
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
                         void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s);
-// y = (x - mean) * rstd * gamma + beta per row of d, with the row statistics; and its gradient (dgamma and
-// dbeta summed over the rows in a fixed order).
+// y = (x - mean) * rstd * gamma + beta per row of d, with the row statistics; and its gradient, dgamma and
+// dbeta summed over `blocks` blocks of rows into `partial` (2 x blocks x d elements; unused when blocks is
+// 1), then over the blocks in order.
 void layernorm(Storage t, const void* x, const void* gamma, const void* beta, void* y, void* mean, void* rstd,
                int64_t rows, int64_t d, float eps, cudaStream_t s);
 void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
                     const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
-                    cudaStream_t s);
+                    void* partial, int64_t blocks, cudaStream_t s);
 
 // Optimizer updates of f32 parameters in place (ops/cuda/optim.cu), as ops/cpu/optim.cc: the learning rate,
 // step and gradient coefficient are device scalars (coef null: 1; a non-finite coef skips the update, as the
@@ -141,6 +142,18 @@ void sum_squares(Storage t, const void* x, int64_t n, int64_t block, double* par
 void norm_from_partials(const double* partial, int64_t n, double scale, float* out, cudaStream_t s);
 // out = scale * min(1, max_norm / (norm + 1e-6)), every value a device f32 scalar.
 void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s);
+// fp16 loss scaling, as ops/cpu/optim.cc: coef = (scale attr) / loss_scale, clipped by max_norm (> 0) on the
+// unscaled norm, NaN when the norm is not finite; and the scaler's update (state in device memory).
+struct LossScaling {
+  double scale, max_norm;  // unscale_coef's attributes
+  double backoff, growth;  // loss_scale_update's factors
+  int64_t growth_interval;
+  bool dynamic;
+};
+void unscale_coef(const LossScaling& a, const float* norm, const float* loss_scale, float* coef,
+                  float* true_norm, cudaStream_t s);
+void loss_scale_update(const LossScaling& a, const float* norm, float* loss_scale, int64_t* good,
+                       int64_t* skipped, cudaStream_t s);
 // acc = g on the first micro-batch (*micro == 0), acc + g after.
 void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, int64_t n, cudaStream_t s);
 

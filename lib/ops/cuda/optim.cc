@@ -40,6 +40,23 @@ void clip_coef(const KernelCtx& c) {
             stream_of(c));
 }
 
+void unscale_coef(const KernelCtx& c) {
+  const LossScaling a{c.attrs().f("scale", 1.0), c.attrs().f("max_norm", 0.0), 0, 0, 0, true};
+  unscale_coef(a, f32_scalar(c, 0), f32_scalar(c, 1), c.out[0].as<float>(), c.out[1].as<float>(),
+               stream_of(c));
+}
+
+void loss_scale_update(const KernelCtx& c) {
+  const LossScaling a{0,
+                      0,
+                      c.attrs().f("backoff_factor", 0.5),
+                      c.attrs().f("growth_factor", 2.0),
+                      c.attrs().i("growth_interval", 2000),
+                      c.attrs().b("dynamic", true)};
+  loss_scale_update(a, f32_scalar(c, 0), c.in[1].as<float>(), c.in[2].as<int64_t>(), c.in[3].as<int64_t>(),
+                    stream_of(c));
+}
+
 void grad_accumulate(const KernelCtx& c) {
   grad_accumulate(storage_of(c.in[0].dtype), c.in[0].data, c.in[1].data, c.in[2].as<int64_t>(),
                   c.in[0].numel(), stream_of(c));

@@ -41,6 +41,36 @@ __global__ void clip_kernel(const float* norm, double max_norm, double scale, fl
   *out = static_cast<float>(scale * clip);
 }
 
+__global__ void unscale_kernel(LossScaling a, const float* norm, const float* loss_scale, float* coef,
+                               float* true_norm) {
+  const double n = *norm, scale = *loss_scale, unscaled = n / scale;
+  double c = nan("");
+  if (isfinite(n)) {
+    c = a.scale / scale;
+    if (a.max_norm > 0) c *= fmin(1.0, a.max_norm / (unscaled + 1e-6));
+  }
+  *coef = static_cast<float>(c);
+  *true_norm = static_cast<float>(unscaled);
+}
+
+__global__ void loss_scale_kernel(LossScaling a, const float* norm, float* loss_scale, int64_t* good,
+                                  int64_t* skipped) {
+  if (!isfinite(static_cast<double>(*norm))) {
+    ++*skipped;
+    if (a.dynamic) {
+      *loss_scale = static_cast<float>(*loss_scale * a.backoff);
+      *good = 0;
+    }
+    return;
+  }
+  if (!a.dynamic) return;
+  if (++*good >= a.growth_interval) {
+    const float grown = static_cast<float>(*loss_scale * a.growth);
+    if (isfinite(grown)) *loss_scale = grown;
+    *good = 0;
+  }
+}
+
 template <typename T>
 __global__ void accumulate_kernel(T* acc, const T* g, const int64_t* micro, int64_t n) {
   const bool first = *micro == 0;
@@ -110,6 +140,18 @@ void norm_from_partials(const double* partial, int64_t n, double scale, float* o
 void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s) {
   clip_kernel<<<1, 1, 0, s>>>(norm, max_norm, scale, out);
   check(cudaGetLastError(), "clip_coef kernel launch");
+}
+
+void unscale_coef(const LossScaling& a, const float* norm, const float* loss_scale, float* coef,
+                  float* true_norm, cudaStream_t s) {
+  unscale_kernel<<<1, 1, 0, s>>>(a, norm, loss_scale, coef, true_norm);
+  check(cudaGetLastError(), "unscale_coef kernel launch");
+}
+
+void loss_scale_update(const LossScaling& a, const float* norm, float* loss_scale, int64_t* good,
+                       int64_t* skipped, cudaStream_t s) {
+  loss_scale_kernel<<<1, 1, 0, s>>>(a, norm, loss_scale, good, skipped);
+  check(cudaGetLastError(), "loss_scale_update kernel launch");
 }
 
 void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, int64_t n, cudaStream_t s) {

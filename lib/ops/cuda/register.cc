@@ -59,6 +59,8 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("global_norm", {DeviceKind::cuda, floats, cuda::global_norm});
   r.add_kernel("clip_coef", {DeviceKind::cuda, {DType::f32}, cuda::clip_coef});
   r.add_kernel("grad_accumulate", {DeviceKind::cuda, {DType::f32}, cuda::grad_accumulate});
+  r.add_kernel("unscale_coef", {DeviceKind::cuda, {DType::f32}, cuda::unscale_coef});
+  r.add_kernel("loss_scale_update", {DeviceKind::cuda, {DType::f32}, cuda::loss_scale_update});
   r.add_kernel("sgd_update", {DeviceKind::cuda, {DType::f32}, cuda::sgd_update});
   r.add_kernel("adamw_update", {DeviceKind::cuda, {DType::f32}, cuda::adamw_update});
   r.add_kernel("matmul", {DeviceKind::cuda, floats, cuda::matmul});

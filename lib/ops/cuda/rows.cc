@@ -1,4 +1,5 @@
 // KernelCtx adapters of the row-wise CUDA kernels (ops/cuda/rows.cu).
+#include "ops/cpu/norm.h"  // norm_row_blocks: the blocks of rows the workspace is planned for
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -68,10 +69,17 @@ void layernorm(const KernelCtx& c) {
             stream_of(c));
 }
 
+// The parameter gradients' partial sums per block of rows live in the workspace the CPU kernel uses for
+// the same (cpu::norm_row_blocks blocks, two vectors each).
 void layernorm_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
+  const int64_t blocks = cpu::norm_row_blocks(rows_of(x));
+  FR_CHECK(
+      blocks == 1 || c.workspace_bytes >= static_cast<size_t>(2 * blocks * cols_of(x)) * dtype_size(x.dtype),
+      c.node->name, ": the workspace holds fewer partial sums than blocks of rows");
   layernorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
-                 c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x), stream_of(c));
+                 c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x), c.workspace, blocks,
+                 stream_of(c));
 }
 
 }  // namespace flowrun::cuda

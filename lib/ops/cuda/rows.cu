@@ -160,17 +160,34 @@ __global__ void layernorm_dx(const T* dy, const T* x, const T* gamma, const T* m
   }
 }
 
-// dgamma[j] = sum over rows of dy xhat, dbeta[j] = sum of dy: a thread per column, rows in order.
+// dgamma[j] = sum over rows of dy xhat, dbeta[j] = sum of dy, in two passes with a fixed order: block
+// (k, column tile) sums rows [k * per, (k + 1) * per) of its columns into partials k (or, with one block of
+// rows, straight into the outputs); then a thread per column adds the partials in k order.
 template <typename T>
-__global__ void layernorm_dparams(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma, T* dbeta,
-                                  int64_t rows, int64_t d) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+__global__ void layernorm_dparams_blocks(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma,
+                                         T* dbeta, T* partial, int64_t rows, int64_t d, int64_t per,
+                                         bool direct) {
+  const int64_t k = blockIdx.y, j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= d) return;
+  const int64_t end = (k + 1) * per < rows ? (k + 1) * per : rows;
   float g = 0.0f, b = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = k * per; r < end; ++r) {
     const float v = load(dy, r * d + j);
     g += v * (load(x, r * d + j) - load(mean, r)) * load(rstd, r);
     b += v;
+  }
+  store(direct ? dgamma : partial + (2 * k) * d, j, g);
+  store(direct ? dbeta : partial + (2 * k + 1) * d, j, b);
+}
+
+template <typename T>
+__global__ void layernorm_dparams_sum(const T* partial, T* dgamma, T* dbeta, int64_t blocks, int64_t d) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= d) return;
+  float g = 0.0f, b = 0.0f;
+  for (int64_t k = 0; k < blocks; ++k) {
+    g += load(partial, (2 * k) * d + j);
+    b += load(partial, (2 * k + 1) * d + j);
   }
   store(dgamma, j, g);
   store(dbeta, j, b);
@@ -241,16 +258,22 @@ void layernorm(Storage t, const void* x, const void* gamma, const void* beta, vo
 
 void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
                     const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
-                    cudaStream_t s) {
+                    void* partial, int64_t blocks, cudaStream_t s) {
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0)
       layernorm_dx<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                    static_cast<const T*>(gamma), static_cast<const T*>(mean),
                                                    static_cast<const T*>(rstd), static_cast<T*>(dx), d);
-    layernorm_dparams<<<static_cast<unsigned>((d + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+    const unsigned tiles = static_cast<unsigned>((d + kThreads - 1) / kThreads);
+    const int64_t per = (rows + blocks - 1) / blocks;
+    layernorm_dparams_blocks<<<dim3(tiles, static_cast<unsigned>(blocks)), kThreads, 0, s>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
-        static_cast<const T*>(rstd), static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, d);
+        static_cast<const T*>(rstd), static_cast<T*>(dgamma), static_cast<T*>(dbeta),
+        static_cast<T*>(partial), rows, d, per, blocks == 1);
+    if (blocks > 1)
+      layernorm_dparams_sum<<<tiles, kThreads, 0, s>>>(
+          static_cast<const T*>(partial), static_cast<T*>(dgamma), static_cast<T*>(dbeta), blocks, d);
   });
   check(cudaGetLastError(), "layernorm gradient kernel launch");
 }
