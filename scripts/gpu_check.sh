@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_check.sh --pack     here (no GPU needed): build with CUDA and bundle the binaries, the shared
 #                                   libraries they need beyond libc, and the KJV data into .gpu-pack/ (git-
-#                                   ignored, about 25 MiB), for a machine that has a GPU but not the project's
+#                                   ignored, about 40 MiB), for a machine that has a GPU but not the project's
 #                                   Debian packages (the lent H200 reaches no package registry)
 #   scripts/gpu_check.sh            on the GPU machine: uses .gpu-pack/ when it is there, else builds with CUDA
 #                                   in build-gpu/ (needs the packages of scripts/setup.sh)
@@ -29,15 +29,16 @@ if [[ "${1:-}" == "--pack" ]]; then
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
   cp data/cache/kjv.h5 data/cache/wine.h5 "$stage/data/"
-  # Every library the binaries load, but the C library's own (those must be the machine's).
+  # Every library the binaries load, but the C library's own and CUDA's (those must be the machine's: the
+  # GPU machine has the CUDA 13 runtime and cuBLASLt, which alone would be hundreds of MiB to carry).
   for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
-    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+    grep -v '^/usr/local/cuda' | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
   mkdir -p "$PACK_DIR"
-  tar -C "$stage" -cJf "$PACK_DIR/pack.tar.xz" .
+  tar -C "$stage" -czf "$PACK_DIR/pack.tar.gz" .
   rm -rf "$stage"
   grep -qx '/.gpu-pack/' .git/info/exclude 2>/dev/null || echo '/.gpu-pack/' >>.git/info/exclude
-  echo "gpu_check.sh: $(du -h "$PACK_DIR/pack.tar.xz" | cut -f1) in $PACK_DIR/pack.tar.xz; carry .gpu-pack"
+  echo "gpu_check.sh: $(du -h "$PACK_DIR/pack.tar.gz" | cut -f1) in $PACK_DIR/pack.tar.gz; carry .gpu-pack"
   exit 0
 fi
 
@@ -57,11 +58,17 @@ step() {  # step NAME CMD...: runs CMD with its output in $OUT/NAME.log, one sum
 }
 
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "- nvidia-smi: failed (no driver?)" >>"$summary"
-if [[ -f "$PACK_DIR/pack.tar.xz" ]]; then
+if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   BIN=/tmp/flowrun-gpu
-  rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xJf "$PACK_DIR/pack.tar.xz"
-  export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export FLOWRUN_DATA="$BIN/data"
+  rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$PACK_DIR/pack.tar.gz"
+  # CUDA's libraries from the machine: its toolkit, else a Python package's copy (nvidia-cublas).
+  cuda_libs=/usr/local/cuda/lib64
+  blaslt=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  [[ -n "$blaslt" ]] && cuda_libs="$cuda_libs:$(dirname "$blaslt")"
+  rt=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name 'libcudart.so.13*' 2>/dev/null | head -1)
+  [[ -n "$rt" ]] && cuda_libs="$cuda_libs:$(dirname "$rt")"
+  export LD_LIBRARY_PATH="$BIN/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export FLOWRUN_DATA="$BIN/data" FLOWRUN_MODELS="$ROOT/models"  # not the build machine's paths
   FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests"
 else
   step build scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF || {
@@ -71,6 +78,9 @@ else
   FLOWRUN=build-gpu/apps/flowrun GPU_TESTS=build-gpu/tests/flowrun_gpu_tests
 fi
 
+# Every library found (a missing one is the first thing to fix on a new machine).
+step libraries bash -c "! ldd '$FLOWRUN' '$GPU_TESTS' | grep 'not found'"
+grep 'not found' "$OUT/libraries.log" | sed 's/^/  /' >>"$summary"
 step gpu_tests "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
 grep -E '^\[  (PASSED|FAILED)  \] ([0-9]+ tests?|.*ms\)$)' "$OUT/gpu_tests.log" | sed 's/^/  /' >>"$summary"
 step gpu_train tests/cli/test_gpu_train.sh "$FLOWRUN" "$ROOT"

@@ -53,7 +53,11 @@ grep -q "requeueing job $job" "$SCRATCH/preempt.out" || { cat "$SCRATCH/preempt.
 scontrol update JobId="$job" StartTime=now  # Slurm holds a requeued job ~2 minutes: release it now
 wait_gone "$job" 180
 grep -q "stopped at step [0-9]* (SIGUSR1)" "$SCRATCH/preempt.out" || fail "no clean stop on SIGUSR1"
-grep -q "^done: 800 steps" "$SCRATCH/preempt.out" || { cat "$SCRATCH/preempt.out" >&2; fail "the requeued job did not finish"; }
+grep -q "^done: 800 steps" "$SCRATCH/preempt.out" || {
+  cat "$SCRATCH/preempt.out" >&2
+  scontrol show job "$job" >&2 || true  # what Slurm made of it, for the next time this happens
+  fail "the requeued job did not finish"
+}
 diff <(losses "$SCRATCH/straight/metrics.jsonl") <(losses "$SCRATCH/preempt/metrics.jsonl") ||
   fail "preempted + requeued run: per-step records differ from the uninterrupted run"
 echo "SIGUSR1 $(grep -o 'stopped at step [0-9]*' "$SCRATCH/preempt.out"), requeued, resumed bit-exactly"
