@@ -61,12 +61,14 @@ nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "- nvidia-smi: failed (no driver?
 if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   BIN=/tmp/flowrun-gpu
   rm -rf "$BIN" && mkdir -p "$BIN" && tar -C "$BIN" -xzf "$PACK_DIR/pack.tar.gz"
-  # CUDA's libraries from the machine: its toolkit, else a Python package's copy (nvidia-cublas).
+  # CUDA's libraries from the machine: its toolkit, else a Python package's copy (nvidia-cublas), wherever
+  # the image keeps them (the likely places first, then the whole file system).
   cuda_libs=/usr/local/cuda/lib64
-  blaslt=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
-  [[ -n "$blaslt" ]] && cuda_libs="$cuda_libs:$(dirname "$blaslt")"
-  rt=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name 'libcudart.so.13*' 2>/dev/null | head -1)
-  [[ -n "$rt" ]] && cuda_libs="$cuda_libs:$(dirname "$rt")"
+  for lib in libcublasLt.so.13 libcudart.so.13; do
+    found=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name "$lib*" 2>/dev/null | head -1)
+    [[ -n "$found" ]] || found=$(find / -xdev -name "$lib*" 2>/dev/null | head -1)
+    [[ -n "$found" ]] && cuda_libs="$cuda_libs:$(dirname "$found")"
+  done
   export LD_LIBRARY_PATH="$BIN/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export FLOWRUN_DATA="$BIN/data" FLOWRUN_MODELS="$ROOT/models"  # not the build machine's paths
   FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests"

@@ -48,13 +48,12 @@ __global__ void embedding_kernel(const int64_t* ids, const T* table, T* y, int64
   }
 }
 
-// A thread per column of the table: zero it, then add the rows of dy in id order (as the CPU kernel does).
+// A thread per column of the (zeroed) table adds the rows of dy in id order, as the CPU kernel does.
 template <typename T>
 __global__ void embedding_grad_kernel(const T* dy, const int64_t* ids, T* dt, int64_t n, int64_t V, int64_t D,
                                       int64_t offset) {
   const int64_t d = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (d >= D) return;
-  for (int64_t v = 0; v < V; ++v) dt[v * D + d] = T(0.0f);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = ids[i] - offset;
     if (id >= 0 && id < V) store(dt, id * D + d, load(dt, id * D + d) + load(dy, i * D + d));
@@ -116,6 +115,7 @@ void embedding_grad(Storage t, const void* dy, const int64_t* ids, void* dtable,
   if (V * D == 0) return;
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
+    check(cudaMemsetAsync(dtable, 0, static_cast<size_t>(V * D) * sizeof(T), s), "cudaMemsetAsync");
     embedding_grad_kernel<<<static_cast<unsigned>((D + kThreads - 1) / kThreads), kThreads, 0, s>>>(
         static_cast<const T*>(dy), ids, static_cast<T*>(dtable), n, V, D, offset);
   });
