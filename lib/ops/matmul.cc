@@ -141,6 +141,26 @@ void register_matmul_ops(OpRegistry& r) {
   mm.infer = infer_matmul;
   mm.grad = matmul_grad;
   mm.cost = matmul_cost;
+  // Batch axes split alike (or a's alone over a shared b), the rows of op(a) or the columns of op(b) split with
+  // the other operand whole, or the inner axis split on both (partial sums out).
+  mm.sbp = [](const SbpQuery& q) {
+    const int ra = static_cast<int>(q.in[0].shape.size()), rb = static_cast<int>(q.in[1].shape.size());
+    const int ro = static_cast<int>(q.out[0].shape.size());
+    const bool ta = q.attrs.b("trans_a"), tb = q.attrs.b("trans_b");
+    std::vector<SbpSignature> sigs;
+    for (int a = 0; a < ra - 2; ++a) {
+      if (rb == 2)
+        sigs.push_back({{Sbp::split(a), Sbp::broadcast()}, {Sbp::split(a)}});
+      else if (rb == ra)
+        sigs.push_back({{Sbp::split(a), Sbp::split(a)}, {Sbp::split(a)}});
+    }
+    if (ra == 2 && rb > 2)
+      for (int a = 0; a < rb - 2; ++a) sigs.push_back({{Sbp::broadcast(), Sbp::split(a)}, {Sbp::split(a)}});
+    sigs.push_back({{Sbp::split(ta ? ra - 1 : ra - 2), Sbp::broadcast()}, {Sbp::split(ro - 2)}});
+    sigs.push_back({{Sbp::broadcast(), Sbp::split(tb ? rb - 2 : rb - 1)}, {Sbp::split(ro - 1)}});
+    sigs.push_back({{Sbp::split(ta ? ra - 2 : ra - 1), Sbp::split(tb ? rb - 1 : rb - 2)}, {Sbp::partial()}});
+    return sigs;
+  };
   mm.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::matmul},
                 {DeviceKind::cpu, {DType::bf16}, cpu::matmul_bf16, cpu::has_native_bf16}};
   mm.samples = matmul_samples;

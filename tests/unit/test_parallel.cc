@@ -111,6 +111,33 @@ TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   EXPECT_DOUBLE_EQ(mean.attrs.f("value"), 0.25);
 }
 
+// A batched matmul over a shared weight keeps the batch split on the data axis (no gather), and under
+// tensor parallelism a weight split by columns gives output columns split: the matmul's own signatures.
+TEST(ParallelPass, MatmulSignatures) {
+  for (MeshAxis axis : {MeshAxis::data, MeshAxis::tensor}) {
+    Graph g;
+    GraphBuilder b(g);
+    const ValueId x = b.input("x", {4, 3, 6});
+    const ValueId w = b.param("w", {6, 8});
+    g.mark_output("y", b.op1("matmul", {x, w}));
+    split_over_axis(g, axis, 2, 1);
+    int gathers = 0;
+    for (NodeId id : g.live_nodes_topological()) gathers += g.node(id).op == "sbp_all_gather";
+    const Value& local_x = g.value(g.find_value("x"));
+    const Value& local_w = g.value(g.find_value("w"));
+    if (axis == MeshAxis::data) {
+      EXPECT_EQ(gathers, 0);
+      EXPECT_EQ(local_x.shape(), (Shape{2, 3, 6}));
+      EXPECT_EQ(local_w.shape(), (Shape{6, 8}));
+    } else {
+      // The free weight takes the split its reader asks for; the output is gathered whole for the caller.
+      EXPECT_EQ(local_w.placement.tensor, Sbp::split(1));
+      EXPECT_EQ(local_w.shape(), (Shape{6, 4}));
+      EXPECT_EQ(gathers, 1);
+    }
+  }
+}
+
 // Small buckets on a 3-layer MLP: the last layer's gradients are bucketed first, and each bucket's transfer
 // starts while the backward pass still has layers to go; every wait comes after the whole backward pass.
 TEST(ParallelPass, BucketsStartDuringTheBackwardPass) {
