@@ -65,6 +65,7 @@ struct TrainConfig {
   double clip_grad_norm = 0.0;            // 0 = no clipping
   std::string run_dir;                    // default runs/<config file stem>
   std::string device = "cpu";             // cpu | cuda
+  bool cuda_graph = true;                 // cuda: replay the step as a CUDA graph
   int64_t threads = 0;                    // 0 = OpenMP default
 };
 

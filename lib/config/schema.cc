@@ -146,6 +146,9 @@ std::vector<Section> build_schema() {
                "where logs and checkpoints go; \"\" = runs/<config file name without extension>"),
            choice("device", {"cpu", "cuda"}, "cpu", field(t, &T::device),
                   "where to train: the CPU, or one GPU per process (see GPU in the README)"),
+           key("cuda_graph", Type::boolean, "true", field(t, &T::cuda_graph),
+               "cuda: record the step's kernels as a CUDA graph after its first run and replay it, one "
+               "launch a step (false: launch kernel by kernel)"),
            key("threads", Type::integer, "0", field(t, &T::threads), "CPU threads (0 = the OpenMP default)",
                non_negative),
        }},

@@ -48,6 +48,11 @@ struct KernelCtx {
   Communicator* pp = nullptr;    // the pipeline axis's group; null without pipeline parallelism
   Communicator* ends = nullptr;  // the pipeline's first and last stages (all_reduce {group: ends})
   void* stream = nullptr;        // CUDA kernels: the cudaStream_t to launch on (null: the default stream)
+  // CUDA kernels that draw random numbers key them on the step read from device memory, not on `rng`: a
+  // replayed CUDA graph keeps its launch arguments, so the per-step part must live on the device.
+  // rng.stream = mix_stream(*device_step, node_stream).
+  const int64_t* device_step = nullptr;
+  uint64_t node_stream = 0;
   const Attrs& attrs() const { return node->attrs; }
 };
 

@@ -1,6 +1,8 @@
 // Executor: binds every value to memory once and replays the kernel list.
 #include "runtime/executor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -70,6 +72,13 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
   const MemoryPlan& mem = program_.memory;
   arena_ = std::make_shared<Storage>(std::max<size_t>(mem.arena_bytes, 1), device_);
   char* base = static_cast<char*>(arena_->data());
+
+#ifdef FLOWRUN_HAS_CUDA
+  if (device_.kind == DeviceKind::cuda) {
+    stream_ = cuda::stream_create();
+    device_step_ = static_cast<int64_t*>(cuda::alloc(sizeof(int64_t)));
+  }
+#endif
 
   std::vector<void*> addr(g.values().size(), nullptr);
   for (const auto& v : g.values()) {
@@ -152,12 +161,23 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     s.ctx.comm = comm;
     s.ctx.tp = tp;
     s.stream = name_stream(n.name);
+    s.ctx.stream = stream_;
+    s.ctx.device_step = device_step_;
+    s.ctx.node_stream = s.stream;
     if (ws.kernel_bytes > 0) {
       s.ctx.workspace = wbase + ws.kernel_offset;
       s.ctx.workspace_bytes = ws.kernel_bytes;
     }
     steps_.push_back(std::move(s));
   }
+}
+
+Executor::~Executor() {
+#ifdef FLOWRUN_HAS_CUDA
+  for (void* graph : graph_) cuda::graph_destroy(graph);
+  cuda::free(device_step_);
+  cuda::stream_destroy(stream_);
+#endif
 }
 
 void Executor::execute(const Step& s) {
@@ -168,6 +188,7 @@ void Executor::execute(const Step& s) {
 
 void Executor::upload_changed() {
 #ifdef FLOWRUN_HAS_CUDA
+  if (device_step_) cuda::to_device(device_step_, &step_, sizeof step_);
   for (auto& [name, m] : mirrors_)
     if (m->fresh == DeviceMirror::Fresh::host) {
       if (m->host.nbytes() > 0) cuda::to_device(m->device, m->host.raw(), m->host.nbytes());
@@ -187,13 +208,61 @@ void Executor::kernels_done() {
 
 void Executor::run(bool apply) {
   upload_changed();
-  for (Step& s : steps_) {
-    if (!apply && s.ctx.node->phase == 1) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
-    execute(s);
+  if (graphs_on_ && device_.kind == DeviceKind::cuda) {
+    run_graph(apply);
+  } else {
+    for (Step& s : steps_) {
+      if (!apply && s.ctx.node->phase == 1) continue;
+      s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
+      execute(s);
+    }
   }
   kernels_done();
   ++step_;
+}
+
+void Executor::run_graph(bool apply) {
+#ifdef FLOWRUN_HAS_CUDA
+  auto launch_all = [&] {
+    for (Step& s : steps_) {
+      if (!apply && s.ctx.node->phase == 1) continue;
+      s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};  // its seed counts
+      execute(s);
+    }
+  };
+  void*& graph = graph_[apply ? 1 : 0];
+  if (!graph && warmed_[apply ? 1 : 0]) {
+    cuda::capture_begin(stream_);
+    std::string why;
+    try {
+      launch_all();
+    } catch (const std::exception& e) {
+      why = e.what();  // a launch the capture refused; end the capture before anything else
+    }
+    std::string end_why;
+    graph = cuda::capture_end(stream_, &end_why);
+    if (!graph || !why.empty()) {
+      cuda::graph_destroy(graph);
+      graph = nullptr;
+      graphs_on_ = false;
+      spdlog::warn(
+          "the training step could not be captured as a CUDA graph ({}); launching its kernels one "
+          "by one",
+          why.empty() ? end_why : why);
+      launch_all();
+      return;
+    }
+  }
+  if (graph) {
+    cuda::graph_launch(graph, stream_);
+  } else {
+    launch_all();
+    warmed_[apply ? 1 : 0] = true;
+  }
+#else
+  (void)apply;
+  FR_CHECK(false, "no CUDA in this build");
+#endif
 }
 
 void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {

@@ -27,6 +27,15 @@ class Executor {
   Executor(Program program, Device device = kCpu, uint64_t seed = 0,
            const std::map<std::string, Tensor>& shared = {}, Communicator* comm = nullptr,
            Communicator* tp = nullptr);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // On a GPU: run() records its kernels as a CUDA graph the second time it is called with a given `apply`
+  // (the first call warms up what cannot be captured: cuBLASLt's algorithm choice, library handles) and
+  // replays that graph from then on, one launch a step. A capture that fails (a kernel the runtime cannot
+  // capture) is logged and the executor goes back to launching kernel by kernel. Nothing on the CPU.
+  void use_cuda_graphs(bool on) { graphs_on_ = on; }
 
   // One step: every kernel in order, with dropout streams keyed by (seed, step, node). With apply = false
   // the nodes of phase 1 (optimizer updates under gradient accumulation) are skipped.
@@ -82,8 +91,11 @@ class Executor {
   static void execute(const Step& s);
   // On a GPU: before a run, copies to the device what the host changed; after it, waits for the kernels and
   // marks parameters and state newer on the device (see DeviceMirror). Nothing on the CPU.
+  // Also writes step_ where the device's kernels read it.
   void upload_changed();
   void kernels_done();
+  // run()'s kernels on a GPU with graphs on: warm-up, capture, or replay (see use_cuda_graphs).
+  void run_graph(bool apply);
   Program program_;
   Device device_;
   uint64_t seed_;
@@ -93,6 +105,13 @@ class Executor {
   std::map<std::string, std::shared_ptr<DeviceMirror>> mirrors_;  // on a GPU: each one's device copy
   std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
   std::vector<Step> steps_;
+  // On a GPU: the stream every kernel launches on, the step in device memory (KernelCtx::device_step), and
+  // the CUDA graphs of run(false) and run(true), once captured.
+  void* stream_ = nullptr;
+  int64_t* device_step_ = nullptr;
+  bool graphs_on_ = false;
+  void* graph_[2] = {nullptr, nullptr};
+  bool warmed_[2] = {false, false};
 };
 
 }  // namespace flowrun

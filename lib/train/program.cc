@@ -161,6 +161,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
   t.ex = std::make_unique<Executor>(std::move(p), device_of(cfg), cfg.train.seed,
                                     std::map<std::string, Tensor>{}, t.mesh.data.get(), t.mesh.tensor.get());
+  t.ex->use_cuda_graphs(cfg.train.cuda_graph);
   // Every rank draws whole tensors, as one process would, and keeps its piece (each name has its own random
   // stream: the parameters of other pipeline stages are skipped with an empty tensor).
   std::map<std::string, Tensor> whole;

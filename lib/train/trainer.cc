@@ -203,6 +203,7 @@ void Run::setup() {
                                mesh_.tensor->rank());
   eval_ex_ = std::make_unique<Executor>(std::move(eval), device_of(cfg_), cfg_.train.seed, shared, nullptr,
                                         mesh_.tensor.get());
+  eval_ex_->use_cuda_graphs(cfg_.train.cuda_graph);
 }
 
 void Run::resume_from(const std::string& path) {
@@ -537,6 +538,7 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
   one_process.parallel = ParallelConfig{};
   Executor ex(compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m), device_of(cfg),
               cfg.train.seed);
+  ex.use_cuda_graphs(cfg.train.cuda_graph);
   const Program& p = ex.program();
   const Mesh one = make_mesh(make_single_communicator(), 1);
   restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);

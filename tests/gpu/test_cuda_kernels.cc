@@ -71,11 +71,11 @@ void expect_close(const Tensor& want_t, const Tensor& got_t, DType t, const std:
 }
 
 // Runs kernel k of node n of g on the device with `inputs` and compares its outputs with `want`, and the
-// inputs it updates in place with `want_mutated` (by input index). `rng`: the stream the CPU executor gave
-// the node (dropout draws the same numbers).
+// inputs it updates in place with `want_mutated` (by input index). `seed` and `step`: the CPU executor's,
+// from which it seeded the node's random numbers (dropout draws the same ones on the device).
 void check_on_device(const OpDef& def, const KernelDef& k, const Graph& g, const Node& n,
                      const std::vector<Tensor>& inputs, const std::vector<Tensor>& want,
-                     const std::map<int, Tensor>& want_mutated, DType t, RngStream rng) {
+                     const std::map<int, Tensor>& want_mutated, DType t, uint64_t seed, int64_t step) {
   DeviceBuffers mem;
   std::vector<TensorView> in, out;
   std::vector<TensorType> in_types, out_types;
@@ -91,7 +91,11 @@ void check_on_device(const OpDef& def, const KernelDef& k, const Graph& g, const
     out_types.push_back(g.value(v).type);
   }
   KernelCtx ctx;
-  ctx.rng = rng;
+  ctx.node_stream = name_stream(n.name);
+  ctx.rng = RngStream{seed, mix_stream(static_cast<uint64_t>(step), ctx.node_stream)};
+  auto* device_step = static_cast<int64_t*>(mem.add(sizeof step));
+  cuda::to_device(device_step, &step, sizeof step);
+  ctx.device_step = device_step;
   ctx.workspace_bytes = def.workspace ? def.workspace(in_types, out_types, n.attrs) : 0;
   if (ctx.workspace_bytes > 0) ctx.workspace = mem.add(ctx.workspace_bytes);
   ctx.node = &n;
@@ -140,14 +144,13 @@ TEST_P(CudaKernel, MatchesTheCpuKernel) {
         fill_all(s, cpu, 11);
         std::vector<Tensor> inputs;
         for (const std::string& name : cpu.input_names) inputs.push_back(cpu.exec->tensor(name).clone());
-        const RngStream rng{cpu.exec->seed(),
-                            mix_stream(static_cast<uint64_t>(cpu.exec->step()), name_stream(n.name))};
+        const int64_t step = cpu.exec->step();
         cpu.exec->run();
         std::vector<Tensor> want;
         for (int j = 0; j < cpu.num_outputs; ++j) want.push_back(cpu.exec->output(cat("out", j)));
         std::map<int, Tensor> mutated;
         for (int i : def.mutates) mutated[i] = cpu.exec->tensor(cpu.input_names[static_cast<size_t>(i)]);
-        check_on_device(def, *k, g, n, inputs, want, mutated, t, rng);
+        check_on_device(def, *k, g, n, inputs, want, mutated, t, cpu.exec->seed(), step);
         ++checked;
       }
       continue;
@@ -161,14 +164,13 @@ TEST_P(CudaKernel, MatchesTheCpuKernel) {
         SampleProgram cpu = build_sample(udef, s, true, t, nullptr, /*inplace=*/false);
         fill_all(s, cpu, 11);
         const Graph& g = cpu.exec->program().graph;
-        const uint64_t step = static_cast<uint64_t>(cpu.exec->step());
+        const int64_t step = cpu.exec->step();
         cpu.exec->run_timed([&](const Node& n, double) {
           if (n.op != def.name || !storable(g, n)) return;
           std::vector<Tensor> inputs, want;
           for (ValueId v : n.inputs) inputs.push_back(cpu.exec->value(v));
           for (ValueId v : n.outputs) want.push_back(cpu.exec->value(v));
-          check_on_device(def, *k, g, n, inputs, want, {}, t,
-                          RngStream{cpu.exec->seed(), mix_stream(step, name_stream(n.name))});
+          check_on_device(def, *k, g, n, inputs, want, {}, t, cpu.exec->seed(), step);
           ++checked;
         });
       }

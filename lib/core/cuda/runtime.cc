@@ -49,4 +49,43 @@ void synchronize() {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+void* stream_create() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreate(&s), "cudaStreamCreate");
+  return s;
+}
+
+void stream_destroy(void* stream) {
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void capture_begin(void* stream) {
+  // Thread-local: the data loader's thread may use the runtime meanwhile without breaking the capture.
+  check(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture");
+}
+
+void* capture_end(void* stream, std::string* why) {
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph) cudaGraphDestroy(graph);  // the executable graph is independent of it
+  if (e != cudaSuccess) {
+    if (why) *why = cat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+    cudaGetLastError();  // a failed capture leaves its error behind: clear it for the uncaptured run
+    return nullptr;
+  }
+  return exec;
+}
+
+void graph_launch(void* graph, void* stream) {
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream)),
+        "cudaGraphLaunch");
+}
+
+void graph_destroy(void* graph) {
+  if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
 }  // namespace flowrun::cuda

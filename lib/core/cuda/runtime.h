@@ -20,4 +20,17 @@ void to_device(void* dst, const void* src, size_t bytes);
 void to_host(void* dst, const void* src, size_t bytes);
 void synchronize();
 
+// A stream of the executor's own: CUDA graphs are captured from a stream other than the legacy default one.
+// It is a blocking stream, so that copies on the default stream (to_device, to_host) stay ordered with it.
+void* stream_create();
+void stream_destroy(void* stream);  // never throws
+
+// CUDA graphs. Between capture_begin and capture_end, work launched on `stream` from this thread is recorded,
+// not run; capture_end returns the instantiated graph, or null (with `why` set) when the capture failed,
+// e.g. because a kernel called something that cannot be captured; the failed capture is cleaned up.
+void capture_begin(void* stream);
+void* capture_end(void* stream, std::string* why);
+void graph_launch(void* graph, void* stream);
+void graph_destroy(void* graph);  // never throws
+
 }  // namespace flowrun::cuda

@@ -122,12 +122,14 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
                cudaStream_t s);
 
 // Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the whole tensor is
-// kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p. This
-// rank's piece has the local dims of `local` (its strides: the whole tensor's) and starts at whole index
-// `base`.
+// kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p, where
+// stream = mix_stream(*step, node_stream) (core/rng.cc) with the step read on the device (see
+// KernelCtx::device_step). This rank's piece has the local dims of `local` (its strides: the whole
+// tensor's) and starts at whole index `base`.
 struct DropoutDraw {
   double p;
-  uint64_t seed, stream;
+  uint64_t seed, node_stream;
+  const int64_t* step;
   int64_t base;
 };
 void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,

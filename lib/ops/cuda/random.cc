@@ -14,7 +14,8 @@ void dropout(const KernelCtx& c) {
       c.attrs().has("rng_start") ? c.attrs().ints("rng_start") : std::vector<int64_t>(local.size(), 0);
   Strided s;
   s.rank = static_cast<int>(local.size());
-  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.rng.stream, 0};
+  FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA dropout needs the step in device memory");
+  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.node_stream, c.device_step, 0};
   int64_t stride = 1;
   for (size_t a = local.size(); a-- > 0;) {
     s.dims[a] = local[a];

@@ -30,9 +30,18 @@ __device__ uint32_t philox_word(uint64_t block, uint64_t seed, uint64_t stream, 
   return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
 }
 
+// core/rng.cc's mix_stream: the step's and the node's ids into one stream id.
+__device__ uint64_t mix_stream(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 template <typename T>
 __global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, uint8_t* mask, int64_t n) {
   const float scale = d.p < 1.0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 0.0f;
+  const uint64_t stream = mix_stream(static_cast<uint64_t>(*d.step), d.node_stream);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     int64_t rem = i, g = d.base;
@@ -40,8 +49,7 @@ __global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, u
       g += (rem % local.dims[k]) * local.stride[k];
       rem /= local.dims[k];
     }
-    const uint32_t word =
-        philox_word(static_cast<uint64_t>(g / 4), d.seed, d.stream, static_cast<int>(g % 4));
+    const uint32_t word = philox_word(static_cast<uint64_t>(g / 4), d.seed, stream, static_cast<int>(g % 4));
     const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
     const bool keep = static_cast<double>(u) >= d.p;
     mask[i] = keep;
