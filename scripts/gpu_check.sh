@@ -64,7 +64,7 @@ if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   # CUDA's libraries from the machine: its toolkit, else a Python package's copy (nvidia-cublas), wherever
   # the image keeps them (the likely places first, then the whole file system).
   cuda_libs=/usr/local/cuda/lib64
-  for lib in libcublasLt.so.13 libcudart.so.13; do
+  for lib in libcublasLt.so.13 libcudart.so.13 libnccl.so.2 libcudnn.so.9; do
     found=$(find /usr/local/cuda/lib64 /usr/local/lib /usr/lib /opt -name "$lib*" 2>/dev/null | head -1)
     [[ -n "$found" ]] || found=$(find / -xdev -name "$lib*" 2>/dev/null | head -1)
     [[ -n "$found" ]] && cuda_libs="$cuda_libs:$(dirname "$found")"
@@ -87,6 +87,13 @@ step gpu_tests "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
 grep -E '^\[  (PASSED|FAILED)  \] ([0-9]+ tests?|.*ms\)$)' "$OUT/gpu_tests.log" | sed 's/^/  /' >>"$summary"
 step gpu_train tests/cli/test_gpu_train.sh "$FLOWRUN" "$ROOT"
 tail -4 "$OUT/gpu_train.log" | sed 's/^/  /' >>"$summary"
+# NCCL between GPUs: only where there are two of them (and mpirun).
+if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') -ge 2 ]] && command -v mpirun >/dev/null; then
+  step gpu_dist tests/cli/test_gpu_dist.sh "$FLOWRUN" "$ROOT"
+  tail -2 "$OUT/gpu_dist.log" | sed 's/^/  /' >>"$summary"
+else
+  echo "- gpu_dist: skipped (NCCL needs two GPUs and mpirun)" >>"$summary"
+fi
 step train_kjv_gpt "$FLOWRUN" train configs/kjv_gpt.yaml --set train.device=cuda --set train.steps=300 \
   --set train.run_dir="$OUT/run"
 tail -3 "$OUT/train_kjv_gpt.log" | sed 's/^/  /' >>"$summary"

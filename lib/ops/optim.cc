@@ -199,7 +199,8 @@ OpDef global_norm_def() {
   d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     int64_t blocks = 0;
     for (const TensorType& t : in) blocks += (numel(t.shape) + cpu::kNormBlock - 1) / cpu::kNormBlock;
-    return static_cast<size_t>(blocks) * sizeof(double);
+    // The blocks' partial sums, then (on a GPU) the split inputs' and the others' totals.
+    return static_cast<size_t>(blocks + 2) * sizeof(double);
   };
   d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     Cost c;

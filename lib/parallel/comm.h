@@ -55,6 +55,12 @@ std::unique_ptr<Communicator> make_single_communicator();
 // embeddings).
 struct Mesh {
   std::shared_ptr<Communicator> world, data, tensor, pipeline, ends;
+  // A GPU program's kernels move device memory: on GPUs the data and tensor axes of more than one rank get
+  // NCCL communicators too (parallel/cuda/nccl.h), over the same ranks. Null otherwise.
+  std::shared_ptr<Communicator> gpu_data, gpu_tensor;
+  // The groups for the kernels' collectives (KernelCtx::comm and tp).
+  Communicator* kernel_data() const { return gpu_data ? gpu_data.get() : data.get(); }
+  Communicator* kernel_tensor() const { return gpu_tensor ? gpu_tensor.get() : tensor.get(); }
   int64_t stage() const { return pipeline ? pipeline->rank() : 0; }
   int64_t stages() const { return pipeline ? pipeline->size() : 1; }
 };

@@ -12,6 +12,7 @@
 
 #ifdef FLOWRUN_HAS_CUDA
 #include "core/cuda/runtime.h"
+#include "parallel/cuda/nccl.h"
 #endif
 #include "ops/registry.h"
 #include "optim/schedule.h"
@@ -77,12 +78,11 @@ void check_device(const RunConfig& c) {
     if (cuda::device_count(&why) == 0)
       throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
                         why + "); use cpu");
-    // One process per GPU needs NCCL between them, which is not there yet.
-    if (c.parallel.data * c.parallel.tensor * c.parallel.pipeline > 1)
-      throw input_error(
-          c.where("parallel.data") +
-          "a layout of several processes on GPUs needs NCCL, which flowrun does not have yet; train "
-          "on one GPU (parallel.data, tensor and pipeline 1) or on CPUs");
+    // Pipeline stages pass activations point to point, which the GPU programs do not do yet.
+    if (c.parallel.pipeline > 1)
+      throw input_error(c.where("parallel.pipeline") +
+                        "pipeline stages on GPUs are not supported yet; use data and tensor parallelism "
+                        "(parallel.pipeline 1) or train on CPUs");
 #else
     throw input_error(c.where("train.device") +
                       "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "
@@ -148,6 +148,15 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   check_device(cfg);
   TrainProgram t;
   t.mesh = join_world(cfg);
+#ifdef FLOWRUN_HAS_CUDA
+  if (cfg.train.device == "cuda") {
+    // One GPU per process, by its rank on the node; then NCCL over each axis of more than one rank.
+    const int gpu = select_gpu(detect_launch().local_rank);
+    if (t.mesh.data->size() > 1) t.mesh.gpu_data = make_nccl_communicator(*t.mesh.data);
+    if (t.mesh.tensor->size() > 1) t.mesh.gpu_tensor = make_nccl_communicator(*t.mesh.tensor);
+    if (t.mesh.world->size() > 1) spdlog::info("rank {}: GPU {}", t.mesh.world->rank(), gpu);
+  }
+#endif
   t.data = open_dataset(cfg.data);
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
                             t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank());
@@ -160,7 +169,8 @@ TrainProgram make_train_program(const RunConfig& cfg) {
                t.model.num_params, static_cast<double>(p.memory.arena_bytes) / (1 << 20),
                cfg.train.micro_batch_size, cfg.train.grad_accumulation);
   t.ex = std::make_unique<Executor>(std::move(p), device_of(cfg), cfg.train.seed,
-                                    std::map<std::string, Tensor>{}, t.mesh.data.get(), t.mesh.tensor.get());
+                                    std::map<std::string, Tensor>{}, t.mesh.kernel_data(),
+                                    t.mesh.kernel_tensor());
   t.ex->use_cuda_graphs(cfg.train.cuda_graph);
   // Every rank draws whole tensors, as one process would, and keeps its piece (each name has its own random
   // stream: the parameters of other pipeline stages are skipped with an empty tensor).
@@ -183,7 +193,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
     const int64_t slots = std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation);
     for (int64_t k = 1; k < slots; ++k) {
       t.stash.push_back(std::make_unique<Executor>(t.ex->program(), device_of(cfg), cfg.train.seed, shared,
-                                                   t.mesh.data.get(), t.mesh.tensor.get()));
+                                                   t.mesh.kernel_data(), t.mesh.kernel_tensor()));
       t.stash.back()->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
     }
     spdlog::info("pipeline stage {} of {}: {} parameters here, {} micro-batch slot{}", t.mesh.stage(),

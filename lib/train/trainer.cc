@@ -202,7 +202,7 @@ void Run::setup() {
   Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_,
                                mesh_.tensor->rank());
   eval_ex_ = std::make_unique<Executor>(std::move(eval), device_of(cfg_), cfg_.train.seed, shared, nullptr,
-                                        mesh_.tensor.get());
+                                        mesh_.kernel_tensor());
   eval_ex_->use_cuda_graphs(cfg_.train.cuda_graph);
 }
 

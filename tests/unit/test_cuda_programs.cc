@@ -65,6 +65,31 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
   }
 }
 
+// Data parallelism on GPUs: each rank's program (gradient buckets, ZeRO's shards and gathers, the sharded
+// gradient norm) has native CUDA kernels for every node, the collectives included (NCCL's).
+TEST(CudaPrograms, DataParallelProgramsCompileForTheGpu) {
+  for (const char* zero : {"0", "1", "2"}) {
+    const RunConfig cfg = load_config(FLOWRUN_SOURCE_DIR "/configs/kjv_gpt.yaml",
+                                      {"train.device=cuda", "parallel.data=2", cat("parallel.zero=", zero),
+                                       "precision.dtype=bf16", "train.clip_grad_norm=1.0"});
+    for (int64_t rank : {0, 1}) {
+      SCOPED_TRACE(cat("zero ", zero, ", data rank ", rank));
+      BuiltModel m;
+      const Program p = compile_model(cfg, text_spec(128), 2, true, &m, 0, 0, rank);
+      int collectives = 0;
+      for (NodeId id : p.order) {
+        const Node& n = p.graph.node(id);
+        const KernelChoice k =
+            select_kernel(OpRegistry::get().at(n.op), DeviceKind::cuda, kernel_dtype(p.graph, n));
+        EXPECT_TRUE(k.kernel && !k.widened) << n.name << " (" << n.op << ")";
+        collectives +=
+            n.op.starts_with("all_") || n.op.starts_with("sbp_") || n.op.find("shard") != n.op.npos;
+      }
+      EXPECT_GT(collectives, 0) << "no collective in a data-parallel program";
+    }
+  }
+}
+
 TEST(CudaPrograms, AnOpWithoutACudaKernelIsNamed) {
   const RunConfig cfg = load_config(FLOWRUN_SOURCE_DIR "/configs/fashion_cnn.yaml", {"train.device=cuda"});
   BuiltModel m;

@@ -82,4 +82,20 @@ void adamw_update(const KernelCtx& c);
 void matmul(const KernelCtx& c);
 void linear(const KernelCtx& c);  // the bias in the GEMM's epilogue
 
+// Collectives (ops/cuda/comm.cc) through NCCL communicators (parallel/cuda/nccl.h) on the kernel stream.
+// on_stream: a group's NCCL communicator, set to launch on c's stream; null for a one-rank group (whose
+// collectives are the identity), and an error for a host communicator.
+Communicator* on_stream(Communicator* g, const KernelCtx& c);
+void all_reduce(const KernelCtx& c);
+void local_shard(const KernelCtx& c);
+void all_gather_into(const KernelCtx& c);
+void reduce_scatter_shard(const KernelCtx& c);
+void all_reduce_start(const KernelCtx& c);
+void all_reduce_wait(const KernelCtx& c);
+void sbp_all_reduce(const KernelCtx& c);
+void sbp_copy(const KernelCtx& c);  // sbp_enter
+void sbp_all_gather(const KernelCtx& c);
+void sbp_slice(const KernelCtx& c);
+void sbp_reduce_scatter(const KernelCtx& c);
+
 }  // namespace flowrun::cuda

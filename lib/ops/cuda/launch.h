@@ -142,6 +142,8 @@ void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void
 // partials added in order.
 void sum_squares(Storage t, const void* x, int64_t n, int64_t block, double* partial, cudaStream_t s);
 void norm_from_partials(const double* partial, int64_t n, double scale, float* out, cudaStream_t s);
+// *out = the sum of partial[0, n) in order (out may be one of them).
+void sum_partials(const double* partial, int64_t n, double* out, cudaStream_t s);
 // out = scale * min(1, max_norm / (norm + 1e-6)), every value a device f32 scalar.
 void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s);
 // fp16 loss scaling, as ops/cpu/optim.cc: coef = (scale attr) / loss_scale, clipped by max_norm (> 0) on the

@@ -3,6 +3,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "parallel/comm.h"
 
 namespace flowrun::cuda {
 
@@ -18,21 +19,36 @@ const float* f32_scalar(const KernelCtx& c, int index) {
 
 }  // namespace
 
-// One GPU: the collectives of split or sharded gradients (attrs split_inputs, data_sharded, pipeline) are not
-// there yet.
+// The squares of inputs [0, split_inputs) (pieces of gradients split over the tensor axis) are summed over
+// its ranks, then the total over the data axis's when the gradients are sharded (ZeRO), as the CPU kernel
+// sums them: each total in a fixed order, so every rank ends with the same bits.
 void global_norm(const KernelCtx& c) {
-  if (c.attrs().i("split_inputs", 0) > 0 || c.attrs().b("data_sharded") || c.attrs().b("pipeline"))
-    throw runtime_error(cat(c.node->name, ": the CUDA gradient norm does not reduce over a mesh axis yet"));
+  FR_CHECK(!c.attrs().b("pipeline") || !c.pp || c.pp->size() == 1, c.node->name,
+           ": pipeline stages on GPUs are not supported yet");
   double* partial = static_cast<double*>(c.workspace);
-  int64_t blocks = 0;
+  const int64_t split_inputs = c.attrs().i("split_inputs", 0);
+  int64_t blocks = 0, split_blocks = 0;
   for (int k = 0; k < c.num_in; ++k) {
     const TensorView& x = c.in[k];
     sum_squares(storage_of(x.dtype), x.data, x.numel(), cpu::kNormBlock, partial + blocks, stream_of(c));
     blocks += (x.numel() + cpu::kNormBlock - 1) / cpu::kNormBlock;
+    if (k + 1 == split_inputs) split_blocks = blocks;
   }
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(blocks) * sizeof(double), c.node->name,
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(blocks + 2) * sizeof(double), c.node->name,
            ": the workspace holds fewer partial sums than blocks");
-  norm_from_partials(partial, blocks, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
+  Communicator* tp = split_inputs > 0 ? on_stream(c.tp, c) : nullptr;
+  Communicator* data = c.attrs().b("data_sharded") ? on_stream(c.comm, c) : nullptr;
+  if (!tp && !data) {
+    norm_from_partials(partial, blocks, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
+    return;
+  }
+  double* totals = partial + blocks;  // [split inputs', the others']
+  sum_partials(partial, split_blocks, totals, stream_of(c));
+  sum_partials(partial + split_blocks, blocks - split_blocks, totals + 1, stream_of(c));
+  if (tp) tp->all_reduce(totals, 1, DType::f64, ReduceOp::sum);
+  sum_partials(totals, 2, totals + 1, stream_of(c));
+  if (data) data->all_reduce(totals + 1, 1, DType::f64, ReduceOp::sum);
+  norm_from_partials(totals + 1, 1, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
 }
 
 void clip_coef(const KernelCtx& c) {

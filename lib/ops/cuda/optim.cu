@@ -30,6 +30,13 @@ __global__ void sum_squares_kernel(const T* x, int64_t n, int64_t block, double*
   if (threadIdx.x == 0) partial[blockIdx.x] = sums[0];
 }
 
+// One thread: the sum is in a fixed order, and `out` may be one of the partials (read before it is written).
+__global__ void sum_kernel(const double* partial, int64_t n, double* out) {
+  double total = 0.0;
+  for (int64_t b = 0; b < n; ++b) total += partial[b];
+  *out = total;
+}
+
 __global__ void norm_kernel(const double* partial, int64_t n, double scale, float* out) {
   double total = 0.0;
   for (int64_t b = 0; b < n; ++b) total += partial[b];
@@ -135,6 +142,11 @@ void sum_squares(Storage t, const void* x, int64_t n, int64_t block, double* par
 void norm_from_partials(const double* partial, int64_t n, double scale, float* out, cudaStream_t s) {
   norm_kernel<<<1, 1, 0, s>>>(partial, n, scale, out);
   check(cudaGetLastError(), "norm kernel launch");
+}
+
+void sum_partials(const double* partial, int64_t n, double* out, cudaStream_t s) {
+  sum_kernel<<<1, 1, 0, s>>>(partial, n, out);
+  check(cudaGetLastError(), "sum kernel launch");
 }
 
 void clip_coef(const float* norm, double max_norm, double scale, float* out, cudaStream_t s) {

@@ -65,6 +65,21 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("adamw_update", {DeviceKind::cuda, {DType::f32}, cuda::adamw_update});
   r.add_kernel("matmul", {DeviceKind::cuda, floats, cuda::matmul});
   r.add_kernel("linear", {DeviceKind::cuda, floats, cuda::linear});
+  const std::pair<const char*, KernelFn> collectives[] = {
+      {"all_reduce", cuda::all_reduce},
+      {"local_shard", cuda::local_shard},
+      {"all_gather_into", cuda::all_gather_into},
+      {"reduce_scatter_shard", cuda::reduce_scatter_shard},
+      {"all_reduce_start", cuda::all_reduce_start},
+      {"all_reduce_wait", cuda::all_reduce_wait},
+      {"sbp_all_reduce", cuda::sbp_all_reduce},
+      {"sbp_enter", cuda::sbp_copy},
+      {"sbp_reduce_scatter", cuda::sbp_reduce_scatter},
+  };
+  for (const auto& [op, fn] : collectives) r.add_kernel(op, {DeviceKind::cuda, floats, fn});
+  const std::vector<DType> gathered = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::u8};
+  r.add_kernel("sbp_all_gather", {DeviceKind::cuda, gathered, cuda::sbp_all_gather});
+  r.add_kernel("sbp_slice", {DeviceKind::cuda, gathered, cuda::sbp_slice});
 }
 
 }  // namespace flowrun
