@@ -1,8 +1,8 @@
 // matmul and linear through cuBLASLt. flowrun's tensors are row-major and cuBLASLt's matrices column-major:
 // a row-major C = op(A) op(B) (M x N) is the column-major C^T = op(B)^T op(A)^T (N x M), so B goes first and
 // every matrix is passed as it is stored. Accumulation is f32 (no TF32) for every storage type; a linear's
-// bias is added by the GEMM's epilogue. The handle, a 32 MiB workspace and the chosen algorithm of each
-// shape are made on first use and kept, so a training step allocates nothing.
+// bias (and a fused tanh GELU) is applied by the GEMM's epilogue. The handle, a 32 MiB workspace and the
+// chosen algorithm of each shape are made on first use and kept, so a training step allocates nothing.
 #include <cublasLt.h>
 
 #include <map>
@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
 
 namespace flowrun::cuda {
 
@@ -33,12 +34,13 @@ cudaDataType data_type(DType t) {
   }
 }
 
-// One GEMM problem: the key of the algorithm cache.
+// One GEMM problem: the key of the algorithm cache. gelu: the GELU epilogue writing the pre-activation to
+// an auxiliary matrix laid out as C.
 struct Problem {
   DType t;
-  bool ta, tb, bias;
+  bool ta, tb, bias, gelu;
   int64_t m, n, k, batch, stride_a, stride_b;
-  auto key() const { return std::tie(t, ta, tb, bias, m, n, k, batch, stride_a, stride_b); }
+  auto key() const { return std::tie(t, ta, tb, bias, gelu, m, n, k, batch, stride_a, stride_b); }
   bool operator<(const Problem& o) const { return key() < o.key(); }
 };
 
@@ -93,8 +95,10 @@ cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, i
 }
 
 // Row-major C[i] (m x n) = op(A[i]) (m x k) op(B[i]) (k x n) (+ bias[n] on every row), i < batch, the
-// matrices stride_a / stride_b elements apart (0: one matrix for every i).
-void gemm(const Problem& p, const void* a, const void* b, void* c, const void* bias, cudaStream_t s) {
+// matrices stride_a / stride_b elements apart (0: one matrix for every i). With p.gelu (one matrix, n a
+// multiple of 8), C = gelu_tanh(that) and aux = that, rounded to C's type.
+void gemm(const Problem& p, const void* a, const void* b, void* c, const void* bias, void* aux,
+          cudaStream_t s) {
   Lt& lt = Lt::get();
   Descriptors d;
   check_lt(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -102,11 +106,23 @@ void gemm(const Problem& p, const void* a, const void* b, void* c, const void* b
   check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof first), "transa");
   check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof second),
            "transb");
-  if (bias) {
-    const cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
+  if (bias || p.gelu) {
+    const cublasLtEpilogue_t e = !p.gelu ? CUBLASLT_EPILOGUE_BIAS
+                                 : bias  ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                         : CUBLASLT_EPILOGUE_GELU_AUX;
     check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
+  }
+  if (bias)
     check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
              "bias");
+  if (p.gelu) {
+    // The auxiliary matrix is C's shape (column-major n x m) and, unset, C's type.
+    const int64_t ld = p.n;
+    check_lt(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+        "GELU auxiliary pointer");
+    check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
+             "GELU auxiliary leading dimension");
   }
   // Stored matrices as column-major: B (k x n row-major, or n x k when transposed) is n x k (k x n), A
   // likewise, C is n x m.
@@ -151,7 +167,7 @@ void matmul(const KernelCtx& c) {
   const bool ta = c.attrs().b("trans_a"), tb = c.attrs().b("trans_b");
   const Shape &sa = *a.shape, &sb = *b.shape;
   const int64_t ra = sa[sa.size() - 2], ca = sa.back(), rb = sb[sb.size() - 2], cb = sb.back();
-  Problem p{y.dtype, ta, tb, false, ta ? ca : ra, tb ? rb : cb, ta ? ra : ca, 1, 0, 0};
+  Problem p{y.dtype, ta, tb, false, false, ta ? ca : ra, tb ? rb : cb, ta ? ra : ca, 1, 0, 0};
   p.batch = y.numel() / (p.m * p.n);
   p.stride_a = sa.size() == 2 ? 0 : ra * ca;
   p.stride_b = sb.size() == 2 ? 0 : rb * cb;
@@ -160,15 +176,33 @@ void matmul(const KernelCtx& c) {
     p.batch = 1;
     p.stride_a = 0;
   }
-  gemm(p, a.data, b.data, y.data, nullptr, stream_of(c));
+  gemm(p, a.data, b.data, y.data, nullptr, nullptr, stream_of(c));
 }
 
-// y (..., out) = x (..., in) W^T (+ b): one GEMM over every row of x, the bias in its epilogue.
+// y (..., out) = x (..., in) W^T (+ b): one GEMM over every row of x, the bias in its epilogue. A fused
+// activation (gelu) writes x W^T + b to output 1 and its GELU to output 0: through cuBLASLt's GELU epilogue,
+// which is the tanh approximation and applies it to the f32 sums (f16/bf16: before their rounding, which the
+// unfused gelu would read), where the auxiliary output's leading dimension (out) is a multiple of 8; else the
+// GEMM, then the gelu kernel on the stored pre-activation, as linear and gelu unfused compute it.
 void linear(const KernelCtx& c) {
   const TensorView &x = c.in[0], &w = c.in[1], &y = c.out[0];
   const int64_t in = w.dim(1), out = w.dim(0);
-  const Problem p{y.dtype, false, true, c.num_in == 3, x.numel() / in, out, in, 1, 0, 0};
-  gemm(p, x.data, w.data, y.data, c.num_in == 3 ? c.in[2].data : nullptr, stream_of(c));
+  const void* bias = c.num_in == 3 ? c.in[2].data : nullptr;
+  Problem p{y.dtype, false, true, bias != nullptr, false, x.numel() / in, out, in, 1, 0, 0};
+  if (!c.attrs().has("activation")) {
+    gemm(p, x.data, w.data, y.data, bias, nullptr, stream_of(c));
+    return;
+  }
+  const TensorView& pre = c.out[1];
+  const bool tanh = c.attrs().is("approximate", "tanh");
+  if (tanh && out % 8 == 0) {
+    p.gelu = true;
+    gemm(p, x.data, w.data, y.data, bias, pre.data, stream_of(c));
+    return;
+  }
+  gemm(p, x.data, w.data, pre.data, bias, nullptr, stream_of(c));
+  unary(tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, storage_of(y.dtype), pre.data, y.data, y.numel(), 0.0f,
+        stream_of(c));
 }
 
 }  // namespace flowrun::cuda
