@@ -7,6 +7,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "ops/cuda/kernels.h"
@@ -55,6 +56,7 @@ class Lt {
   static constexpr size_t kWorkspace = size_t{32} << 20;  // what cuBLAS recommends for Hopper
   std::mutex mutex;
   std::map<Problem, cublasLtMatmulAlgo_t> algos;
+  std::set<Problem> no_gelu_algo;  // GELU-epilogue problems cuBLASLt has no algorithm for
 
  private:
   Lt() {
@@ -96,8 +98,9 @@ cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, i
 
 // Row-major C[i] (m x n) = op(A[i]) (m x k) op(B[i]) (k x n) (+ bias[n] on every row), i < batch, the
 // matrices stride_a / stride_b elements apart (0: one matrix for every i). With p.gelu (one matrix, n a
-// multiple of 8), C = gelu_tanh(that) and aux = that, rounded to C's type.
-void gemm(const Problem& p, const void* a, const void* b, void* c, const void* bias, void* aux,
+// multiple of 8), C = gelu_tanh(that) and aux = that, rounded to C's type; false, and nothing done, when
+// cuBLASLt has no algorithm for that epilogue (the caller computes it otherwise). Other GEMMs throw.
+bool gemm(const Problem& p, const void* a, const void* b, void* c, const void* bias, void* aux,
           cudaStream_t s) {
   Lt& lt = Lt::get();
   Descriptors d;
@@ -135,6 +138,7 @@ void gemm(const Problem& p, const void* a, const void* b, void* c, const void* b
     std::lock_guard<std::mutex> lock(lt.mutex);
     auto it = lt.algos.find(p);
     if (it == lt.algos.end()) {
+      if (lt.no_gelu_algo.count(p)) return false;
       cublasLtMatmulPreference_t pref = nullptr;
       check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
       const size_t ws = Lt::kWorkspace;
@@ -144,6 +148,10 @@ void gemm(const Problem& p, const void* a, const void* b, void* c, const void* b
       const cublasStatus_t st =
           cublasLtMatmulAlgoGetHeuristic(lt.handle(), d.op, d.b, d.a, d.c, d.c, pref, 1, &found, &count);
       cublasLtMatmulPreferenceDestroy(pref);
+      if (p.gelu && (st != CUBLAS_STATUS_SUCCESS || count == 0)) {
+        lt.no_gelu_algo.insert(p);
+        return false;
+      }
       check_lt(st, "cublasLtMatmulAlgoGetHeuristic");
       if (count == 0)
         throw runtime_error(cat("cuBLASLt has no algorithm for a ", dtype_name(p.t), " GEMM of ", p.m, " x ",
@@ -156,6 +164,7 @@ void gemm(const Problem& p, const void* a, const void* b, void* c, const void* b
   check_lt(cublasLtMatmul(lt.handle(), d.op, &one, b, d.b, a, d.a, &zero, c, d.c, c, d.c, &algo,
                           lt.workspace(), Lt::kWorkspace, s),
            "cublasLtMatmul");
+  return true;
 }
 
 }  // namespace
@@ -182,8 +191,9 @@ void matmul(const KernelCtx& c) {
 // y (..., out) = x (..., in) W^T (+ b): one GEMM over every row of x, the bias in its epilogue. A fused
 // activation (gelu) writes x W^T + b to output 1 and its GELU to output 0: through cuBLASLt's GELU epilogue,
 // which is the tanh approximation and applies it to the f32 sums (f16/bf16: before their rounding, which the
-// unfused gelu would read), where the auxiliary output's leading dimension (out) is a multiple of 8; else the
-// GEMM, then the gelu kernel on the stored pre-activation, as linear and gelu unfused compute it.
+// unfused gelu would read), where the auxiliary output's leading dimension (out) is a multiple of 8 and
+// cuBLASLt has an algorithm for it; else the GEMM, then the gelu kernel on the stored pre-activation, as
+// linear and gelu unfused compute it.
 void linear(const KernelCtx& c) {
   const TensorView &x = c.in[0], &w = c.in[1], &y = c.out[0];
   const int64_t in = w.dim(1), out = w.dim(0);
@@ -197,8 +207,8 @@ void linear(const KernelCtx& c) {
   const bool tanh = c.attrs().is("approximate", "tanh");
   if (tanh && out % 8 == 0) {
     p.gelu = true;
-    gemm(p, x.data, w.data, y.data, bias, pre.data, stream_of(c));
-    return;
+    if (gemm(p, x.data, w.data, y.data, bias, pre.data, stream_of(c))) return;
+    p.gelu = false;
   }
   gemm(p, x.data, w.data, pre.data, bias, nullptr, stream_of(c));
   unary(tanh ? UnaryOp::gelu_tanh : UnaryOp::gelu, storage_of(y.dtype), pre.data, y.data, y.numel(), 0.0f,
