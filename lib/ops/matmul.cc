@@ -261,8 +261,8 @@ void register_matmul_ops(OpRegistry& r) {
       o.inputs.pop_back();
       s.push_back(o);
     }
-    // Fused GELU: 16 output features take cuBLASLt's GELU epilogue (its auxiliary output's leading dimension
-    // is a multiple of 8), 6 the CUDA kernel's GEMM then GELU.
+    // Fused GELU: in f16/bf16, 16 output features take cuBLASLt's GELU epilogue (its auxiliary output's
+    // leading dimension is a multiple of 8), 6 the CUDA kernel's GEMM then GELU.
     for (const auto& [x, out, bias, approx] :
          std::vector<std::tuple<Shape, int64_t, bool, std::string>>{{{4, 3}, 6, true, "none"},
                                                                     {{2, 5, 3}, 6, true, "tanh"},
