@@ -3,6 +3,8 @@
 #include "graph/passes.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "graph/builder.h"
 #include "ops/registry.h"
@@ -28,7 +30,49 @@ void infer_shapes(Graph& g) {
   }
 }
 
-void fuse_ops(Graph& g) {
+namespace {
+
+// Readers of value `from`, and the graph outputs naming it, read `to` instead.
+void replace_uses(Graph& g, ValueId from, ValueId to) {
+  for (Node& n : g.nodes())
+    for (ValueId& v : n.inputs)
+      if (v == from) v = to;
+  for (const auto& [name, v] : std::map<std::string, ValueId>(g.outputs()))
+    if (v == from) g.mark_output(name, to);
+}
+
+// linear -> gelu becomes one linear with attribute activation: gelu, whose outputs are the GELU and the
+// pre-activation its gradient reads, when the gelu is all that reads the linear's result. On the GPU only,
+// and only the tanh GELU, which cuBLASLt's GEMM epilogue computes (the erf one would run the same GEMM and
+// gelu kernel as unfused). Not on the CPU: the fused kernel is the same GEMM and gelu loop, measured no
+// faster there (README, "GPU").
+void fuse_linear_gelu(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cuda) return;
+  const auto consumers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::vector<Node> snapshot = g.nodes();
+  for (const Node& ge : snapshot) {
+    if (ge.dead || ge.op != "gelu" || !ge.attrs.is("approximate", "tanh")) continue;
+    // Copies, not references: add_node below may reallocate the node and value lists.
+    const Value pre = g.value(ge.inputs[0]);
+    if (pre.producer < 0 || consumers[static_cast<size_t>(pre.id)].size() != 1 || outputs.count(pre.id))
+      continue;
+    const Node lin = g.node(pre.producer);
+    if (lin.op != "linear" || lin.attrs.has("activation")) continue;
+    Attrs attrs = lin.attrs;
+    attrs.set("activation", std::string("gelu"));
+    attrs.set("approximate", std::string("tanh"));
+    const std::vector<ValueId> fused = g.add_node("linear", lin.inputs, attrs, lin.name + "+gelu");
+    replace_uses(g, ge.outputs[0], fused[0]);
+    g.node(ge.id).dead = true;
+    g.node(lin.id).dead = true;
+  }
+}
+
+}  // namespace
+
+void fuse_ops(Graph& g, DeviceKind device) {
   // log_softmax -> nll_loss becomes one cross_entropy when nothing else reads the log-probabilities: the
   // fused op never materialises them in the backward pass and reads the logits once.
   const auto consumers = g.consumers();
@@ -44,16 +88,11 @@ void fuse_ops(Graph& g) {
     if (ls.attrs.i("axis", -1) != -1 && ls.attrs.i("axis", -1) != rank - 1) continue;
     const std::vector<ValueId> fused =
         g.add_node("cross_entropy", {ls.inputs[0], nll.inputs[1]}, nll.attrs, nll.name + "+fused");
-    // Rewire readers of the nll output to the fused loss.
-    const ValueId old_out = nll.outputs[0];
-    for (Node& n : g.nodes())
-      for (ValueId& v : n.inputs)
-        if (v == old_out) v = fused[0];
-    for (const auto& [name, v] : std::map<std::string, ValueId>(g.outputs()))
-      if (v == old_out) g.mark_output(name, fused[0]);
+    replace_uses(g, nll.outputs[0], fused[0]);
     g.node(nll.id).dead = true;
     g.node(ls.id).dead = true;
   }
+  fuse_linear_gelu(g, device);
 }
 
 namespace {
@@ -249,7 +288,7 @@ void check_kernels(const Graph& g, DeviceKind device) {
 std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
-  if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions&) { fuse_ops(g); }});
+  if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions& o) { fuse_ops(g, o.device); }});
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",
                  [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});

@@ -73,7 +73,9 @@ struct Pass {
 std::vector<Pass> default_pipeline(const CompileOptions& opts);
 
 void infer_shapes(Graph& g);  // re-run inference; checks recorded types
-void fuse_ops(Graph& g);      // log_softmax+nll_loss -> cross_entropy, ...
+// log_softmax+nll_loss -> cross_entropy; for the GPU (device cuda) linear+gelu(tanh) -> linear with a fused
+// GELU (activation: gelu).
+void fuse_ops(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

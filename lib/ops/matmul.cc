@@ -1,6 +1,8 @@
 // matmul (batched, with transposes) and linear (x W^T + b, PyTorch's weight layout).
 #include "ops/cpu/matmul.h"
 
+#include <tuple>
+
 #include "graph/builder.h"
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/registry.h"
@@ -168,10 +170,17 @@ void register_matmul_ops(OpRegistry& r) {
 
   OpDef lin;
   lin.name = "linear";
-  lin.doc = "y = x W^T (+ b); x (..., in), W (out, in), b (out)";
+  lin.doc =
+      "y = x W^T (+ b); x (..., in), W (out, in), b (out). Attribute activation: gelu (approximate: none or "
+      "tanh): outputs (gelu(x W^T + b), x W^T + b), linear then gelu fused (graph/passes.cc fuse_ops)";
   lin.num_inputs = -1;
-  lin.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+  lin.num_outputs = [](const Attrs& a) { return a.has("activation") ? 2 : 1; };
+  lin.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3) throw input_error("linear takes (x, W) or (x, W, b)");
+    if (a.has("activation") && !a.is("activation", "gelu"))
+      throw input_error("linear: the only fused activation is gelu");
+    if (a.has("approximate") && !a.is("approximate", "none") && !a.is("approximate", "tanh"))
+      throw input_error("linear: approximate must be none or tanh");
     const Shape &x = in[0].shape, &w = in[1].shape;
     if (x.empty() || w.size() != 2 || w[1] != x.back())
       throw input_error(cat("linear: x ", shape_str(x), " does not match W ", shape_str(w), " (out, in)"));
@@ -179,18 +188,25 @@ void register_matmul_ops(OpRegistry& r) {
       throw input_error(cat("linear: bias ", shape_str(in[2].shape), " should be [", w[0], "]"));
     Shape y = x;
     y.back() = w[0];
+    if (a.has("activation")) return {{y, in[0].dtype}, {y, in[0].dtype}};
     return {{y, in[0].dtype}};
   };
   lin.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     const double n = static_cast<double>(numel(out[0].shape));
-    double bytes = n * static_cast<double>(dtype_size(out[0].dtype));
+    double bytes = 0;
+    for (const auto& t : out) bytes += n * static_cast<double>(dtype_size(t.dtype));
     for (const auto& t : in)
       bytes += static_cast<double>(numel(t.shape)) * static_cast<double>(dtype_size(t.dtype));
-    return Cost{2.0 * n * static_cast<double>(in[1].shape[1]), bytes};
+    // The activation: as gelu's elementwise cost.
+    return Cost{(2.0 * static_cast<double>(in[1].shape[1]) + (out.size() > 1 ? 1.0 : 0.0)) * n, bytes};
   };
+  // The pre-activation is what the activation's gradient reads, not a result of its own.
+  lin.nondiff_outputs = {1};
   lin.grad = [](GradCtx& c) -> std::vector<ValueId> {
     GraphBuilder& b = c.b;
-    const ValueId dy = c.dout(0);
+    ValueId dy = c.dout(0);
+    if (c.attrs().has("activation"))
+      dy = b.op1("gelu_grad", {dy, c.out(1)}, {{"approximate", c.attrs().s("approximate", "none")}});
     const ValueId dx = b.matmul(dy, c.in(1));
     const ValueId dw = b.matmul(flat2d(b, dy), flat2d(b, c.in(0)), true, false);
     std::vector<ValueId> g = {dx, dw};
@@ -200,15 +216,27 @@ void register_matmul_ops(OpRegistry& r) {
   lin.sbp = [](const SbpQuery& q) {
     const int r = static_cast<int>(q.in[0].shape.size());
     const bool bias = q.in.size() == 3;
+    const bool act = q.attrs.has("activation");
     std::vector<SbpSignature> sigs;
+    // The pre-activation output splits as the result does.
     auto with_bias = [&](SbpSignature s, Sbp b) {
       if (bias) s.in.push_back(b);
+      if (act) {
+        const Sbp y = s.out[0];
+        s.out.push_back(y);
+      }
       return s;
     };
     // Column parallel: the output features split (grouped as the weight is).
     const int g = q.groups[1];
     sigs.push_back(
         with_bias({{Sbp::broadcast(), Sbp::split(0, g)}, {Sbp::split(r - 1, g)}}, Sbp::split(0, g)));
+    // The activation needs whole sums: the splits that leave partial ones are not for the fused op.
+    if (act) {
+      for (int a = 0; a < r - 1; ++a)
+        sigs.push_back(with_bias({{Sbp::split(a), Sbp::broadcast()}, {Sbp::split(a)}}, Sbp::broadcast()));
+      return sigs;
+    }
     // Row parallel: the input features split; partial sums out (the bias added after their sum).
     SbpSignature row = with_bias(
         {{Sbp::split(r - 1), Sbp::split(1)}, {bias ? Sbp::broadcast() : Sbp::partial()}}, Sbp::broadcast());
@@ -231,6 +259,22 @@ void register_matmul_ops(OpRegistry& r) {
       s.push_back(o);
       o.label = shape_str(x) + " no bias";
       o.inputs.pop_back();
+      s.push_back(o);
+    }
+    // Fused GELU: in f16/bf16, 16 output features take cuBLASLt's GELU epilogue (its auxiliary output's
+    // leading dimension is a multiple of 8), 6 the CUDA kernel's GEMM then GELU.
+    for (const auto& [x, out, bias, approx] :
+         std::vector<std::tuple<Shape, int64_t, bool, std::string>>{{{4, 3}, 6, true, "none"},
+                                                                    {{2, 5, 3}, 6, true, "tanh"},
+                                                                    {{5, 3}, 16, true, "tanh"},
+                                                                    {{5, 3}, 16, false, "tanh"},
+                                                                    {{2, 3, 4}, 16, false, "none"}}) {
+      OpSample o;
+      o.label = cat(shape_str(x), " x [", out, ",", x.back(), "]", bias ? " with bias" : " no bias", " gelu ",
+                    approx);
+      o.inputs = {{x, DType::f64}, {{out, x.back()}, DType::f64}};
+      if (bias) o.inputs.push_back({{out}, DType::f64});
+      o.attrs = Attrs{{"activation", std::string("gelu")}, {"approximate", approx}};
       s.push_back(o);
     }
     return s;

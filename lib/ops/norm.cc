@@ -74,11 +74,13 @@ Cost row_norm_grad_cost(const std::vector<TensorType>& in, const std::vector<Ten
   return {14 * n, bytes};
 }
 
-// Per-block partial sums of the parameter gradients (cpu::norm_row_blocks), `parts` vectors of D each.
+// Per-block partial sums of the parameter gradients (cpu::norm_row_blocks), `parts` vectors of D each, in
+// f32 for f16/bf16 (the CUDA kernels' partials; the CPU's f32 kernel runs them widened).
 size_t row_norm_grad_workspace(const std::vector<TensorType>& in, int parts) {
   const int64_t d = in[1].shape.back(), rows = numel(in[1].shape) / d;
   const int64_t blocks = cpu::norm_row_blocks(rows);
-  return blocks == 1 ? 0 : static_cast<size_t>(blocks * parts * d) * dtype_size(in[1].dtype);
+  const size_t elem = std::max(dtype_size(in[1].dtype), sizeof(float));
+  return blocks == 1 ? 0 : static_cast<size_t>(blocks * parts * d) * elem;
 }
 
 // Fills every input uniform in [-1, 1], except input `positive` (-1: none) in [0.5, 1.5).

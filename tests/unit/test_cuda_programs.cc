@@ -1,16 +1,89 @@
 // The GPU programs compile without a GPU (CUDA builds): every op of the training and evaluation steps of the
 // configs meant for a GPU (fp32, bf16, fp16 with loss scaling) has a native CUDA kernel in the dtype the step
 // uses (compile's check_kernels for
-// the cuda device), and a model with an op that has none is refused naming it.
+// the cuda device), and a model with an op that has none is refused naming it. The GPU's fusion of linear and
+// tanh GELU (any build): where it applies, and that the fused op computes, forward and backward, what the
+// pair does (on the CPU, bitwise).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "config/config.h"
+#include "graph/builder.h"
 #include "graph/passes.h"
 #include "ops/registry.h"
+#include "runtime/executor.h"
 #include "train/program.h"
 
 namespace flowrun {
 namespace {
+
+// x (6, 5) -> linear (8, with bias) -> gelu -> linear (3) -> sum of squares; with `second_reader` the first
+// linear's result is also added to the loss.
+void gelu_mlp(Graph& g, const std::string& approximate, bool second_reader = false) {
+  GraphBuilder b(g);
+  const ValueId x = g.add_input("x", {6, 5}, DType::f32);
+  const ValueId w1 = g.add_param("w1", {8, 5}, DType::f32), b1 = g.add_param("b1", {8}, DType::f32);
+  const ValueId w2 = g.add_param("w2", {3, 8}, DType::f32);
+  const ValueId pre = b.op1("linear", {x, w1, b1});
+  const ValueId y = b.op1("linear", {b.op1("gelu", {pre}, {{"approximate", approximate}}), w2});
+  ValueId loss = b.reduce_sum(b.mul(y, y), {});
+  if (second_reader) loss = b.add(loss, b.reduce_sum(pre, {}));
+  g.mark_output("loss", loss);
+}
+
+int live_ops(const Graph& g, const std::string& op, bool with_activation = false) {
+  int n = 0;
+  for (const Node& node : g.nodes())
+    n += !node.dead && node.op == op && node.attrs.has("activation") == with_activation;
+  return n;
+}
+
+TEST(GeluFusion, OnlyTheGpusTanhGeluJoinsTheLinearBeforeIt) {
+  for (const std::string approximate : {"tanh", "none"})
+    for (DeviceKind d : {DeviceKind::cpu, DeviceKind::cuda})
+      for (bool second_reader : {false, true}) {
+        SCOPED_TRACE(cat(approximate, " on ", device_kind_name(d), second_reader ? ", pre read twice" : ""));
+        Graph g;
+        gelu_mlp(g, approximate, second_reader);
+        fuse_ops(g, d);
+        const bool fused = d == DeviceKind::cuda && approximate == "tanh" && !second_reader;
+        EXPECT_EQ(live_ops(g, "gelu"), fused ? 0 : 1);
+        EXPECT_EQ(live_ops(g, "linear", true), fused ? 1 : 0);
+        EXPECT_EQ(live_ops(g, "linear"), fused ? 1 : 2);
+      }
+}
+
+TEST(GeluFusion, TheFusedLinearGivesWhatLinearThenGeluGive) {
+  // One SGD step on the CPU: the loss and the updated parameters (so every gradient) bitwise equal.
+  std::vector<std::vector<float>> runs;
+  for (bool fuse : {false, true}) {
+    Graph g;
+    gelu_mlp(g, "tanh");
+    if (fuse) fuse_ops(g, DeviceKind::cuda);
+    CompileOptions opts;
+    opts.fuse = false;
+    opts.optimizer.type = "sgd";
+    Executor ex(compile(std::move(g), opts), kCpu, 1);
+    for (const char* name : {"x", "w1", "b1", "w2"}) {
+      Tensor& t = ex.tensor(name);
+      std::vector<double> v(static_cast<size_t>(t.numel()));
+      for (size_t k = 0; k < v.size(); ++k) v[k] = std::sin(1.7 * static_cast<double>(k) + name[0] + name[1]);
+      t.fill_from(v);
+    }
+    ex.tensor("lr").data<float>()[0] = 0.1f;
+    ex.run();
+    std::vector<float> r = {ex.output("loss").data<float>()[0]};
+    for (const char* name : {"w1", "b1", "w2"}) {
+      const Tensor& t = ex.tensor(name);
+      r.insert(r.end(), t.data<float>(), t.data<float>() + t.numel());
+    }
+    runs.push_back(r);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0);
+}
 
 #ifdef FLOWRUN_HAS_CUDA
 
@@ -60,6 +133,8 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
             select_kernel(OpRegistry::get().at(n.op), DeviceKind::cuda, kernel_dtype(p.graph, n));
         EXPECT_TRUE(k.kernel && !k.widened)
             << n.name << " (" << n.op << ", " << dtype_name(kernel_dtype(p.graph, n)) << ")";
+        // The GPT's MLP GELU (tanh) runs in its linear's GEMM epilogue.
+        EXPECT_NE(n.op, "gelu") << n.name;
       }
     }
   }

@@ -103,15 +103,19 @@ void binary(const KernelCtx& c, F f) {
 
 // y[i] = f(x[i]) for a unary op, or f(in0[i], in1[i]) for a gradient op over two same-shape inputs.
 template <typename F>
-void unary(const KernelCtx& c, F f) {
-  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
+void unary(const TensorView& xv, const TensorView& yv, F f) {
+  dispatch_storage(xv.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const T* x = c.in[0].as<T>();
-    T* y = c.out[0].as<T>();
-    parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
+    const T* x = xv.as<T>();
+    T* y = yv.as<T>();
+    parallel_for(yv.numel(), kGrain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) y[i] = st<T>(static_cast<Compute<T>>(f(ld(x[i]))));
     });
   });
+}
+template <typename F>
+void unary(const KernelCtx& c, F f) {
+  unary(c.in[0], c.out[0], f);
 }
 
 template <typename F>
@@ -188,17 +192,20 @@ void relu_grad(const KernelCtx& c) {
   grad2(c, [](auto dy, auto y) { return y > 0 ? dy : decltype(dy){0}; });
 }
 
-void gelu(const KernelCtx& c) {
-  if (tanh_approx(c))
-    unary(c, [](auto x) {
-      using T = decltype(x);
-      return T(0.5) * x * (T(1) + gelu_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+void gelu(const TensorView& x, const TensorView& y, bool tanh) {
+  if (tanh)
+    unary(x, y, [](auto v) {
+      using T = decltype(v);
+      return T(0.5) * v * (T(1) + gelu_tanh(T(kSqrt2OverPi) * (v + T(0.044715) * v * v * v)));
     });
   else
-    unary(c, [](auto x) {
-      using T = decltype(x);
-      return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
+    unary(x, y, [](auto v) {
+      using T = decltype(v);
+      return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
     });
+}
+void gelu(const KernelCtx& c) {
+  gelu(c.in[0], c.out[0], tanh_approx(c));
 }
 void gelu_grad(const KernelCtx& c) {
   if (tanh_approx(c))

@@ -86,6 +86,8 @@ void pow_scalar(const KernelCtx& c);
 void relu(const KernelCtx& c);
 void relu_grad(const KernelCtx& c);
 void gelu(const KernelCtx& c);
+// y = gelu(x) as the gelu kernel computes it (tanh: approximate=tanh), for the linear kernels' fused GELU.
+void gelu(const TensorView& x, const TensorView& y, bool tanh);
 void gelu_grad(const KernelCtx& c);
 void silu(const KernelCtx& c);
 void silu_grad(const KernelCtx& c);

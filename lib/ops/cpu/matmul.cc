@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ops/cpu/dnnl_matmul.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -80,10 +81,24 @@ void matmul_bf16(const KernelCtx& c) {
               c.in[1].data, c.out[0].data);
 }
 
+namespace {
+
+// Where the GEMM writes: the output, or with a fused activation the pre-activation (output 1).
+const TensorView& gemm_out(const KernelCtx& c) {
+  return c.attrs().has("activation") ? c.out[1] : c.out[0];
+}
+
+// output 0 = gelu(output 1) under a fused activation, as the gelu op computes it.
+void activate(const KernelCtx& c) {
+  if (c.attrs().has("activation")) gelu(c.out[1], c.out[0], c.attrs().is("approximate", "tanh"));
+}
+
+}  // namespace
+
 void linear_bf16(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
   const int64_t rows = c.in[0].numel() / in;
-  bf16* y = c.out[0].as<bf16>();
+  bf16* y = gemm_out(c).as<bf16>();
   float beta = 0.0f;
   if (c.num_in == 3) {
     // As in the f32 kernel: rows seeded with the bias, the GEMM accumulates on top (in f32, rounded once).
@@ -94,6 +109,7 @@ void linear_bf16(const KernelCtx& c) {
     beta = 1.0f;
   }
   dnnl_matmul(DType::bf16, 1, rows, out, in, false, true, 0, 0, 1.0f, beta, c.in[0].data, c.in[1].data, y);
+  activate(c);
 }
 
 void linear(const KernelCtx& c) {
@@ -101,7 +117,7 @@ void linear(const KernelCtx& c) {
   const int64_t rows = c.in[0].numel() / in;
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    T* y = c.out[0].as<T>();
+    T* y = gemm_out(c).as<T>();
     T beta = T(0);
     if (c.num_in == 3) {
       // Seed every row with the bias, then accumulate x W^T on top in the same GEMM (beta = 1).
@@ -113,6 +129,7 @@ void linear(const KernelCtx& c) {
     }
     gemm<T>(false, true, rows, out, in, T(1), c.in[0].as<T>(), c.in[1].as<T>(), beta, y);
   });
+  activate(c);
 }
 
 }  // namespace flowrun::cpu

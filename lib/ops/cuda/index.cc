@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ops/cpu/nn.h"  // kMseChunk: the chunks the workspace is planned for
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -38,6 +39,14 @@ int axis_of(int64_t a, size_t rank) {
   return static_cast<int>(a < 0 ? a + static_cast<int64_t>(rank) : a);
 }
 
+// Which of `rank` axes a reduction's attribute `axes` names (empty: all).
+std::vector<bool> reduced_axes(const KernelCtx& c, size_t rank) {
+  const std::vector<int64_t> axes = c.attrs().ints("axes", {});
+  std::vector<bool> reduced(rank, axes.empty());
+  for (int64_t a : axes) reduced[static_cast<size_t>(axis_of(a, rank))] = true;
+  return reduced;
+}
+
 }  // namespace
 
 void transpose(const KernelCtx& c) {
@@ -68,23 +77,62 @@ void broadcast_to(const KernelCtx& c) {
                  stream_of(c));
 }
 
+namespace {
+
 // Output (the kept axes) and reduced axes, each with the input's strides.
-void reduce_sum(const KernelCtx& c) {
+void reduce_over_axes(const KernelCtx& c, Reduction op) {
   const Shape& in = *c.in[0].shape;
   const std::vector<int64_t> st = strides_of(in);
-  std::vector<int> axes;
-  for (int64_t a : c.attrs().ints("axes", {})) axes.push_back(axis_of(a, in.size()));
-  if (axes.empty())
-    for (size_t k = 0; k < in.size(); ++k) axes.push_back(static_cast<int>(k));
+  const std::vector<bool> reduced = reduced_axes(c, in.size());
   Shape kept_dims, red_dims;
   std::vector<int64_t> kept_st, red_st;
   for (size_t k = 0; k < in.size(); ++k) {
-    const bool reduced = std::find(axes.begin(), axes.end(), static_cast<int>(k)) != axes.end();
-    (reduced ? red_dims : kept_dims).push_back(in[k]);
-    (reduced ? red_st : kept_st).push_back(st[k]);
+    (reduced[k] ? red_dims : kept_dims).push_back(in[k]);
+    (reduced[k] ? red_st : kept_st).push_back(st[k]);
   }
-  reduce_sum(storage_of(c.in[0].dtype), c.in[0].data, c.out[0].data, c.out[0].numel(),
-             strided(kept_dims, kept_st), strided(red_dims, red_st), stream_of(c));
+  // The CPU's mean: the sum times 1 / count, in f32.
+  const float scale = 1.0f / static_cast<float>(numel(red_dims));
+  reduce(op, storage_of(c.in[0].dtype), c.in[0].data, c.out[0].data, c.out[0].numel(),
+         strided(kept_dims, kept_st), strided(red_dims, red_st), scale, stream_of(c));
+}
+
+}  // namespace
+
+void reduce_sum(const KernelCtx& c) {
+  reduce_over_axes(c, Reduction::sum);
+}
+void reduce_mean(const KernelCtx& c) {
+  reduce_over_axes(c, Reduction::mean);
+}
+void reduce_max(const KernelCtx& c) {
+  reduce_over_axes(c, Reduction::max);
+}
+
+// Inputs (dy, x, y), dy and y of the reduced shape: x's axes index them with the reduced tensor's row-major
+// strides (keepdims), 0 along the reduced axes.
+void reduce_max_grad(const KernelCtx& c) {
+  const TensorView& x = c.in[1];
+  const Shape& xs = *x.shape;
+  const std::vector<bool> reduced = reduced_axes(c, xs.size());
+  std::vector<int64_t> st(xs.size(), 0);
+  int64_t s = 1;
+  for (size_t k = xs.size(); k-- > 0;) {
+    if (reduced[k]) continue;
+    st[k] = s;
+    s *= xs[k];
+  }
+  reduce_max_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.out[0].data, x.numel(),
+                  strided(xs, st), stream_of(c));
+}
+
+void mse_loss(const KernelCtx& c) {
+  const TensorView& pred = c.in[0];
+  const int64_t n = pred.numel();
+  FR_CHECK(
+      c.workspace_bytes >= static_cast<size_t>((n + cpu::kMseChunk - 1) / cpu::kMseChunk) * sizeof(double),
+      c.node->name, ": the workspace holds fewer partial sums than chunks");
+  mse_loss(storage_of(pred.dtype), pred.data, c.in[1].data, c.out[0].data, n, cpu::kMseChunk,
+           static_cast<double*>(c.workspace), stream_of(c));
 }
 
 void embedding(const KernelCtx& c) {

@@ -36,7 +36,7 @@ void copy(const KernelCtx& c);  // stop_gradient, reshape (when not planned in p
 void cast(const KernelCtx& c);  // between f32, f16 and bf16
 
 // Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses, its
-// gradient's the scale dloss / count.
+// gradient's the scale dloss / count; the norms' gradients' their f32 partial sums per block of rows.
 void softmax(const KernelCtx& c);
 void log_softmax(const KernelCtx& c);
 void softmax_grad(const KernelCtx& c);
@@ -45,12 +45,21 @@ void cross_entropy(const KernelCtx& c);
 void cross_entropy_grad(const KernelCtx& c);
 void layernorm(const KernelCtx& c);
 void layernorm_grad(const KernelCtx& c);
+void rmsnorm(const KernelCtx& c);
+void rmsnorm_grad(const KernelCtx& c);
+void nll_loss(const KernelCtx& c);
+void nll_loss_grad(const KernelCtx& c);
 
-// Index ops (ops/cuda/index.cc): any dtype for the gathers, f32/f16/bf16 for sums and embeddings.
+// Index ops (ops/cuda/index.cc): any dtype for the gathers, f32/f16/bf16 for reductions, the squared error
+// (its workspace: one double per chunk) and embeddings.
 void transpose(const KernelCtx& c);
 void permute(const KernelCtx& c);
 void broadcast_to(const KernelCtx& c);
 void reduce_sum(const KernelCtx& c);
+void reduce_mean(const KernelCtx& c);
+void reduce_max(const KernelCtx& c);
+void reduce_max_grad(const KernelCtx& c);
+void mse_loss(const KernelCtx& c);
 void embedding(const KernelCtx& c);
 void embedding_grad(const KernelCtx& c);
 

@@ -61,14 +61,26 @@ void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, 
 // one float of scratch.
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
                         void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s);
+// The mean of -logp[label] over the rows whose label is not `ignore` (labels outside [0, cols) count and add
+// 0), summed in row order in double; its gradient -dloss / count at each counted label, 0 elsewhere.
+void nll_loss(Storage t, const void* logp, const int64_t* labels, void* loss, int64_t rows, int64_t cols,
+              int64_t ignore, cudaStream_t s);
+void nll_loss_grad(Storage t, const void* dloss, const int64_t* labels, void* dx, int64_t rows, int64_t cols,
+                   int64_t ignore, cudaStream_t s);
 // y = (x - mean) * rstd * gamma + beta per row of d, with the row statistics; and its gradient, dgamma and
-// dbeta summed over `blocks` blocks of rows into `partial` (2 x blocks x d elements; unused when blocks is
-// 1), then over the blocks in order.
+// dbeta summed over `blocks` blocks of rows (the CPU's: rows [k * rows / blocks, (k + 1) * rows / blocks))
+// into the f32 `partial` (blocks x 2 x d; unused when blocks is 1), then over the blocks in order.
 void layernorm(Storage t, const void* x, const void* gamma, const void* beta, void* y, void* mean, void* rstd,
                int64_t rows, int64_t d, float eps, cudaStream_t s);
 void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
                     const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
-                    void* partial, int64_t blocks, cudaStream_t s);
+                    float* partial, int64_t blocks, cudaStream_t s);
+// y = x * rstd * gamma per row of d, rstd = 1 / sqrt(mean(x^2) + eps); and its gradient, dgamma summed as
+// layernorm's (partial: blocks x d floats).
+void rmsnorm(Storage t, const void* x, const void* gamma, void* y, void* rstd, int64_t rows, int64_t d,
+             float eps, cudaStream_t s);
+void rmsnorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* rstd, void* dx,
+                  void* dgamma, int64_t rows, int64_t d, float* partial, int64_t blocks, cudaStream_t s);
 
 // Optimizer updates of f32 parameters in place (ops/cuda/optim.cu), as ops/cpu/optim.cc: the learning rate,
 // step and gradient coefficient are device scalars (coef null: 1; a non-finite coef skips the update, as the
@@ -95,9 +107,19 @@ struct Strided {
 };
 // y[i] = x[offset(i)] for the n elements of y, whose elements are elem_bytes (1, 2, 4 or 8) wide.
 void gather_strided(size_t elem_bytes, const void* x, void* y, int64_t n, const Strided& out, cudaStream_t s);
-// y[i] = sum over the reduced index r of x[offset(i) + offset_r(r)], n outputs, in a fixed order.
-void reduce_sum(Storage t, const void* x, void* y, int64_t n, const Strided& out, const Strided& reduced,
-                cudaStream_t s);
+// y[i] = the sum (mean: times `scale`, or maximum) over the reduced index r of x[offset(i) + offset_r(r)], n
+// outputs, r in order.
+enum class Reduction : int { sum, mean, max };
+void reduce(Reduction op, Storage t, const void* x, void* y, int64_t n, const Strided& out,
+            const Strided& reduced, float scale, cudaStream_t s);
+// dx[i] = dy[offset(i)] where x[i] equals the maximum y[offset(i)], else 0; `in`: x's dims with the strides
+// of the reduced tensor (0 along reduced axes).
+void reduce_max_grad(Storage t, const void* dy, const void* x, const void* y, void* dx, int64_t n,
+                     const Strided& in, cudaStream_t s);
+// mean((pred - target)^2) as the CPU sums it: per chunk of `chunk` elements 16 interleaved double sums added
+// pairwise into partial[chunk index], then the chunks in order.
+void mse_loss(Storage t, const void* pred, const void* target, void* loss, int64_t n, int64_t chunk,
+              double* partial, cudaStream_t s);
 // Table rows by id (ids - offset outside [0, V) give zero rows), and the gradient summed per row in id order.
 void embedding(Storage t, const int64_t* ids, const void* table, void* y, int64_t n, int64_t V, int64_t D,
                int64_t offset, cudaStream_t s);

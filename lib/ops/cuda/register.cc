@@ -39,6 +39,10 @@ void register_cuda_kernels(OpRegistry& r) {
       {"cross_entropy_grad", cuda::cross_entropy_grad},
       {"layernorm", cuda::layernorm},
       {"layernorm_grad", cuda::layernorm_grad},
+      {"rmsnorm", cuda::rmsnorm},
+      {"rmsnorm_grad", cuda::rmsnorm_grad},
+      {"nll_loss", cuda::nll_loss},
+      {"nll_loss_grad", cuda::nll_loss_grad},
   };
   for (const auto& [op, fn] : rows) r.add_kernel(op, {DeviceKind::cuda, floats, fn});
   const std::vector<DType> any = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8};
@@ -50,6 +54,10 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("concat", {DeviceKind::cuda, any, cuda::concat});
   r.add_kernel("split", {DeviceKind::cuda, any, cuda::split});
   r.add_kernel("reduce_sum", {DeviceKind::cuda, floats, cuda::reduce_sum});
+  r.add_kernel("reduce_mean", {DeviceKind::cuda, floats, cuda::reduce_mean});
+  r.add_kernel("reduce_max", {DeviceKind::cuda, floats, cuda::reduce_max});
+  r.add_kernel("reduce_max_grad", {DeviceKind::cuda, floats, cuda::reduce_max_grad});
+  r.add_kernel("mse_loss", {DeviceKind::cuda, floats, cuda::mse_loss});
   r.add_kernel("embedding", {DeviceKind::cuda, floats, cuda::embedding});
   r.add_kernel("embedding_grad", {DeviceKind::cuda, floats, cuda::embedding_grad});
   r.add_kernel("sdpa", {DeviceKind::cuda, floats, cuda::sdpa});

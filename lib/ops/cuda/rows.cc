@@ -69,17 +69,46 @@ void layernorm(const KernelCtx& c) {
             stream_of(c));
 }
 
-// The parameter gradients' partial sums per block of rows live in the workspace the CPU kernel uses for
-// the same (cpu::norm_row_blocks blocks, two vectors each).
-void layernorm_grad(const KernelCtx& c) {
-  const TensorView& x = c.in[1];
+// The parameter gradients' f32 partial sums per block of rows live in the workspace the CPU kernel uses for
+// the same (cpu::norm_row_blocks blocks, `parts` vectors each; sized in f32 for f16/bf16).
+float* dparams_partials(const KernelCtx& c, const TensorView& x, int64_t parts) {
   const int64_t blocks = cpu::norm_row_blocks(rows_of(x));
   FR_CHECK(
-      blocks == 1 || c.workspace_bytes >= static_cast<size_t>(2 * blocks * cols_of(x)) * dtype_size(x.dtype),
+      blocks == 1 || c.workspace_bytes >= static_cast<size_t>(parts * blocks * cols_of(x)) * sizeof(float),
       c.node->name, ": the workspace holds fewer partial sums than blocks of rows");
+  return static_cast<float*>(c.workspace);
+}
+
+void layernorm_grad(const KernelCtx& c) {
+  const TensorView& x = c.in[1];
   layernorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
-                 c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x), c.workspace, blocks,
-                 stream_of(c));
+                 c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x),
+                 dparams_partials(c, x, 2), cpu::norm_row_blocks(rows_of(x)), stream_of(c));
+}
+
+void rmsnorm(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  rmsnorm(storage_of(x.dtype), x.data, c.in[1].data, c.out[0].data, c.out[1].data, rows_of(x), cols_of(x),
+          static_cast<float>(c.attrs().f("eps", 1e-6)), stream_of(c));
+}
+
+void rmsnorm_grad(const KernelCtx& c) {
+  const TensorView& x = c.in[1];
+  rmsnorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.out[0].data,
+               c.out[1].data, rows_of(x), cols_of(x), dparams_partials(c, x, 1),
+               cpu::norm_row_blocks(rows_of(x)), stream_of(c));
+}
+
+void nll_loss(const KernelCtx& c) {
+  const TensorView& logp = c.in[0];
+  nll_loss(storage_of(logp.dtype), logp.data, c.in[1].as<int64_t>(), c.out[0].data, rows_of(logp),
+           cols_of(logp), c.attrs().i("ignore_index", -100), stream_of(c));
+}
+
+void nll_loss_grad(const KernelCtx& c) {
+  const TensorView& logp = c.in[1];
+  nll_loss_grad(storage_of(logp.dtype), c.in[0].data, c.in[2].as<int64_t>(), c.out[0].data, rows_of(logp),
+                cols_of(logp), c.attrs().i("ignore_index", -100), stream_of(c));
 }
 
 }  // namespace flowrun::cuda

@@ -1,6 +1,7 @@
-// Row-wise CUDA kernels: softmax, log_softmax, cross-entropy and layernorm with their gradients. One block of
-// kThreads threads per row; the row's sums and maxima are reduced in a fixed order (warp shuffles, then the
-// warps' partials), f32 arithmetic on f32/f16/bf16 storage.
+// Row-wise CUDA kernels: softmax, log_softmax, cross-entropy, nll_loss, layernorm and rmsnorm with their
+// gradients. One block of kThreads threads per row (one block for a loss's mean); the row's sums and maxima
+// are reduced in a fixed order (warp shuffles, then the warps' partials), f32 arithmetic on f32/f16/bf16
+// storage.
 
 #include "ops/cuda/device.cuh"
 
@@ -160,37 +161,122 @@ __global__ void layernorm_dx(const T* dy, const T* x, const T* gamma, const T* m
   }
 }
 
-// dgamma[j] = sum over rows of dy xhat, dbeta[j] = sum of dy, in two passes with a fixed order: block
-// (k, column tile) sums rows [k * per, (k + 1) * per) of its columns into partials k (or, with one block of
-// rows, straight into the outputs); then a thread per column adds the partials in k order.
+// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps), as the CPU computes it (the mean times 1 / d).
 template <typename T>
-__global__ void layernorm_dparams_blocks(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma,
-                                         T* dbeta, T* partial, int64_t rows, int64_t d, int64_t per,
-                                         bool direct) {
-  const int64_t k = blockIdx.y, j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= d) return;
-  const int64_t end = (k + 1) * per < rows ? (k + 1) * per : rows;
-  float g = 0.0f, b = 0.0f;
-  for (int64_t r = k * per; r < end; ++r) {
-    const float v = load(dy, r * d + j);
-    g += v * (load(x, r * d + j) - load(mean, r)) * load(rstd, r);
-    b += v;
+__global__ void rmsnorm_kernel(const T* x, const T* gamma, T* y, T* rstd, int64_t d, float inv_d, float eps) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  T* yr = y + r * d;
+  float v = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    const float xv = load(xr, j);
+    v += xv * xv;
   }
-  store(direct ? dgamma : partial + (2 * k) * d, j, g);
-  store(direct ? dbeta : partial + (2 * k + 1) * d, j, b);
+  const float rs = 1.0f / sqrtf(block_reduce<false>(v, scratch) * inv_d + eps);
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) store(yr, j, load(xr, j) * rs * load(gamma, j));
+  if (threadIdx.x == 0) store(rstd, r, rs);
 }
 
+// dx = rstd * (g dy - xhat mean(g dy xhat)) per row, xhat = x rstd.
 template <typename T>
-__global__ void layernorm_dparams_sum(const T* partial, T* dgamma, T* dbeta, int64_t blocks, int64_t d) {
+__global__ void rmsnorm_dx(const T* dy, const T* x, const T* gamma, const T* rstd, T* dx, int64_t d,
+                           float inv_d) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T *dyr = dy + r * d, *xr = x + r * d;
+  T* dxr = dx + r * d;
+  const float rs = load(rstd, r);
+  float b = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) b += load(gamma, j) * load(dyr, j) * (load(xr, j) * rs);
+  b = block_reduce<false>(b, scratch) * inv_d;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads)
+    store(dxr, j, rs * (load(gamma, j) * load(dyr, j) - load(xr, j) * rs * b));
+}
+
+// The parameter gradients of layernorm (kCentered: dgamma = sum over rows of dy xhat, dbeta = sum of dy) and
+// rmsnorm (dgamma only), in two passes with the CPU kernel's fixed order: block (column tile, k) sums rows
+// [k * rows / blocks, (k + 1) * rows / blocks) of its columns into the f32 partials of block k, vector p at
+// partial[(k * parts + p) * d] (with one block of rows, straight into the outputs); then a thread per column
+// adds the blocks' partials in k order. f16/bf16 gradients are rounded once, as the CPU's widened kernel
+// does.
+template <typename T, bool kCentered>
+__global__ void norm_dparams_blocks(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma,
+                                    T* dbeta, float* partial, int64_t rows, int64_t d, int64_t blocks) {
+  const int64_t k = blockIdx.y, j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= d) return;
+  const int64_t r0 = k * rows / blocks, r1 = (k + 1) * rows / blocks;
+  float g = 0.0f, b = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float v = load(dy, r * d + j);
+    const float mu = kCentered ? load(mean, r) : 0.0f;
+    g += v * ((load(x, r * d + j) - mu) * load(rstd, r));
+    if (kCentered) b += v;
+  }
+  if (blocks == 1) {
+    store(dgamma, j, g);
+    if (kCentered) store(dbeta, j, b);
+    return;
+  }
+  constexpr int64_t parts = kCentered ? 2 : 1;
+  partial[k * parts * d + j] = g;
+  if (kCentered) partial[(k * parts + 1) * d + j] = b;
+}
+
+template <typename T, bool kCentered>
+__global__ void norm_dparams_sum(const float* partial, T* dgamma, T* dbeta, int64_t blocks, int64_t d) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= d) return;
-  float g = 0.0f, b = 0.0f;
-  for (int64_t k = 0; k < blocks; ++k) {
-    g += load(partial, (2 * k) * d + j);
-    b += load(partial, (2 * k + 1) * d + j);
+  constexpr int64_t parts = kCentered ? 2 : 1;
+  float g = partial[j], b = kCentered ? partial[d + j] : 0.0f;
+  for (int64_t k = 1; k < blocks; ++k) {
+    g += partial[k * parts * d + j];
+    if (kCentered) b += partial[(k * parts + 1) * d + j];
   }
   store(dgamma, j, g);
-  store(dbeta, j, b);
+  if (kCentered) store(dbeta, j, b);
+}
+
+template <typename T, bool kCentered>
+void norm_dparams(const T* dy, const T* x, const T* mean, const T* rstd, T* dgamma, T* dbeta, float* partial,
+                  int64_t rows, int64_t d, int64_t blocks, cudaStream_t s) {
+  const unsigned tiles = static_cast<unsigned>((d + kThreads - 1) / kThreads);
+  norm_dparams_blocks<T, kCentered><<<dim3(tiles, static_cast<unsigned>(blocks)), kThreads, 0, s>>>(
+      dy, x, mean, rstd, dgamma, dbeta, partial, rows, d, blocks);
+  if (blocks > 1)
+    norm_dparams_sum<T, kCentered><<<tiles, kThreads, 0, s>>>(partial, dgamma, dbeta, blocks, d);
+}
+
+// The mean of -logp[r, label] over the counted rows, summed in row order in double as the CPU does (one
+// thread gathering one value a row).
+template <typename T>
+__global__ void nll_loss_kernel(const T* logp, const int64_t* labels, T* loss, int64_t rows, int64_t cols,
+                                int64_t ignore) {
+  __shared__ float scratch[kWarps];
+  const int64_t n = count_targets(labels, rows, ignore, scratch);
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t label = labels[r];
+      if (label != ignore && label >= 0 && label < cols)
+        sum -= static_cast<double>(load(logp, r * cols + label));
+    }
+    store(loss, 0, n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+  }
+}
+
+// -dloss / count at each counted row's label of the zeroed dx; one block.
+template <typename T>
+__global__ void nll_loss_grad_labels(const T* dloss, const int64_t* labels, T* dx, int64_t rows, int64_t cols,
+                                     int64_t ignore) {
+  __shared__ float scratch[kWarps];
+  const int64_t n = count_targets(labels, rows, ignore, scratch);
+  if (n == 0) return;
+  const float g = load(dloss, 0) / static_cast<float>(n);
+  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
+    const int64_t label = labels[r];
+    if (label != ignore && label >= 0 && label < cols) store(dx, r * cols + label, -g);
+  }
 }
 
 unsigned grid(int64_t rows) {
@@ -258,24 +344,67 @@ void layernorm(Storage t, const void* x, const void* gamma, const void* beta, vo
 
 void layernorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* mean,
                     const void* rstd, void* dx, void* dgamma, void* dbeta, int64_t rows, int64_t d,
-                    void* partial, int64_t blocks, cudaStream_t s) {
+                    float* partial, int64_t blocks, cudaStream_t s) {
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0)
       layernorm_dx<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                    static_cast<const T*>(gamma), static_cast<const T*>(mean),
                                                    static_cast<const T*>(rstd), static_cast<T*>(dx), d);
-    const unsigned tiles = static_cast<unsigned>((d + kThreads - 1) / kThreads);
-    const int64_t per = (rows + blocks - 1) / blocks;
-    layernorm_dparams_blocks<<<dim3(tiles, static_cast<unsigned>(blocks)), kThreads, 0, s>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
-        static_cast<const T*>(rstd), static_cast<T*>(dgamma), static_cast<T*>(dbeta),
-        static_cast<T*>(partial), rows, d, per, blocks == 1);
-    if (blocks > 1)
-      layernorm_dparams_sum<<<tiles, kThreads, 0, s>>>(
-          static_cast<const T*>(partial), static_cast<T*>(dgamma), static_cast<T*>(dbeta), blocks, d);
+    norm_dparams<T, true>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(mean),
+                          static_cast<const T*>(rstd), static_cast<T*>(dgamma), static_cast<T*>(dbeta),
+                          partial, rows, d, blocks, s);
   });
   check(cudaGetLastError(), "layernorm gradient kernel launch");
+}
+
+void rmsnorm(Storage t, const void* x, const void* gamma, void* y, void* rstd, int64_t rows, int64_t d,
+             float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rmsnorm_kernel<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                                   static_cast<T*>(y), static_cast<T*>(rstd), d,
+                                                   1.0f / static_cast<float>(d), eps);
+  });
+  check(cudaGetLastError(), "rmsnorm kernel launch");
+}
+
+void rmsnorm_grad(Storage t, const void* dy, const void* x, const void* gamma, const void* rstd, void* dx,
+                  void* dgamma, int64_t rows, int64_t d, float* partial, int64_t blocks, cudaStream_t s) {
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0)
+      rmsnorm_dx<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                 static_cast<const T*>(gamma), static_cast<const T*>(rstd),
+                                                 static_cast<T*>(dx), d, 1.0f / static_cast<float>(d));
+    norm_dparams<T, false>(static_cast<const T*>(dy), static_cast<const T*>(x), nullptr,
+                           static_cast<const T*>(rstd), static_cast<T*>(dgamma), nullptr, partial, rows, d,
+                           blocks, s);
+  });
+  check(cudaGetLastError(), "rmsnorm gradient kernel launch");
+}
+
+void nll_loss(Storage t, const void* logp, const int64_t* labels, void* loss, int64_t rows, int64_t cols,
+              int64_t ignore, cudaStream_t s) {
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    nll_loss_kernel<<<1, kThreads, 0, s>>>(static_cast<const T*>(logp), labels, static_cast<T*>(loss), rows,
+                                           cols, ignore);
+  });
+  check(cudaGetLastError(), "nll_loss kernel launch");
+}
+
+void nll_loss_grad(Storage t, const void* dloss, const int64_t* labels, void* dx, int64_t rows, int64_t cols,
+                   int64_t ignore, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    check(cudaMemsetAsync(dx, 0, static_cast<size_t>(rows * cols) * sizeof(T), s), "cudaMemsetAsync");
+    nll_loss_grad_labels<<<1, kThreads, 0, s>>>(static_cast<const T*>(dloss), labels, static_cast<T*>(dx),
+                                                rows, cols, ignore);
+  });
+  check(cudaGetLastError(), "nll_loss gradient kernel launch");
 }
 
 }  // namespace flowrun::cuda
