@@ -73,8 +73,9 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
       buffers.push_back({val.nbytes(), pos, last, -1});
     }
     {
-      const bool widened = select_kernel(def, device, kernel_dtype(g, n)).widened;
-      const size_t ws = workspace_layout(def, widened, types_of(g, n.inputs), types_of(g, n.outputs), n.attrs).bytes;
+      const KernelChoice k = select_kernel(def, device, kernel_dtype(g, n));
+      const size_t ws =
+          workspace_layout(def, k, types_of(g, n.inputs), types_of(g, n.outputs), n.attrs).bytes;
       if (ws > 0) {
         plan.workspace_bytes[static_cast<size_t>(n.id)] = ws;
         plan.total_intermediate_bytes += align_up(ws);

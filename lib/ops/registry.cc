@@ -24,8 +24,9 @@ KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t) {
   return {};
 }
 
-WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vector<TensorType>& in,
+WorkspaceLayout workspace_layout(const OpDef& def, const KernelChoice& k, const std::vector<TensorType>& in,
                                  const std::vector<TensorType>& out, const Attrs& attrs) {
+  const bool widened = k.widened;
   WorkspaceLayout w;
   auto align = [](size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; };
   std::vector<TensorType> kin = in, kout = out;
@@ -41,7 +42,8 @@ WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vect
   widen(kin, w.in_offset);
   widen(kout, w.out_offset);
   w.kernel_offset = w.bytes;
-  w.kernel_bytes = def.workspace ? def.workspace(kin, kout, attrs) : 0;
+  const auto& size = k.kernel && k.kernel->workspace ? k.kernel->workspace : def.workspace;
+  w.kernel_bytes = size ? size(kin, kout, attrs) : 0;
   w.bytes += w.kernel_bytes;
   return w;
 }

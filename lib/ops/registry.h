@@ -64,6 +64,10 @@ struct KernelDef {
   KernelFn fn = nullptr;
   // Whether this machine can run the kernel fast (e.g. bf16 GEMMs need avx512_bf16); null = always.
   bool (*available)() = nullptr;
+  // This kernel's scratch bytes where they differ from OpDef::workspace (a device library's own workspace,
+  // e.g. cuDNN's convolutions); null: the op's.
+  std::function<size_t(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)>
+      workspace = nullptr;
 };
 
 struct Cost {
@@ -144,13 +148,14 @@ struct KernelChoice {
 KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t);
 
 // A node's workspace: for a widened node an f32 buffer per low-precision input and output (-1 where a
-// tensor is passed as it is), then the kernel's own workspace, sized for the types the kernel sees.
+// tensor is passed as it is), then the kernel's own workspace (KernelDef::workspace, else the op's), sized
+// for the types the kernel sees.
 struct WorkspaceLayout {
   size_t bytes = 0;
   std::vector<int64_t> in_offset, out_offset;
   size_t kernel_offset = 0, kernel_bytes = 0;
 };
-WorkspaceLayout workspace_layout(const OpDef& def, bool widened, const std::vector<TensorType>& in,
+WorkspaceLayout workspace_layout(const OpDef& def, const KernelChoice& k, const std::vector<TensorType>& in,
                                  const std::vector<TensorType>& out, const Attrs& attrs);
 
 // f16 and bf16: the storage types that widened kernels and the mixed-precision pass deal in.

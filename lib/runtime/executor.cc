@@ -123,8 +123,7 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     // Widening converts on the host: a GPU program needs every kernel native.
     FR_CHECK(!k.widened || device_.kind == DeviceKind::cpu, n.name, ": ", n.op, " has no native ",
              dtype_name(kernel_dtype(g, n)), " kernel on ", device_str(device_));
-    const WorkspaceLayout ws =
-        workspace_layout(def, k.widened, types_of(n.inputs), types_of(n.outputs), n.attrs);
+    const WorkspaceLayout ws = workspace_layout(def, k, types_of(n.inputs), types_of(n.outputs), n.attrs);
     char* wbase = mem.workspace_offset[static_cast<size_t>(id)] >= 0
                       ? base + mem.workspace_offset[static_cast<size_t>(id)]
                       : nullptr;

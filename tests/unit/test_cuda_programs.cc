@@ -1,9 +1,9 @@
 // The GPU programs compile without a GPU (CUDA builds): every op of the training and evaluation steps of the
-// configs meant for a GPU (fp32, bf16, fp16 with loss scaling) has a native CUDA kernel in the dtype the step
-// uses (compile's check_kernels for
-// the cuda device), and a model with an op that has none is refused naming it. The GPU's fusion of linear and
-// tanh GELU (any build): where it applies, and that the fused op computes, forward and backward, what the
-// pair does (on the CPU, bitwise).
+// configs meant for a GPU (fp32, bf16, fp16 with loss scaling; the MLP, GPTs, the CNN and the ResNet) has a
+// native CUDA kernel in the dtype the step uses (compile's check_kernels for the cuda device), and a model
+// with an op that has none is refused naming it. The GPU's fusion of linear and tanh GELU (any build): where
+// it applies, and that the fused op computes, forward and backward, what the pair does (on the CPU,
+// bitwise).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,6 +116,13 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
        text_spec(128)},
       {"configs/kjv_gpt.yaml", {"precision.dtype=fp16"}, text_spec(128)},
       {"configs/bench/gpt2_124m.yaml", {"data.seq_len=64"}, text_spec(64)},
+      {"configs/bench/cnn.yaml", {}, image_spec(1, 28, 28)},
+      {"configs/fashion_cnn.yaml", {}, image_spec(1, 28, 28)},  // dropout, AdamW
+      {"configs/bench/resnet.yaml", {}, image_spec(3, 32, 32)},
+      {"configs/bench/resnet.yaml", {"precision.dtype=bf16"}, image_spec(3, 32, 32)},
+      {"configs/bench/resnet.yaml",
+       {"precision.dtype=fp16", "model.block=bottleneck", "model.depth=29"},
+       image_spec(3, 32, 32)},
   };
   for (const Case& c : cases) {
     std::vector<std::string> sets = c.sets;
@@ -135,6 +142,10 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
             << n.name << " (" << n.op << ", " << dtype_name(kernel_dtype(p.graph, n)) << ")";
         // The GPT's MLP GELU (tanh) runs in its linear's GEMM epilogue.
         EXPECT_NE(n.op, "gelu") << n.name;
+        // A convolution plans cuDNN's workspace (the CUDA kernel's own), not the CPU's im2col buffer.
+        if (n.op.starts_with("conv2d")) {
+          EXPECT_EQ(p.memory.workspace_bytes[static_cast<size_t>(id)], size_t{64} << 20) << n.name;
+        }
       }
     }
   }
@@ -166,15 +177,18 @@ TEST(CudaPrograms, DataParallelProgramsCompileForTheGpu) {
 }
 
 TEST(CudaPrograms, AnOpWithoutACudaKernelIsNamed) {
-  const RunConfig cfg = load_config(FLOWRUN_SOURCE_DIR "/configs/fashion_cnn.yaml", {"train.device=cuda"});
-  BuiltModel m;
+  // Every op has CUDA kernels now, for the dtypes the GPU stores (f32, f16, bf16): an f64 op has none.
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId x = b.input("x", {4}, DType::f64);
+  g.mark_output("y", b.op1("tanh", {x}));
   try {
-    compile_model(cfg, image_spec(1, 28, 28), 2, true, &m);
-    FAIL() << "compiled a convolution for the GPU";
+    check_kernels(g, DeviceKind::cuda);
+    FAIL() << "an f64 tanh passed for the GPU";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::bad_input);
-    EXPECT_NE(std::string(e.what()).find("conv2d"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("no cuda kernel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tanh"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no cuda kernel for f64"), std::string::npos) << e.what();
   }
 }
 

@@ -107,4 +107,26 @@ void sbp_all_gather(const KernelCtx& c);
 void sbp_slice(const KernelCtx& c);
 void sbp_reduce_scatter(const KernelCtx& c);
 
+// Convolution through cuDNN (ops/cuda/conv.cc): f32 (no TF32), f16, bf16, accumulating in f32, deterministic
+// algorithms; conv_workspace is the cuDNN workspace every conv node plans (KernelDef::workspace).
+void conv2d(const KernelCtx& c);  // the bias added after, by a kernel
+void conv2d_grad_input(const KernelCtx& c);
+void conv2d_grad_weight(const KernelCtx& c);
+size_t conv_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a);
+// Pooling (ops/cuda/conv.cc and conv.cu): f32, f16, bf16; the gradients are gathers (no atomics).
+void maxpool2d(const KernelCtx& c);
+void maxpool2d_grad(const KernelCtx& c);
+void avgpool2d(const KernelCtx& c);
+void avgpool2d_grad(const KernelCtx& c);
+void global_avgpool(const KernelCtx& c);
+
+// Batch normalisation (ops/cuda/batchnorm.cc): f32, f16, bf16, the running statistics updated in place; their
+// workspaces hold f32 channel statistics and per-part sums.
+void batchnorm(const KernelCtx& c);
+void batchnorm_grad(const KernelCtx& c);
+size_t batchnorm_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                           const Attrs& a);
+size_t batchnorm_grad_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                                const Attrs& a);
+
 }  // namespace flowrun::cuda

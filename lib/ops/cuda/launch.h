@@ -183,4 +183,53 @@ void loss_scale_update(const LossScaling& a, const float* norm, float* loss_scal
 // acc = g on the first micro-batch (*micro == 0), acc + g after.
 void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, int64_t n, cudaStream_t s);
 
+// The convolution's bias and pooling (ops/cuda/conv.cu) over NCHW planes, a thread per output element.
+// y[(i * c + k) * plane + p] += bias[k] for the n images i of c channels.
+void channel_bias(Storage t, void* y, const void* bias, int64_t n, int64_t c, int64_t plane, cudaStream_t s);
+// A pooling window geometry over `planes` planes (n * c) of h x w, output oh x ow.
+struct Pool {
+  int64_t planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+};
+// As the CPU kernel: the first maximum of each window wins (NaN propagates: the last NaN), the padding is
+// never chosen; idx = ih * w + iw within the plane.
+void maxpool2d(Storage t, const Pool& p, const void* x, void* y, int64_t* idx, cudaStream_t s);
+// dx[e] = the sum, in output order, of dy over the windows holding e whose argmax is e: a gather per input
+// element (no atomics). The indices must be maxpool2d's, each inside its own window.
+void maxpool2d_grad(Storage t, const Pool& p, const void* dy, const int64_t* idx, void* dx, cudaStream_t s);
+// Window sums in row-major order divided by kh * kw (include_pad) or the window's in-image count; the
+// gradient gathers dy / divisor over the windows holding each input element, in output order.
+void avgpool2d(Storage t, const Pool& p, bool include_pad, const void* x, void* y, cudaStream_t s);
+void avgpool2d_grad(Storage t, const Pool& p, bool include_pad, const void* dy, void* dx, cudaStream_t s);
+// y[p] = (sum of plane p's hw elements) * (1 / hw), a warp per plane.
+void global_avgpool(Storage t, const void* x, void* y, int64_t planes, int64_t hw, cudaStream_t s);
+
+// Batch normalisation (ops/cuda/batchnorm.cu) of x viewed as (n, c, s): per channel, m = n * s values. The
+// channel sums are two-stage and fixed: block (channel, part) sums values [part * per, (part + 1) * per) of
+// its channel in f32 (thread strides, then block_reduce), then a thread per channel adds the parts in order
+// in double. The workspace (f32): the channel statistics the element passes read (2 x c), then the parts.
+inline int64_t batchnorm_parts(int64_t m) {
+  const int64_t p = (m + 4095) / 4096;  // about 16 values per thread of a block
+  return p < 1 ? 1 : (p > 1024 ? 1024 : p);
+}
+// Floats of workspace for `sums` sums per channel at once (0: inference's forward, which sums nothing).
+inline int64_t batchnorm_workspace_floats(int64_t c, int64_t m, int64_t sums) {
+  return 2 * c + sums * c * batchnorm_parts(m);
+}
+struct BatchNorm {
+  int64_t n, c, s;
+  float eps, momentum;
+  bool training;
+};
+// Training: batch mean and biased variance (the centred squares summed in a second pass), the running
+// statistics updated in place (the unbiased variance); inference: the running statistics. Writes y and the
+// saved mean and rstd.
+void batchnorm(Storage t, const BatchNorm& b, const void* x, const void* gamma, const void* beta,
+               void* running_mean, void* running_var, void* y, void* mean, void* rstd, float* ws,
+               cudaStream_t s);
+// dbeta = sum dy, dgamma = rstd sum dy (x - mean) per channel; dx = gamma rstd (dy - t dbeta - t (x - mean)
+// rstd dgamma) with t = 1 / m in training, 0 in inference.
+void batchnorm_grad(Storage t, const BatchNorm& b, const void* dy, const void* x, const void* gamma,
+                    const void* mean, const void* rstd, void* dx, void* dgamma, void* dbeta, float* ws,
+                    cudaStream_t s);
+
 }  // namespace flowrun::cuda

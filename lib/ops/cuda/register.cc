@@ -88,6 +88,22 @@ void register_cuda_kernels(OpRegistry& r) {
   const std::vector<DType> gathered = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::u8};
   r.add_kernel("sbp_all_gather", {DeviceKind::cuda, gathered, cuda::sbp_all_gather});
   r.add_kernel("sbp_slice", {DeviceKind::cuda, gathered, cuda::sbp_slice});
+  // cuDNN's workspace, not the CPU kernels' im2col buffers.
+  const std::pair<const char*, KernelFn> convs[] = {
+      {"conv2d", cuda::conv2d},
+      {"conv2d_grad_input", cuda::conv2d_grad_input},
+      {"conv2d_grad_weight", cuda::conv2d_grad_weight},
+  };
+  for (const auto& [op, fn] : convs)
+    r.add_kernel(op, {DeviceKind::cuda, floats, fn, nullptr, cuda::conv_workspace});
+  r.add_kernel("maxpool2d", {DeviceKind::cuda, floats, cuda::maxpool2d});
+  r.add_kernel("maxpool2d_grad", {DeviceKind::cuda, floats, cuda::maxpool2d_grad});
+  r.add_kernel("avgpool2d", {DeviceKind::cuda, floats, cuda::avgpool2d});
+  r.add_kernel("avgpool2d_grad", {DeviceKind::cuda, floats, cuda::avgpool2d_grad});
+  r.add_kernel("global_avgpool", {DeviceKind::cuda, floats, cuda::global_avgpool});
+  r.add_kernel("batchnorm", {DeviceKind::cuda, floats, cuda::batchnorm, nullptr, cuda::batchnorm_workspace});
+  r.add_kernel("batchnorm_grad",
+               {DeviceKind::cuda, floats, cuda::batchnorm_grad, nullptr, cuda::batchnorm_grad_workspace});
 }
 
 }  // namespace flowrun
