@@ -30,8 +30,8 @@ if [[ "${1:-}" == "--pack" ]]; then
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
   cp data/cache/kjv.h5 data/cache/wine.h5 "$stage/data/"
   # Every library the binaries load, but the C library's own and CUDA's (those must be the machine's: the
-  # GPU machine has the CUDA 13 runtime and cuBLASLt; cuDNN 9 too, it is assumed, which is not yet seen
-  # there: each would be hundreds of MiB to carry).
+  # GPU machine has the CUDA 13 runtime and cuBLASLt, and cuDNN 9 and NCCL in its Python packages, which is
+  # read off its package list, not yet seen loading: each would be hundreds of MiB to carry).
   for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
     grep -v '^/usr/local/cuda' | while read -r lib; do cp -L "$lib" "$stage/lib/"; done

@@ -79,7 +79,8 @@ void all_reduce(const KernelCtx& c) {
            ": pipeline stages on GPUs are not supported yet");
   void* buf = c.num_in > 1 ? c.workspace : c.out[0].data;
   const int64_t total = pack(c, buf);
-  if (Communicator* g = on_stream(c.comm, c)) g->all_reduce(buf, total, c.in[0].dtype, ReduceOp::sum);
+  Communicator* group = c.attrs().is("group", "ends") ? nullptr : on_stream(c.comm, c);  // ends: one rank
+  if (group) group->all_reduce(buf, total, c.in[0].dtype, ReduceOp::sum);
   unpack_scaled(c, buf, c.attrs().f("scale", 1.0));
 }
 
