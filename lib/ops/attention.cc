@@ -138,6 +138,15 @@ std::vector<OpSample> sdpa_samples() {
        {1, 1, 130, 4},
        {1, 1, 130, 67},
        Attrs{{"causal", false}, {"scale", 2.0}}},
+      // The CUDA kernels' tiles (16 to 64 rows): three query and key tiles with ragged last ones, the causal
+      // mask skipping whole key tiles, and a query shorter than the keys over two heads.
+      {"causal multi-tile T=S=150 D=24", {1, 1, 150, 24}, {1, 1, 150, 24}, {1, 1, 150, 24}, Attrs{}},
+      {"full multi-tile T=S=150 D=24 Dv=20",
+       {1, 1, 150, 24},
+       {1, 1, 150, 24},
+       {1, 1, 150, 20},
+       Attrs{{"causal", false}}},
+      {"causal multi-tile T=100 S=150", {1, 2, 100, 24}, {1, 2, 150, 24}, {1, 2, 150, 24}, Attrs{}},
   };
   std::vector<OpSample> s;
   for (const Case& c : cases) {

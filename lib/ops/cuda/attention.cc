@@ -18,10 +18,9 @@ Attention geometry(const KernelCtx& c, const TensorView& q, const TensorView& k,
   a.dv = v.dim(3);
   a.causal = c.attrs().b("causal", true);
   a.scale = static_cast<float>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(d))));
-  if (a.s > kAttentionMaxKeys || 2 * a.t > kAttentionMaxKeys)
-    throw runtime_error(cat(c.node->name, ": the CUDA attention takes up to ", kAttentionMaxKeys,
-                            " keys and ", kAttentionMaxKeys / 2, " queries (a row in shared memory), not ",
-                            a.s, " and ", a.t));
+  if (a.d > kAttentionMaxHeadDim || a.dv > kAttentionMaxHeadDim)
+    throw runtime_error(cat(c.node->name, ": the CUDA attention takes head dims up to ", kAttentionMaxHeadDim,
+                            " (its tiles in shared memory), not ", a.d, " and ", a.dv));
   return a;
 }
 

@@ -127,11 +127,12 @@ void embedding_grad(Storage t, const void* dy, const int64_t* ids, void* dtable,
                     int64_t D, int64_t offset, cudaStream_t s);
 
 // Scaled-dot-product attention (ops/cuda/attention.cu) over bh = batch x heads: q (t x d), k (s x d), v (s x
-// dv) each, out (t x dv) and an f32 lse per query; under `causal` query i sees keys j <= i + s - t. The
-// backward recomputes the probabilities from lse; `rowsum`: bh x t floats of scratch. A thread block per
-// query row (per key row for dk and dv): no atomics, fixed summation orders.
-// A row of scores (or two rows of queries' terms) lives in a block's shared memory: 48 KiB, the default.
-constexpr int64_t kAttentionMaxKeys = 48 * 1024 / sizeof(float);
+// dv) each, out (t x dv) and an f32 lse per query; under `causal` query i sees keys j <= i + s - t. Tiled as
+// FlashAttention-2 (a block per tile of queries walking the key tiles with the online softmax; tensor cores
+// for f16/bf16), so any length fits; the backward recomputes the probabilities from lse, `rowsum`: bh x t
+// floats of scratch. A block per key tile (dk, dv) and per query tile (dq): no atomics, fixed summation
+// orders. Head dims d and dv up to kAttentionMaxHeadDim: tiles of 16 rows of them fit in shared memory.
+constexpr int64_t kAttentionMaxHeadDim = 256;
 struct Attention {
   int64_t bh, t, s, d, dv;
   bool causal;
