@@ -55,12 +55,14 @@ std::unique_ptr<Communicator> make_single_communicator();
 // embeddings).
 struct Mesh {
   std::shared_ptr<Communicator> world, data, tensor, pipeline, ends;
-  // A GPU program's kernels move device memory: on GPUs the data and tensor axes of more than one rank get
-  // NCCL communicators too (parallel/cuda/nccl.h), over the same ranks. Null otherwise.
-  std::shared_ptr<Communicator> gpu_data, gpu_tensor;
-  // The groups for the kernels' collectives (KernelCtx::comm and tp).
+  // A GPU program's kernels move device memory: on GPUs each axis of more than one rank gets an NCCL
+  // communicator too (parallel/cuda/nccl.h), over the same ranks. Null otherwise.
+  std::shared_ptr<Communicator> gpu_data, gpu_tensor, gpu_pipeline, gpu_ends;
+  // The groups for the kernels' collectives (KernelCtx::comm, tp, pp and ends).
   Communicator* kernel_data() const { return gpu_data ? gpu_data.get() : data.get(); }
   Communicator* kernel_tensor() const { return gpu_tensor ? gpu_tensor.get() : tensor.get(); }
+  Communicator* kernel_pipeline() const { return gpu_pipeline ? gpu_pipeline.get() : pipeline.get(); }
+  Communicator* kernel_ends() const { return gpu_ends ? gpu_ends.get() : ends.get(); }
   int64_t stage() const { return pipeline ? pipeline->rank() : 0; }
   int64_t stages() const { return pipeline ? pipeline->size() : 1; }
 };

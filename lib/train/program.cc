@@ -78,11 +78,6 @@ void check_device(const RunConfig& c) {
     if (cuda::device_count(&why) == 0)
       throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
                         why + "); use cpu");
-    // Pipeline stages pass activations point to point, which the GPU programs do not do yet.
-    if (c.parallel.pipeline > 1)
-      throw input_error(c.where("parallel.pipeline") +
-                        "pipeline stages on GPUs are not supported yet; use data and tensor parallelism "
-                        "(parallel.pipeline 1) or train on CPUs");
 #else
     throw input_error(c.where("train.device") +
                       "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "
@@ -150,10 +145,17 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   t.mesh = join_world(cfg);
 #ifdef FLOWRUN_HAS_CUDA
   if (cfg.train.device == "cuda") {
-    // One GPU per process, by its rank on the node; then NCCL over each axis of more than one rank.
+    // One GPU per process, by its rank on the node; then NCCL over each axis of more than one rank (the
+    // kernels' collectives). Pipeline stages pass activations through the host tensors and MPI
+    // (pipeline_step); the pipeline's NCCL groups serve the gradient norm and the tied parameters.
     const int gpu = select_gpu(detect_launch().local_rank);
     if (t.mesh.data->size() > 1) t.mesh.gpu_data = make_nccl_communicator(*t.mesh.data);
     if (t.mesh.tensor->size() > 1) t.mesh.gpu_tensor = make_nccl_communicator(*t.mesh.tensor);
+    if (t.mesh.pipeline->size() > 1) t.mesh.gpu_pipeline = make_nccl_communicator(*t.mesh.pipeline);
+    if (t.mesh.ends == t.mesh.pipeline)
+      t.mesh.gpu_ends = t.mesh.gpu_pipeline;
+    else if (t.mesh.ends->size() > 1)
+      t.mesh.gpu_ends = make_nccl_communicator(*t.mesh.ends);
     if (t.mesh.world->size() > 1) spdlog::info("rank {}: GPU {}", t.mesh.world->rank(), gpu);
   }
 #endif
@@ -185,7 +187,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   });
   for (const auto& [n, w] : whole)
     if (t.ex->has_tensor(n)) scatter_value(*t.ex, n, w, t.mesh, "initialisation");
-  t.ex->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
+  t.ex->set_pipeline(t.mesh.kernel_pipeline(), t.mesh.kernel_ends());
   if (t.mesh.stages() > 1) {
     std::map<std::string, Tensor> shared;  // every parameter and state (gradient accumulators included)
     for (ValueKind kind : {ValueKind::param, ValueKind::state})
@@ -194,7 +196,7 @@ TrainProgram make_train_program(const RunConfig& cfg) {
     for (int64_t k = 1; k < slots; ++k) {
       t.stash.push_back(std::make_unique<Executor>(t.ex->program(), device_of(cfg), cfg.train.seed, shared,
                                                    t.mesh.kernel_data(), t.mesh.kernel_tensor()));
-      t.stash.back()->set_pipeline(t.mesh.pipeline.get(), t.mesh.ends.get());
+      t.stash.back()->set_pipeline(t.mesh.kernel_pipeline(), t.mesh.kernel_ends());
     }
     spdlog::info("pipeline stage {} of {}: {} parameters here, {} micro-batch slot{}", t.mesh.stage(),
                  t.mesh.stages(), t.params.size(), slots, slots == 1 ? "" : "s");

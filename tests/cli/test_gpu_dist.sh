@@ -2,7 +2,8 @@
 # Data parallelism between GPUs through NCCL (label gpu; needs two GPUs and mpirun, and is skipped, exit 77,
 # without them: NCCL refuses two ranks on one GPU). A small GPT (AdamW, dropout, clipping) trained 20 steps
 # on two GPUs, plain and with ZeRO-2 (sharded optimizer state, reduce-scattered gradients, the sharded
-# gradient norm), logs the losses of the same run on one GPU within 1e-4 relative.
+# gradient norm) and as two pipeline stages (4 micro-batches, tied embeddings across the stages), logs the
+# losses of the same run on one GPU within 1e-4 relative.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -21,3 +22,11 @@ for zero in 0 2; do
   within "$rel" 1e-4 || fail "DP2 (zero $zero) on two GPUs differs from one GPU by $rel"
   echo "DP2 (zero $zero) on two GPUs: losses within $rel of one GPU's"
 done
+expect_exit 0 "$FLOWRUN" train "$SRC/configs/kjv_gpt.yaml" --run-dir "$SCRATCH/one-accum4" "${COMMON[@]}" \
+  --set train.grad_accumulation=4
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "$SRC/configs/kjv_gpt.yaml" \
+  --run-dir "$SCRATCH/pp2" "${COMMON[@]}" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
+  --set train.grad_accumulation=4
+rel=$(max_rel "$SCRATCH/one-accum4/metrics.jsonl" "$SCRATCH/pp2/metrics.jsonl")
+within "$rel" 1e-4 || fail "PP2 on two GPUs differs from one GPU by $rel"
+echo "PP2 on two GPUs: losses within $rel of one GPU's"

@@ -176,6 +176,25 @@ TEST(CudaPrograms, DataParallelProgramsCompileForTheGpu) {
   }
 }
 
+// Pipeline stages on GPUs: each stage's program (the stage boundary's inputs and outputs, the tied
+// embeddings' all-reduce between the ends, the gradient norm over the stages) has native CUDA kernels.
+TEST(CudaPrograms, PipelineStagesCompileForTheGpu) {
+  const RunConfig cfg = load_config(FLOWRUN_SOURCE_DIR "/configs/kjv_gpt.yaml",
+                                    {"train.device=cuda", "parallel.pipeline=2", "parallel.micro_batches=4",
+                                     "precision.dtype=bf16", "train.clip_grad_norm=1.0"});
+  for (int64_t stage : {0, 1}) {
+    SCOPED_TRACE(cat("stage ", stage));
+    BuiltModel m;
+    const Program p = compile_model(cfg, text_spec(128), 2, true, &m, 0, stage, 0);
+    for (NodeId id : p.order) {
+      const Node& n = p.graph.node(id);
+      const KernelChoice k =
+          select_kernel(OpRegistry::get().at(n.op), DeviceKind::cuda, kernel_dtype(p.graph, n));
+      EXPECT_TRUE(k.kernel && !k.widened) << n.name << " (" << n.op << ")";
+    }
+  }
+}
+
 TEST(CudaPrograms, AnOpWithoutACudaKernelIsNamed) {
   // Every op has CUDA kernels now, for the dtypes the GPU stores (f32, f16, bf16): an f64 op has none.
   Graph g;

@@ -75,11 +75,9 @@ std::map<const void*, int64_t> pending;
 }  // namespace
 
 void all_reduce(const KernelCtx& c) {
-  FR_CHECK(!c.attrs().is("group", "ends") || !c.ends || c.ends->size() == 1, c.node->name,
-           ": pipeline stages on GPUs are not supported yet");
   void* buf = c.num_in > 1 ? c.workspace : c.out[0].data;
   const int64_t total = pack(c, buf);
-  Communicator* group = c.attrs().is("group", "ends") ? nullptr : on_stream(c.comm, c);  // ends: one rank
+  Communicator* group = on_stream(c.attrs().is("group", "ends") ? c.ends : c.comm, c);
   if (group) group->all_reduce(buf, total, c.in[0].dtype, ReduceOp::sum);
   unpack_scaled(c, buf, c.attrs().f("scale", 1.0));
 }

@@ -20,11 +20,10 @@ const float* f32_scalar(const KernelCtx& c, int index) {
 }  // namespace
 
 // The squares of inputs [0, split_inputs) (pieces of gradients split over the tensor axis) are summed over
-// its ranks, then the total over the data axis's when the gradients are sharded (ZeRO), as the CPU kernel
-// sums them: each total in a fixed order, so every rank ends with the same bits.
+// its ranks, then the total over the data axis's when the gradients are sharded (ZeRO) and over the
+// pipeline's stages, as the CPU kernel sums them: each total in a fixed order, so every rank ends with the
+// same bits.
 void global_norm(const KernelCtx& c) {
-  FR_CHECK(!c.attrs().b("pipeline") || !c.pp || c.pp->size() == 1, c.node->name,
-           ": pipeline stages on GPUs are not supported yet");
   double* partial = static_cast<double*>(c.workspace);
   const int64_t split_inputs = c.attrs().i("split_inputs", 0);
   int64_t blocks = 0, split_blocks = 0;
@@ -38,7 +37,8 @@ void global_norm(const KernelCtx& c) {
            ": the workspace holds fewer partial sums than blocks");
   Communicator* tp = split_inputs > 0 ? on_stream(c.tp, c) : nullptr;
   Communicator* data = c.attrs().b("data_sharded") ? on_stream(c.comm, c) : nullptr;
-  if (!tp && !data) {
+  Communicator* pp = c.attrs().b("pipeline") ? on_stream(c.pp, c) : nullptr;
+  if (!tp && !data && !pp) {
     norm_from_partials(partial, blocks, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
     return;
   }
@@ -48,6 +48,7 @@ void global_norm(const KernelCtx& c) {
   if (tp) tp->all_reduce(totals, 1, DType::f64, ReduceOp::sum);
   sum_partials(totals, 2, totals + 1, stream_of(c));
   if (data) data->all_reduce(totals + 1, 1, DType::f64, ReduceOp::sum);
+  if (pp) pp->all_reduce(totals + 1, 1, DType::f64, ReduceOp::sum);
   norm_from_partials(totals + 1, 1, c.attrs().f("scale", 1.0), c.out[0].as<float>(), stream_of(c));
 }
 
