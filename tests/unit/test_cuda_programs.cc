@@ -1,7 +1,7 @@
 // The GPU programs compile without a GPU (CUDA builds): every op of the training and evaluation steps of the
 // configs meant for a GPU (fp32, bf16, fp16 with loss scaling; the MLP, GPTs, the CNN and the ResNet) has a
-// native CUDA kernel in the dtype the step uses (compile's check_kernels for the cuda device), and a model
-// with an op that has none is refused naming it. The GPU's fusion of linear and tanh GELU (any build): where
+// native CUDA kernel in the dtype the step uses (compile's check_kernels for the cuda device), the updates are
+// multi-tensor ones, and a model with an op that has none is refused naming it. The GPU's fusion of linear and tanh GELU (any build): where
 // it applies, and that the fused op computes, forward and backward, what the pair does (on the CPU,
 // bitwise).
 #include <gtest/gtest.h>
@@ -102,6 +102,20 @@ DataSpec image_spec(int64_t c, int64_t h, int64_t w) {
   return s;
 }
 
+// The GPU's updates are multi-tensor ones (graph pass group_updates): a training step has at least one and no
+// single update is left.
+void expect_grouped_updates(const Program& p, bool training) {
+  int multi = 0;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    EXPECT_TRUE(n.op != "sgd_update" && n.op != "adamw_update") << n.name << " was not grouped";
+    multi += n.op.ends_with("_update_multi");
+  }
+  if (training) {
+    EXPECT_GE(multi, 1);
+  }
+}
+
 TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
   struct Case {
     std::string file;
@@ -133,6 +147,7 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
       BuiltModel m;
       const Program p = compile_model(cfg, c.spec, 2, training, &m);
       EXPECT_GT(p.order.size(), 0u);
+      expect_grouped_updates(p, training);
       // Native, not widened: widening converts on the host, which the GPU executor refuses.
       for (NodeId id : p.order) {
         const Node& n = p.graph.node(id);
@@ -172,6 +187,7 @@ TEST(CudaPrograms, DataParallelProgramsCompileForTheGpu) {
             n.op.starts_with("all_") || n.op.starts_with("sbp_") || n.op.find("shard") != n.op.npos;
       }
       EXPECT_GT(collectives, 0) << "no collective in a data-parallel program";
+      expect_grouped_updates(p, true);
     }
   }
 }

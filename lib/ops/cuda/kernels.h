@@ -86,6 +86,8 @@ void grad_accumulate(const KernelCtx& c);
 void unscale_coef(const KernelCtx& c);  // fp16 loss scaling
 void loss_scale_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
+void sgd_update_multi(const KernelCtx& c);
+void adamw_update_multi(const KernelCtx& c);
 
 // cuBLASLt (ops/cuda/blas.cc): f32, f16, bf16, accumulating in f32.
 void matmul(const KernelCtx& c);

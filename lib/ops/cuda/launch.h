@@ -97,6 +97,23 @@ struct AdamParams {
 };
 void adamw_update(const AdamParams& a, float* p, const float* g, float* m, float* v, const float* lr,
                   const int64_t* step, const float* coef, int64_t n, cudaStream_t s);
+// The same updates of several tensors (the multi-tensor ops) in one launch per list: tensor k has n[k]
+// elements at p[k], g[k] and its state s0[k] (SGD's momentum buffer, Adam's m) and s1[k] (Adam's v). Each
+// element is computed by the formula of the single update's kernel. The list travels to the kernel by value,
+// as a parameter: kMultiTensors tensors keep it under 4 KiB, the portable limit of a launch's parameters.
+constexpr int kMultiTensors = 64;
+struct MultiTensorList {
+  int count = 0;
+  float* p[kMultiTensors];
+  const float* g[kMultiTensors];
+  float* s0[kMultiTensors];
+  float* s1[kMultiTensors];
+  int64_t n[kMultiTensors];
+};
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
+                      cudaStream_t s);
+void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                        const float* coef, cudaStream_t s);
 
 // Index kernels (ops/cuda/index.cu). An output of `rank` <= 8 axes `dims`, whose element at multi-index i
 // reads the input at sum(i[k] * stride[k]) (a permutation of the input's strides, or 0 along broadcast axes).
