@@ -35,8 +35,9 @@ void fill_like(const KernelCtx& c);
 void copy(const KernelCtx& c);  // stop_gradient, reshape (when not planned in place)
 void cast(const KernelCtx& c);  // between f32, f16 and bf16
 
-// Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses, its
-// gradient's the scale dloss / count; the norms' gradients' their f32 partial sums per block of rows.
+// Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses (with the
+// classes split over the tensor axis, the row statistics reduced over its ranks), its gradient's the scale
+// dloss / count; the norms' gradients' their f32 partial sums per block of rows.
 void softmax(const KernelCtx& c);
 void log_softmax(const KernelCtx& c);
 void softmax_grad(const KernelCtx& c);
