@@ -58,11 +58,11 @@ void auto_mixed_precision(Graph& g, DType low) {
     // The dtype this node's floating inputs must share, or none to leave them as they are.
     std::vector<size_t> floating;
     bool uniform = true;
+    const std::vector<int> mutated = def.mutated_inputs(n.attrs, static_cast<int>(n.inputs.size()));
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const DType t = g.value(n.inputs[i]).dtype();
       // State updated in place (batchnorm's running statistics) keeps its dtype.
-      if (!is_floating(t) ||
-          std::find(def.mutates.begin(), def.mutates.end(), static_cast<int>(i)) != def.mutates.end())
+      if (!is_floating(t) || std::find(mutated.begin(), mutated.end(), static_cast<int>(i)) != mutated.end())
         continue;
       uniform = uniform && (floating.empty() || t == g.value(n.inputs[floating[0]]).dtype());
       floating.push_back(i);

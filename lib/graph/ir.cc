@@ -142,7 +142,7 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
     for (const auto& n : nodes_) {
       if (n.dead || n.phase != phase) continue;
       const OpDef* def = OpRegistry::get().find(n.op);
-      if (def && !def->mutates.empty() && n.outputs.empty()) {
+      if (def && def->updates_in_place() && n.outputs.empty()) {
         last.push_back(n.id);
         continue;
       }

@@ -3,6 +3,7 @@
 #include "graph/passes.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <map>
 #include <set>
 
@@ -256,6 +257,51 @@ void add_optimizer(Graph& g, const OptimizerSpec& spec) {
   if (spec.accumulation > 1 || spec.pipeline) set_phase_from(g, first_apply_node, 1);
 }
 
+void group_updates(Graph& g) {
+  struct Group {
+    const Node* first;
+    std::vector<NodeId> nodes;
+  };
+  std::vector<Group> groups;
+  for (const Node& n : g.nodes()) {
+    if (n.dead || (n.op != "sgd_update" && n.op != "adamw_update")) continue;
+    const size_t lists = n.op == "sgd_update" ? 3 : 4;
+    auto same = [&](const Group& gr) {
+      const Node& f = *gr.first;
+      return f.op == n.op && f.phase == n.phase && f.attrs.all() == n.attrs.all() &&
+             g.value(f.inputs[0]).dtype() == g.value(n.inputs[0]).dtype() &&
+             std::equal(f.inputs.begin() + static_cast<std::ptrdiff_t>(lists), f.inputs.end(),
+                        n.inputs.begin() + static_cast<std::ptrdiff_t>(lists), n.inputs.end());
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end())
+      groups.push_back({&n, {n.id}});
+    else
+      it->nodes.push_back(n.id);
+  }
+  int index = 0;
+  for (const Group& gr : groups) {
+    if (gr.nodes.size() < 2) continue;
+    // The first update's node becomes the group's: among the nodes that only mutate, the schedule keeps
+    // creation order, so it still runs before anything created after that update (ZeRO's gathers of the
+    // updated shards).
+    Node& fused = g.node(gr.nodes[0]);
+    const size_t lists = fused.op == "sgd_update" ? 3 : 4;
+    std::vector<ValueId> in;
+    for (size_t l = 0; l < lists; ++l)
+      for (NodeId id : gr.nodes) in.push_back(g.node(id).inputs[l]);
+    in.insert(in.end(), fused.inputs.begin() + static_cast<std::ptrdiff_t>(lists), fused.inputs.end());
+    fused.op += "_multi";
+    fused.name = cat("update/group", index++);
+    fused.attrs.set("tensors", static_cast<int64_t>(gr.nodes.size()));
+    fused.inputs = std::move(in);
+    std::vector<TensorType> types;
+    for (ValueId v : fused.inputs) types.push_back(g.value(v).type);
+    OpRegistry::get().at(fused.op).infer(types, fused.attrs);
+    for (size_t k = 1; k < gr.nodes.size(); ++k) g.node(gr.nodes[k]).dead = true;
+  }
+}
+
 void eliminate_dead_nodes(Graph& g) {
   // Live: nodes producing a marked output, nodes that mutate state (updates), and their transitive inputs.
   std::vector<bool> live(g.nodes().size(), false), needed(g.values().size(), false);
@@ -265,7 +311,7 @@ void eliminate_dead_nodes(Graph& g) {
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node& n = g.node(*it);
     const OpDef& def = OpRegistry::get().at(n.op);
-    bool keep = !def.mutates.empty() && n.outputs.empty();
+    bool keep = def.updates_in_place() && n.outputs.empty();
     for (ValueId v : n.outputs) keep = keep || needed[static_cast<size_t>(v)];
     if (!keep) {
       n.dead = true;
@@ -324,6 +370,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                      reduce_gradients(g, o.data_parallel, o.zero >= 2, o.bucket_bytes);
                    }});
     p.push_back({"optimizer", [](Graph& g, const CompileOptions& o) { add_optimizer(g, o.optimizer); }});
+    if (opts.group_updates.value_or(opts.device == DeviceKind::cuda))
+      p.push_back({"group_updates", [](Graph& g, const CompileOptions&) { group_updates(g); }});
   }
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});
   p.push_back({"check_kernels", [](Graph& g, const CompileOptions& o) { check_kernels(g, o.device); }});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ struct CompileOptions {
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
+  // Multi-tensor updates (group_updates); unset: on the GPU only, where each update is a kernel launch (on
+  // the CPU it was not measurably faster, README "GPU").
+  std::optional<bool> group_updates;
 };
 
 struct Pass {
@@ -109,6 +113,10 @@ void pipeline_stage(Graph& g, int64_t stages, int64_t stage);
 void pipeline_shared_grads(Graph& g, std::map<ValueId, ValueId>& grads);
 // One line per parameter: name, whole shape, SBP on the tensor axis.
 std::string describe_layout(const Graph& g);
+// After the optimizer: the sgd_update/adamw_update nodes of one phase that share their attrs, dtype and
+// scalar inputs (learning rate, step, coefficient) become one sgd_update_multi/adamw_update_multi node each
+// (groups of one stay as they are).
+void group_updates(Graph& g);
 void eliminate_dead_nodes(Graph& g);                    // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);  // every live node has a kernel for its dtype
 

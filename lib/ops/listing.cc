@@ -38,7 +38,7 @@ std::string list_ops(const std::string& filter) {
     // "backward": a helper used only inside gradients; "update": an optimizer step that mutates state;
     // "no": not differentiable (optimizer arithmetic such as norms of gradients).
     const bool helper = name.size() > 5 && name.compare(name.size() - 5, 5, "_grad") == 0;
-    const char* grad = def.grad ? "yes" : !def.mutates.empty() ? "update" : helper ? "backward" : "no";
+    const char* grad = def.grad ? "yes" : def.updates_in_place() ? "update" : helper ? "backward" : "no";
     os << pad(name, width) << pad(kernels.str(), 46) << pad(grad, 10) << def.doc << "\n";
     ++count;
   }

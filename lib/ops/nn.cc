@@ -132,9 +132,11 @@ struct ClassCase {
   Labels mode;
   int64_t ignore;  // kDefaultIgnore: attribute left out
   double shift = 0.0;
+  // Attrs offset 0 and classes C: the vocabulary-parallel path (graph/sbp_parallel.cc) on one rank.
+  bool split = false;
 };
 
-std::vector<ClassCase> class_cases(bool with_shift) {
+std::vector<ClassCase> class_cases(bool cross_entropy) {
   std::vector<ClassCase> cs = {
       {"[3,7]", {3, 7}, Labels::in_range, kDefaultIgnore},
       {"[2,3,5] some ignored", {2, 3, 5}, Labels::some_ignored, kDefaultIgnore},
@@ -142,7 +144,13 @@ std::vector<ClassCase> class_cases(bool with_shift) {
       {"[3,7] all ignored", {3, 7}, Labels::all_ignored, kDefaultIgnore},
       {"[5] one row", {5}, Labels::in_range, kDefaultIgnore},
       {"[2,4,5] out-of-range labels", {2, 4, 5}, Labels::out_of_range, kDefaultIgnore}};
-  if (with_shift) cs.push_back({"[3,7] logits + 100", {3, 7}, Labels::in_range, kDefaultIgnore, 100.0});
+  if (cross_entropy) {
+    cs.push_back({"[3,7] logits + 100", {3, 7}, Labels::in_range, kDefaultIgnore, 100.0});
+    ClassCase split{
+        "[2,4,5] out-of-range labels, split over one rank", {2, 4, 5}, Labels::out_of_range, kDefaultIgnore};
+    split.split = true;
+    cs.push_back(split);
+  }
   return cs;
 }
 
@@ -223,6 +231,7 @@ std::vector<OpSample> class_samples(bool cross_entropy) {
     const Shape lshape(k.x.begin(), k.x.end() - 1);
     o.inputs = {{k.x, DType::f64}, {lshape, DType::i64}};
     if (k.ignore != kDefaultIgnore) o.attrs = Attrs{{"ignore_index", k.ignore}};
+    if (k.split) o.attrs.set("offset", int64_t{0}).set("classes", k.x.back());
     o.fill = class_fill(k.x.back(), k.mode, k.ignore, k.shift);
     o.reference = [cross_entropy](const std::vector<Tensor>& in, const Attrs& a) {
       const Tensor &x = in[0], &labels = in[1];

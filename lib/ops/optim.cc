@@ -4,6 +4,7 @@
 #include "ops/cpu/optim.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "ops/registry.h"
 
@@ -22,17 +23,18 @@ void check_i64_scalar(const TensorType& t, const char* op, const char* what) {
 }
 
 // Sample inputs: uniform [-1, 1] by default; `constants` (input -> value) for lr, step, micro and coef;
-// `nonnegative` gets [0, 1) (Adam's second moment).
+// inputs [nonnegative_begin, nonnegative_end) get [0, 1) (Adam's second moments).
 std::function<void(int, Tensor&, uint64_t)> sample_fill(std::map<int, double> constants,
-                                                        int nonnegative = -1) {
-  return [constants, nonnegative](int i, Tensor& t, uint64_t seed) {
+                                                        int nonnegative_begin = 0, int nonnegative_end = 0) {
+  return [constants, nonnegative_begin, nonnegative_end](int i, Tensor& t, uint64_t seed) {
+    const bool nonnegative = i >= nonnegative_begin && i < nonnegative_end;
     const RngStream r{seed, 300 + static_cast<uint64_t>(i)};
     std::vector<double> v(static_cast<size_t>(t.numel()));
     for (size_t k = 0; k < v.size(); ++k) {
       if (auto it = constants.find(i); it != constants.end())
         v[k] = it->second;
       else
-        v[k] = i == nonnegative ? r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+        v[k] = nonnegative ? r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
     }
     t.fill_from(v);
   };
@@ -47,6 +49,21 @@ Tensor f32_scalar(double v) {
 // The optional trailing coef input of an update, 1 when absent.
 double sample_coef(const std::vector<Tensor>& in, size_t index) {
   return in.size() > index ? in[index].to_f64()[0] : 1.0;
+}
+
+// PyTorch's SGD step in double, for the samples: the mutated inputs (param, buffer), in order.
+std::vector<Tensor> sgd_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  Tensor p = in[0].clone(), buf = in[2].clone();
+  const double lr = in[3].data<double>()[0], mom = a.f("momentum"), damp = a.f("dampening"),
+               wd = a.f("weight_decay"), coef = sample_coef(in, 4);
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    double g = coef * in[1].data<double>()[i] + wd * p.data<double>()[i];
+    double& b = buf.data<double>()[i];
+    b = mom * b + (1 - damp) * g;
+    g = a.b("nesterov") ? g + mom * b : b;
+    p.data<double>()[i] -= lr * g;
+  }
+  return {p, buf};
 }
 
 OpDef sgd_def() {
@@ -87,19 +104,7 @@ OpDef sgd_def() {
         o.fill = sample_fill({{4, 0.375}});
       }
       o.attrs = Attrs{{"momentum", 0.9}, {"dampening", 0.1}, {"nesterov", nesterov}, {"weight_decay", 0.01}};
-      o.reference = [](const std::vector<Tensor>& in, const Attrs& a) {
-        Tensor p = in[0].clone(), buf = in[2].clone();
-        const double lr = in[3].data<double>()[0], mom = a.f("momentum"), damp = a.f("dampening"),
-                     wd = a.f("weight_decay"), coef = sample_coef(in, 4);
-        for (int64_t i = 0; i < p.numel(); ++i) {
-          double g = coef * in[1].data<double>()[i] + wd * p.data<double>()[i];
-          double& b = buf.data<double>()[i];
-          b = mom * b + (1 - damp) * g;
-          g = a.b("nesterov") ? g + mom * b : b;
-          p.data<double>()[i] -= lr * g;
-        }
-        return std::vector<Tensor>{p, buf};  // the mutated inputs, in order
-      };
+      o.reference = sgd_reference;
       s.push_back(o);
     }
     return s;
@@ -169,13 +174,115 @@ OpDef adamw_def() {
       o.inputs = {{{9}, DType::f64}, {{9}, DType::f64}, {{9}, DType::f64},
                   {{9}, DType::f64}, {{}, DType::f64},  {{}, DType::i64}};
       if (decoupled) o.inputs.push_back({{}, DType::f32});
-      o.fill = sample_fill({{4, 0.01}, {5, 3}, {6, 0.5}}, 3);
+      o.fill = sample_fill({{4, 0.01}, {5, 3}, {6, 0.5}}, 3, 4);
       o.attrs = Attrs{{"beta1", 0.9},
                       {"beta2", 0.999},
                       {"eps", 1e-8},
                       {"weight_decay", decoupled ? 0.1 : 0.01},
                       {"decoupled", decoupled}};
       o.reference = adamw_reference;
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
+// The multi-tensor updates (graph pass group_updates): one node updating `tensors` parameters that share the
+// update's attrs, learning rate, step and coefficient. Inputs are the single update's, list by list (the n
+// parameters, the n gradients, then each state's n tensors), then the shared scalars; each tensor is updated
+// exactly as its single update would (the same kernel code on the CPU, the same element formula on the GPU).
+struct MultiUpdate {
+  const char* name;
+  int lists;    // per-tensor inputs: param, grad and the state tensors
+  int scalars;  // shared scalars before the optional coef
+  std::vector<int> mutated_lists;
+};
+
+int multi_tensors(const MultiUpdate& u, const Attrs& a, size_t num_inputs) {
+  const int64_t n = a.i("tensors");
+  const auto fixed = static_cast<size_t>(n * u.lists + u.scalars);
+  if (n < 1 || (num_inputs != fixed && num_inputs != fixed + 1))
+    throw input_error(cat(u.name, ": ", num_inputs, " inputs for ", n, " tensors (", u.lists,
+                          " lists of tensors, then ", u.scalars, " scalars [, coef])"));
+  return static_cast<int>(n);
+}
+
+// The single update's OpDef turned into its multi-tensor op.
+OpDef multi_def(const OpDef& single, const MultiUpdate& u) {
+  OpDef d;
+  d.name = u.name;
+  d.doc = cat(
+      "the ", single.name, " of attr `tensors` parameters in one node (one launch or a few on a GPU); ",
+      "inputs list by list (params..., grads..., state...), then the shared scalars as ", single.name, "'s");
+  d.num_inputs = -1;
+  d.num_outputs = [](const Attrs&) { return 0; };
+  // Tensor k's inputs, as its single update takes them.
+  auto single_inputs = [u](const auto& in, int n, int k) {
+    std::remove_cvref_t<decltype(in)> one;
+    for (int l = 0; l < u.lists; ++l) one.push_back(in[static_cast<size_t>(l * n + k)]);
+    for (size_t i = static_cast<size_t>(u.lists * n); i < in.size(); ++i) one.push_back(in[i]);
+    return one;
+  };
+  d.infer = [single, u, single_inputs](const std::vector<TensorType>& in,
+                                       const Attrs& a) -> std::vector<TensorType> {
+    const int n = multi_tensors(u, a, in.size());
+    for (int k = 0; k < n; ++k) {
+      const std::vector<TensorType> one = single_inputs(in, n, k);
+      single.infer(one, a);
+      for (int l = 0; l < u.lists; ++l)
+        if (one[static_cast<size_t>(l)].dtype != in[0].dtype)
+          throw input_error(cat(u.name, ": tensor ", k, " of list ", l, " is ",
+                                dtype_name(one[static_cast<size_t>(l)].dtype), ", parameter 0 ",
+                                dtype_name(in[0].dtype)));
+    }
+    return {};
+  };
+  d.cost = [single, u, single_inputs](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                                      const Attrs& a) {
+    const int n = multi_tensors(u, a, in.size());
+    Cost c;
+    for (int k = 0; k < n; ++k) {
+      const Cost one = single.cost(single_inputs(in, n, k), out, a);
+      c.flops += one.flops;
+      c.bytes += one.bytes;
+    }
+    return c;
+  };
+  d.mutates_of = [u](const Attrs& a, int num_inputs) {
+    const int n = multi_tensors(u, a, static_cast<size_t>(num_inputs));
+    std::vector<int> m;
+    for (int l : u.mutated_lists)
+      for (int k = 0; k < n; ++k) m.push_back(l * n + k);
+    return m;
+  };
+  d.samples = [single, u, single_inputs] {
+    // Three tensors of different sizes, from each of the single op's samples (same attrs and scalars).
+    std::vector<OpSample> s;
+    const std::vector<Shape> shapes = {{7}, {2, 3}, {5}};
+    const int n = static_cast<int>(shapes.size());
+    for (const OpSample& one : single.samples()) {
+      OpSample o;
+      o.label = cat(one.label, ", ", n, " tensors");
+      o.attrs = one.attrs;
+      o.attrs.set("tensors", int64_t{n});
+      for (int l = 0; l < u.lists; ++l)
+        for (const Shape& shape : shapes)
+          o.inputs.push_back({shape, one.inputs[static_cast<size_t>(l)].dtype});
+      o.inputs.insert(o.inputs.end(), one.inputs.begin() + u.lists, one.inputs.end());
+      // Tensor inputs as the single sample's list l, scalars as its own.
+      o.fill = [fill = one.fill ? one.fill : sample_fill({}), u, n](int i, Tensor& t, uint64_t seed) {
+        const int single_index = i < u.lists * n ? i / n : i - u.lists * (n - 1);
+        fill(single_index, t, seed + static_cast<uint64_t>(i));
+      };
+      o.reference = [one, u, n, single_inputs](const std::vector<Tensor>& in, const Attrs& a) {
+        std::vector<std::vector<Tensor>> per_tensor;
+        for (int k = 0; k < n; ++k) per_tensor.push_back(one.reference(single_inputs(in, n, k), a));
+        std::vector<Tensor> out;  // the mutated inputs, list by list
+        for (size_t m = 0; m < u.mutated_lists.size(); ++m)
+          for (int k = 0; k < n; ++k) out.push_back(per_tensor[static_cast<size_t>(k)][m]);
+        return out;
+      };
       s.push_back(o);
     }
     return s;
@@ -422,6 +529,12 @@ OpDef grad_accumulate_def() {
 void register_optim_ops(OpRegistry& r) {
   r.add(sgd_def());
   r.add(adamw_def());
+  OpDef sgd_multi = multi_def(sgd_def(), {"sgd_update_multi", 3, 1, {0, 2}});
+  sgd_multi.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_update_multi}};
+  r.add(std::move(sgd_multi));
+  OpDef adamw_multi = multi_def(adamw_def(), {"adamw_update_multi", 4, 2, {0, 2, 3}});
+  adamw_multi.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::adamw_update_multi}};
+  r.add(std::move(adamw_multi));
   r.add(global_norm_def());
   r.add(clip_coef_def());
   r.add(grad_accumulate_def());

@@ -19,7 +19,7 @@ const KernelDef* OpDef::kernel(DeviceKind d, DType t) const {
 
 KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t) {
   if (const KernelDef* k = def.kernel(d, t)) return {k, false};
-  if (is_low_precision(t) && def.mutates.empty())
+  if (is_low_precision(t) && !def.updates_in_place())
     if (const KernelDef* k = def.kernel(d, DType::f32)) return {k, true};
   return {};
 }

@@ -122,6 +122,9 @@ struct OpDef {
   // lifetimes), so the kernel finds out == in and copies nothing.
   bool view = false;
   std::vector<int> mutates;  // inputs updated in place (optimizer state, running statistics)
+  // Instead of `mutates`, for variadic ops whose mutated inputs depend on their attrs and input count (the
+  // multi-tensor updates); read both through mutated_inputs and updates_in_place.
+  std::function<std::vector<int>(const Attrs&, int num_inputs)> mutates_of;
   bool random = false;       // draws from its KernelCtx::rng
   // Scheduled as soon as its inputs are ready, ahead of other ready nodes: a collective started early
   // overlaps the computation scheduled after it (all_reduce_start).
@@ -135,6 +138,11 @@ struct OpDef {
   std::vector<std::string> covered_by;
 
   const KernelDef* kernel(DeviceKind d, DType t) const;
+  // The inputs a node of this op updates in place.
+  std::vector<int> mutated_inputs(const Attrs& attrs, int num_inputs) const {
+    return mutates_of ? mutates_of(attrs, num_inputs) : mutates;
+  }
+  bool updates_in_place() const { return mutates_of || !mutates.empty(); }
 };
 
 // How a node's kernel runs. An f16/bf16 node of an op without a native kernel for that dtype runs the op's

@@ -151,7 +151,8 @@ TEST_P(CudaKernel, MatchesTheCpuKernel) {
         std::vector<Tensor> want;
         for (int j = 0; j < cpu.num_outputs; ++j) want.push_back(cpu.exec->output(cat("out", j)));
         std::map<int, Tensor> mutated;
-        for (int i : def.mutates) mutated[i] = cpu.exec->tensor(cpu.input_names[static_cast<size_t>(i)]);
+        for (int i : def.mutated_inputs(s.attrs, static_cast<int>(s.inputs.size())))
+          mutated[i] = cpu.exec->tensor(cpu.input_names[static_cast<size_t>(i)]);
         check_on_device(def, *k, g, n, inputs, want, mutated, t, cpu.exec->seed(), step);
         ++checked;
       }

@@ -45,16 +45,16 @@ inline SampleProgram build_sample(const OpDef& def, const OpSample& s, bool with
   Graph g;
   GraphBuilder b(g);
   std::vector<ValueId> ins;
+  const std::vector<int> mutated = def.mutated_inputs(s.attrs, static_cast<int>(s.inputs.size()));
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     const std::string name = "x" + std::to_string(i);
     const DType t = s.inputs[i].dtype == DType::f64 ? as : s.inputs[i].dtype;
     const bool param = with_grad && def.grad && is_floating(t) &&
                        !contains(def.nondiff_inputs, static_cast<int>(i)) &&
-                       !contains(def.mutates, static_cast<int>(i));
+                       !contains(mutated, static_cast<int>(i));
     ins.push_back(param ? g.add_param(name, s.inputs[i].shape, t)
-                        : (contains(def.mutates, static_cast<int>(i))
-                               ? g.add_state(name, s.inputs[i].shape, t)
-                               : g.add_input(name, s.inputs[i].shape, t)));
+                        : (contains(mutated, static_cast<int>(i)) ? g.add_state(name, s.inputs[i].shape, t)
+                                                                  : g.add_input(name, s.inputs[i].shape, t)));
     sp.input_names.push_back(name);
     sp.is_param.push_back(param);
   }

@@ -1,7 +1,8 @@
 // The GPU programs compile without a GPU (CUDA builds): every op of the training and evaluation steps of the
-// configs meant for a GPU (fp32, bf16, fp16 with loss scaling; the MLP, GPTs, the CNN and the ResNet) has a
-// native CUDA kernel in the dtype the step uses (compile's check_kernels for the cuda device), and a model
-// with an op that has none is refused naming it. The GPU's fusion of linear and tanh GELU (any build): where
+// configs meant for a GPU (fp32, bf16, fp16 with loss scaling; the MLP, GPTs, the CNN and the ResNet; the
+// GPT's data, tensor and data x tensor parallel layouts) has a native CUDA kernel in the dtype the step uses
+// (compile's check_kernels for the cuda device), the updates are multi-tensor ones, and a model with an op
+// that has none is refused naming it. The GPU's fusion of linear and tanh GELU (any build): where
 // it applies, and that the fused op computes, forward and backward, what the pair does (on the CPU,
 // bitwise).
 #include <gtest/gtest.h>
@@ -102,6 +103,20 @@ DataSpec image_spec(int64_t c, int64_t h, int64_t w) {
   return s;
 }
 
+// The GPU's updates are multi-tensor ones (graph pass group_updates): a training step has at least one and no
+// single update is left.
+void expect_grouped_updates(const Program& p, bool training) {
+  int multi = 0;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    EXPECT_TRUE(n.op != "sgd_update" && n.op != "adamw_update") << n.name << " was not grouped";
+    multi += n.op.ends_with("_update_multi");
+  }
+  if (training) {
+    EXPECT_GE(multi, 1);
+  }
+}
+
 TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
   struct Case {
     std::string file;
@@ -133,6 +148,7 @@ TEST(CudaPrograms, GpuConfigsCompileForTheGpu) {
       BuiltModel m;
       const Program p = compile_model(cfg, c.spec, 2, training, &m);
       EXPECT_GT(p.order.size(), 0u);
+      expect_grouped_updates(p, training);
       // Native, not widened: widening converts on the host, which the GPU executor refuses.
       for (NodeId id : p.order) {
         const Node& n = p.graph.node(id);
@@ -172,6 +188,7 @@ TEST(CudaPrograms, DataParallelProgramsCompileForTheGpu) {
             n.op.starts_with("all_") || n.op.starts_with("sbp_") || n.op.find("shard") != n.op.npos;
       }
       EXPECT_GT(collectives, 0) << "no collective in a data-parallel program";
+      expect_grouped_updates(p, true);
     }
   }
 }
@@ -192,6 +209,36 @@ TEST(CudaPrograms, PipelineStagesCompileForTheGpu) {
           select_kernel(OpRegistry::get().at(n.op), DeviceKind::cuda, kernel_dtype(p.graph, n));
       EXPECT_TRUE(k.kernel && !k.widened) << n.name << " (" << n.op << ")";
     }
+    expect_grouped_updates(p, true);
+  }
+}
+
+// Tensor parallelism on GPUs, alone and under data parallelism: Megatron's GPT (column and row-parallel
+// linears, vocabulary-parallel embedding and tied head) with the vocabulary-parallel cross-entropy, whose
+// row statistics its CUDA kernel reduces over the tensor axis. Every rank coordinate's training and
+// evaluation programs have a native CUDA kernel for every node.
+TEST(CudaPrograms, TensorParallelProgramsCompileForTheGpu) {
+  for (const char* layout : {"parallel.data=1", "parallel.data=2"}) {
+    const RunConfig cfg = load_config(FLOWRUN_SOURCE_DIR "/configs/kjv_gpt.yaml",
+                                      {"train.device=cuda", "parallel.tensor=2", layout});
+    for (int64_t data_rank = 0; data_rank < cfg.parallel.data; ++data_rank)
+      for (int64_t tensor_rank : {0, 1})
+        for (bool training : {true, false}) {
+          SCOPED_TRACE(cat(layout, ", data rank ", data_rank, ", tensor rank ", tensor_rank,
+                           training ? " training" : " evaluation"));
+          BuiltModel m;
+          const Program p = compile_model(cfg, text_spec(128), 2, training, &m, tensor_rank, 0, data_rank);
+          int split_losses = 0;
+          for (NodeId id : p.order) {
+            const Node& n = p.graph.node(id);
+            const KernelChoice k =
+                select_kernel(OpRegistry::get().at(n.op), DeviceKind::cuda, kernel_dtype(p.graph, n));
+            EXPECT_TRUE(k.kernel && !k.widened) << n.name << " (" << n.op << ")";
+            split_losses += n.op.starts_with("cross_entropy") && n.attrs.has("classes");
+          }
+          EXPECT_EQ(split_losses, training ? 2 : 1) << "the cross-entropy (and its gradient) split by class";
+          expect_grouped_updates(p, training);
+        }
   }
 }
 

@@ -340,6 +340,160 @@ TEST(DataParallel, RanksInThreadsMatchOneProcess) {
   }
 }
 
+// Multi-tensor updates (graph pass group_updates), on the CPU: the grouped program of a GPT, and the same
+// training whether its updates are grouped or not, on one process and under ZeRO-1 on 2 data ranks.
+CompileOptions update_options(const std::string& type, bool grouped) {
+  CompileOptions o;
+  o.optimizer.type = type;
+  o.optimizer.momentum = 0.9;
+  o.optimizer.weight_decay = 0.1;
+  o.optimizer.decay_1d = false;  // two groups: the decayed 2-d weights and the undecayed 1-d ones
+  o.group_updates = grouped;
+  return o;
+}
+
+Program compile_gpt(const CompileOptions& o, const ModelInputs& in, BuiltModel* built) {
+  Graph g;
+  *built = build_model(g, zoo("gpt", kGpt), in, /*training=*/true);
+  g.unmark_output("logits");
+  return compile(std::move(g), o);
+}
+
+TEST(MultiTensorUpdates, AGptsUpdatesBecomeTwoNodes) {
+  for (const std::string type : {"adamw", "sgd"}) {
+    SCOPED_TRACE(type);
+    const std::string single = type == "sgd" ? "sgd_update" : "adamw_update";
+    for (bool grouped : {false, true}) {
+      BuiltModel built;
+      const Program p = compile_gpt(update_options(type, grouped), kText, &built);
+      int singles = 0, multis = 0;
+      int64_t tensors = 0;
+      for (NodeId id : p.order) {
+        const Node& n = p.graph.node(id);
+        singles += n.op == single;
+        if (n.op == single + "_multi") {
+          ++multis;
+          tensors += n.attrs.i("tensors");
+        }
+      }
+      EXPECT_EQ(singles, grouped ? 0 : static_cast<int>(built.init.size()));
+      EXPECT_EQ(multis, grouped ? 2 : 0);
+      EXPECT_EQ(tensors, grouped ? static_cast<int64_t>(built.init.size()) : 0);
+    }
+  }
+  // The default: grouped on the GPU only.
+  BuiltModel built;
+  CompileOptions o = update_options("adamw", false);
+  o.group_updates.reset();
+  const Program p = compile_gpt(o, kText, &built);
+  for (NodeId id : p.order) EXPECT_EQ(p.graph.node(id).op.find("_multi"), std::string::npos);
+}
+
+// Steps of the GPT on row-shifted batches; each parameter and optimizer state after them, by name.
+std::map<std::string, Tensor> train_gpt(const Program& p, const BuiltModel& built, int64_t steps,
+                                        int64_t accumulation, Communicator* data = nullptr,
+                                        int64_t first_row = 0) {
+  Executor ex(p, kCpu, 5, {}, data, nullptr);
+  init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return ex.tensor(n); });
+  for (int64_t step = 0; step < steps; ++step) {
+    ex.tensor("lr").data<float>()[0] = 0.05f / static_cast<float>(step + 1);
+    if (p.graph.find_value("opt/step") != kNoValue) ex.tensor("opt/step").data<int64_t>()[0] = step + 1;
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      Tensor& x = ex.tensor("x");
+      Tensor& y = ex.tensor("y");
+      const int64_t off = first_row * x.shape()[1] + (step * accumulation + micro) * 11;
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = ((off + i) * 7 + 3) % 32;
+      for (int64_t i = 0; i < y.numel(); ++i) y.data<int64_t>()[i] = ((off + i) * 5 + 1) % 32;
+      if (accumulation > 1) ex.tensor("opt/micro").data<int64_t>()[0] = micro;
+      ex.run(/*apply=*/micro == accumulation - 1);
+    }
+  }
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : ex.persistent()) {
+    const ValueKind k = p.graph.value(p.graph.find_value(name)).kind;
+    if (k == ValueKind::param || k == ValueKind::state) out[name] = t.clone();
+  }
+  return out;
+}
+
+void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(t.raw(), u.raw(), t.nbytes()), 0) << name << " differs";
+  }
+}
+
+TEST(MultiTensorUpdates, TrainingIsBitwiseTheSameGroupedOrNot) {
+  struct Case {
+    std::string type;
+    int64_t accumulation;
+    double clip;
+  };
+  for (const Case& c :
+       {Case{"adamw", 1, 0.5}, Case{"adamw", 2, 0}, Case{"sgd", 1, 0.5}, Case{"adam", 2, 0.5}}) {
+    SCOPED_TRACE(cat(c.type, ", accumulation ", c.accumulation, ", clip ", c.clip));
+    std::vector<std::map<std::string, Tensor>> runs;
+    for (bool grouped : {false, true}) {
+      CompileOptions o = update_options(c.type, grouped);
+      o.optimizer.accumulation = c.accumulation;
+      o.optimizer.clip_grad_norm = c.clip;
+      BuiltModel built;
+      const Program p = compile_gpt(o, kText, &built);
+      runs.push_back(train_gpt(p, built, 3, c.accumulation));
+    }
+    expect_bitwise_equal(runs[0], runs[1]);
+  }
+}
+
+// ZeRO-1: the grouped update runs on the ranks' shards before their gathers (the schedule keeps the first
+// update's place), so every rank ends with the ungrouped program's parameters and state.
+TEST(MultiTensorUpdates, ZeroShardsAreUpdatedAlikeGroupedOrNot) {
+  const ModelInputs in{true, {4, 8}, 32};
+  constexpr int kParts = 2;
+  std::vector<std::vector<std::map<std::string, Tensor>>> runs(2);
+  for (bool grouped : {false, true}) {
+    CompileOptions o = update_options("adamw", grouped);
+    o.optimizer.clip_grad_norm = 0.5;
+    o.optimizer.zero_shards = kParts;
+    o.zero = 1;
+    o.data_parallel = kParts;
+    std::vector<Program> programs;
+    BuiltModel built;
+    for (int r = 0; r < kParts; ++r) {
+      o.data_rank = r;
+      programs.push_back(compile_gpt(o, in, &built));
+    }
+    if (grouped) {
+      const Graph& g = programs[0].graph;
+      bool updated = false;
+      int gathers = 0;
+      for (NodeId id : programs[0].order) {
+        updated = updated || g.node(id).op == "adamw_update_multi";
+        if (g.node(id).op == "all_gather_into") {
+          EXPECT_TRUE(updated) << g.node(id).name << " before the update";
+          ++gathers;
+        }
+      }
+      EXPECT_EQ(gathers, static_cast<int>(built.init.size()));
+    }
+    ThreadGroup group(kParts);
+    runs[grouped ? 1 : 0].resize(kParts);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kParts; ++r)
+      threads.emplace_back([&, r] {
+        ThreadCommunicator comm(group, r);
+        runs[grouped ? 1 : 0][static_cast<size_t>(r)] =
+            train_gpt(programs[static_cast<size_t>(r)], built, 3, 1, &comm, r * 4 / kParts);
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < kParts; ++r)
+    expect_bitwise_equal(runs[0][static_cast<size_t>(r)], runs[1][static_cast<size_t>(r)]);
+}
+
 }  // namespace
 }  // namespace flowrun
 

@@ -29,52 +29,61 @@ double sum_squares(const T* x, int64_t b, int64_t e) {
 
 }  // namespace
 
-void sgd_update(const KernelCtx& c) {
-  const double mom = c.attrs().f("momentum", 0), damp = c.attrs().f("dampening", 0),
-               wd = c.attrs().f("weight_decay", 0);
-  const bool nesterov = c.attrs().b("nesterov");
-  const double coef = grad_coef(c, 4);
-  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+namespace {
+
+// One parameter's SGD step, the learning rate and gradient coefficient given: the single and multi-tensor
+// updates share it, so that they give the same bits.
+void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad, const TensorView& buffer,
+                double lr, double coef) {
+  const double mom = a.f("momentum", 0), damp = a.f("dampening", 0), wd = a.f("weight_decay", 0);
+  const bool nesterov = a.b("nesterov");
+  dispatch_float(param.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    T* p = c.in[0].as<T>();
-    const T* g = c.in[1].as<T>();
-    T* buf = c.in[2].as<T>();
-    const T lr = static_cast<T>(load_as_f64(c.in[3].data, c.in[3].dtype, 0));
+    T* p = param.as<T>();
+    const T* g = grad.as<T>();
+    T* buf = buffer.as<T>();
+    const T rate = static_cast<T>(lr);
     const T m = T(mom), d = T(1 - damp), w = T(wd), k = T(coef);
-    parallel_for(c.in[0].numel(), kGrain, [&](int64_t s, int64_t e) {
+    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
         T gi = k * g[i] + w * p[i];
         if (mom != 0) {
           buf[i] = m * buf[i] + d * gi;
           gi = nesterov ? gi + m * buf[i] : buf[i];
         }
-        p[i] -= lr * gi;
+        p[i] -= rate * gi;
       }
     });
   });
 }
 
-void adamw_update(const KernelCtx& c) {
-  const double beta1 = c.attrs().f("beta1"), beta2 = c.attrs().f("beta2"), eps = c.attrs().f("eps"),
-               wd = c.attrs().f("weight_decay", 0);
-  const bool decoupled = c.attrs().b("decoupled");
-  const double lr = load_as_f64(c.in[4].data, c.in[4].dtype, 0), coef = grad_coef(c, 6);
-  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
-  const int64_t step = *c.in[5].as<int64_t>();
-  FR_CHECK(step >= 1, "adamw_update (", c.node->name, "): opt/step must be >= 1, got ", step);
-  // PyTorch's bias corrections, as Python floats (double) from the integer step.
+// PyTorch's Adam bias corrections of a step, as Python floats (double) from the integer step.
+struct AdamStep {
+  double lr, step_size, bc2_sqrt;
+};
+
+AdamStep adam_step(const KernelCtx& c, int lr_index, int step_index) {
+  const double lr = load_as_f64(c.in[lr_index].data, c.in[lr_index].dtype, 0);
+  const int64_t step = *c.in[step_index].as<int64_t>();
+  FR_CHECK(step >= 1, c.node->op, " (", c.node->name, "): opt/step must be >= 1, got ", step);
   const double t = static_cast<double>(step);
-  const double step_size = lr / (1 - std::pow(beta1, t)), bc2_sqrt = std::sqrt(1 - std::pow(beta2, t));
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+  return {lr, lr / (1 - std::pow(c.attrs().f("beta1"), t)), std::sqrt(1 - std::pow(c.attrs().f("beta2"), t))};
+}
+
+// One parameter's Adam/AdamW step (shared by the single and multi-tensor updates, as sgd_tensor).
+void adamw_tensor(const Attrs& a, const TensorView& param, const TensorView& grad, const TensorView& m1,
+                  const TensorView& m2, const AdamStep& st, double coef) {
+  const double beta1 = a.f("beta1"), beta2 = a.f("beta2"), eps = a.f("eps"), wd = a.f("weight_decay", 0);
+  const bool decoupled = a.b("decoupled");
+  dispatch_float(param.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    T* p = c.in[0].as<T>();
-    const T* g = c.in[1].as<T>();
-    T* m = c.in[2].as<T>();
-    T* v = c.in[3].as<T>();
-    const T b1 = T(beta1), b2 = T(beta2), e = T(eps), k = T(coef), ss = T(step_size), bc2 = T(bc2_sqrt);
-    const T decay = decoupled ? T(1 - lr * wd) : T(1), l2 = decoupled ? T(0) : T(wd);
-    parallel_for(c.in[0].numel(), kGrain, [&](int64_t s, int64_t end) {
+    T* p = param.as<T>();
+    const T* g = grad.as<T>();
+    T* m = m1.as<T>();
+    T* v = m2.as<T>();
+    const T b1 = T(beta1), b2 = T(beta2), e = T(eps), k = T(coef), ss = T(st.step_size), bc2 = T(st.bc2_sqrt);
+    const T decay = decoupled ? T(1 - st.lr * wd) : T(1), l2 = decoupled ? T(0) : T(wd);
+    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t end) {
       for (int64_t i = s; i < end; ++i) {
         const T gi = k * g[i] + l2 * p[i];
         p[i] *= decay;
@@ -84,6 +93,39 @@ void adamw_update(const KernelCtx& c) {
       }
     });
   });
+}
+
+}  // namespace
+
+void sgd_update(const KernelCtx& c) {
+  const double coef = grad_coef(c, 4);
+  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
+  sgd_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], load_as_f64(c.in[3].data, c.in[3].dtype, 0), coef);
+}
+
+void adamw_update(const KernelCtx& c) {
+  const double coef = grad_coef(c, 6);
+  if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
+  adamw_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], c.in[3], adam_step(c, 4, 5), coef);
+}
+
+// Inputs: the n = attr tensors parameters, their gradients and momentum buffers, lr [, coef].
+void sgd_update_multi(const KernelCtx& c) {
+  const int n = static_cast<int>(c.attrs().i("tensors"));
+  const double coef = grad_coef(c, 3 * n + 1);
+  if (!std::isfinite(coef)) return;
+  const double lr = load_as_f64(c.in[3 * n].data, c.in[3 * n].dtype, 0);
+  for (int k = 0; k < n; ++k) sgd_tensor(c.attrs(), c.in[k], c.in[n + k], c.in[2 * n + k], lr, coef);
+}
+
+// Inputs: the n = attr tensors parameters, gradients, first and second moments, lr, step [, coef].
+void adamw_update_multi(const KernelCtx& c) {
+  const int n = static_cast<int>(c.attrs().i("tensors"));
+  const double coef = grad_coef(c, 4 * n + 2);
+  if (!std::isfinite(coef)) return;
+  const AdamStep st = adam_step(c, 4 * n, 4 * n + 1);
+  for (int k = 0; k < n; ++k)
+    adamw_tensor(c.attrs(), c.in[k], c.in[n + k], c.in[2 * n + k], c.in[3 * n + k], st, coef);
 }
 
 void global_norm(const KernelCtx& c) {

@@ -10,6 +10,8 @@ inline constexpr int64_t kNormBlock = 1 << 14;
 
 void sgd_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
+void sgd_update_multi(const KernelCtx& c);
+void adamw_update_multi(const KernelCtx& c);
 void global_norm(const KernelCtx& c);
 void clip_coef(const KernelCtx& c);
 void unscale_coef(const KernelCtx& c);

@@ -35,8 +35,9 @@ void fill_like(const KernelCtx& c);
 void copy(const KernelCtx& c);  // stop_gradient, reshape (when not planned in place)
 void cast(const KernelCtx& c);  // between f32, f16 and bf16
 
-// Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses, its
-// gradient's the scale dloss / count; the norms' gradients' their f32 partial sums per block of rows.
+// Row-wise (ops/cuda/rows.cc): f32, f16, bf16. cross_entropy's workspace holds its per-row losses (with the
+// classes split over the tensor axis, the row statistics reduced over its ranks), its gradient's the scale
+// dloss / count; the norms' gradients' their f32 partial sums per block of rows.
 void softmax(const KernelCtx& c);
 void log_softmax(const KernelCtx& c);
 void softmax_grad(const KernelCtx& c);
@@ -80,12 +81,14 @@ void split(const KernelCtx& c);
 
 // Optimizer updates (ops/cuda/optim.cc): f32 parameters (the master weights) in place.
 void sgd_update(const KernelCtx& c);
-void global_norm(const KernelCtx& c);  // one GPU: no reduction over mesh axes yet
+void global_norm(const KernelCtx& c);  // summed over the mesh axes that split or shard the gradients
 void clip_coef(const KernelCtx& c);
 void grad_accumulate(const KernelCtx& c);
 void unscale_coef(const KernelCtx& c);  // fp16 loss scaling
 void loss_scale_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
+void sgd_update_multi(const KernelCtx& c);
+void adamw_update_multi(const KernelCtx& c);
 
 // cuBLASLt (ops/cuda/blas.cc): f32, f16, bf16, accumulating in f32.
 void matmul(const KernelCtx& c);

@@ -57,10 +57,26 @@ void softmax_grad(Storage t, bool log, const void* dy, const void* y, void* dx, 
 // rows whose label is not `ignore` (labels outside [0, cols) count and add 0). `partial`: rows doubles.
 void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, void* lse, int64_t rows,
                    int64_t cols, int64_t ignore, double* partial, cudaStream_t s);
-// dx = dloss / count * (softmax(x) - onehot(label)), zero rows for ignored or out-of-range labels. `scale`:
-// one float of scratch.
+// Vocabulary-parallel cross-entropy: x holds columns [offset, offset + cols) of rows of `classes` logits (the
+// classes split over the tensor axis), and the caller reduces the row statistics over the axis's ranks
+// between the steps. `stats`: 3 x rows doubles, [row maxima | sums of exponentials | target logits].
+// Step 1: stats[r] = this rank's row maximum (reduce: max).
+void cross_entropy_split_max(Storage t, const void* x, int64_t rows, int64_t cols, double* stats,
+                             cudaStream_t s);
+// Step 2: this rank's f32 sum of exp(x - max) and its target logit (0 unless it holds the label's column)
+// per row (reduce the 2 x rows doubles from stats + rows: sum).
+void cross_entropy_split_sums(Storage t, const void* x, const int64_t* labels, int64_t rows, int64_t cols,
+                              int64_t offset, double* stats, cudaStream_t s);
+// Step 3: lse = max + log(sum) per row, and the loss: the mean of lse - target over the rows whose label is
+// not `ignore` (labels outside [0, classes) count and add 0), summed in row order in double.
+void cross_entropy_split_loss(Storage t, const int64_t* labels, void* loss, void* lse, int64_t rows,
+                              int64_t classes, int64_t ignore, double* stats, cudaStream_t s);
+// dx = dloss / count * (softmax(x) - onehot(label)), zero rows for ignored labels and labels outside [0,
+// classes); x holds columns [offset, offset + cols) of the rows (offset 0 and classes = cols unless the
+// classes are split), lse the whole rows'. `scale`: one float of scratch.
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
-                        void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s);
+                        void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset, int64_t classes,
+                        float* scale, cudaStream_t s);
 // The mean of -logp[label] over the rows whose label is not `ignore` (labels outside [0, cols) count and add
 // 0), summed in row order in double; its gradient -dloss / count at each counted label, 0 elsewhere.
 void nll_loss(Storage t, const void* logp, const int64_t* labels, void* loss, int64_t rows, int64_t cols,
@@ -97,6 +113,23 @@ struct AdamParams {
 };
 void adamw_update(const AdamParams& a, float* p, const float* g, float* m, float* v, const float* lr,
                   const int64_t* step, const float* coef, int64_t n, cudaStream_t s);
+// The same updates of several tensors (the multi-tensor ops) in one launch per list: tensor k has n[k]
+// elements at p[k], g[k] and its state s0[k] (SGD's momentum buffer, Adam's m) and s1[k] (Adam's v). Each
+// element is computed by the formula of the single update's kernel. The list travels to the kernel by value,
+// as a parameter: kMultiTensors tensors keep it under 4 KiB, the portable limit of a launch's parameters.
+constexpr int kMultiTensors = 64;
+struct MultiTensorList {
+  int count = 0;
+  float* p[kMultiTensors];
+  const float* g[kMultiTensors];
+  float* s0[kMultiTensors];
+  float* s1[kMultiTensors];
+  int64_t n[kMultiTensors];
+};
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
+                      cudaStream_t s);
+void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                        const float* coef, cudaStream_t s);
 
 // Index kernels (ops/cuda/index.cu). An output of `rank` <= 8 axes `dims`, whose element at multi-index i
 // reads the input at sum(i[k] * stride[k]) (a permutation of the input's strides, or 0 along broadcast axes).

@@ -17,6 +17,27 @@ const float* f32_scalar(const KernelCtx& c, int index) {
   return c.in[index].as<float>();
 }
 
+// The node's tensors (attr tensors of each of `lists` lists: params, grads, then state) in lists of at most
+// kMultiTensors, each handed to `launch`; on the stack, as a kernel adapter must not allocate.
+template <typename Launch>
+void each_tensor_list(const KernelCtx& c, int lists, Launch launch) {
+  const int n = static_cast<int>(c.attrs().i("tensors"));
+  MultiTensorList t;
+  for (int k = 0; k < n; ++k) {
+    if (t.count == kMultiTensors) {
+      launch(t);
+      t.count = 0;
+    }
+    const int j = t.count++;
+    t.p[j] = c.in[k].as<float>();
+    t.g[j] = c.in[n + k].as<float>();
+    t.s0[j] = c.in[2 * n + k].as<float>();
+    t.s1[j] = lists > 3 ? c.in[3 * n + k].as<float>() : nullptr;
+    t.n[j] = c.in[k].numel();
+  }
+  launch(t);
+}
+
 }  // namespace
 
 // The squares of inputs [0, split_inputs) (pieces of gradients split over the tensor axis) are summed over
@@ -92,6 +113,26 @@ void adamw_update(const KernelCtx& c) {
                      c.attrs().f("weight_decay", 0), c.attrs().b("decoupled")};
   adamw_update(a, c.in[0].as<float>(), c.in[1].as<float>(), c.in[2].as<float>(), c.in[3].as<float>(),
                f32_scalar(c, 4), c.in[5].as<int64_t>(), f32_scalar(c, 6), c.in[0].numel(), stream_of(c));
+}
+
+void sgd_update_multi(const KernelCtx& c) {
+  const SgdParams a{static_cast<float>(c.attrs().f("momentum", 0)),
+                    static_cast<float>(c.attrs().f("dampening", 0)),
+                    static_cast<float>(c.attrs().f("weight_decay", 0)), c.attrs().b("nesterov")};
+  const int n = static_cast<int>(c.attrs().i("tensors"));
+  each_tensor_list(c, 3, [&](const MultiTensorList& t) {
+    sgd_update_multi(a, t, f32_scalar(c, 3 * n), f32_scalar(c, 3 * n + 1), stream_of(c));
+  });
+}
+
+void adamw_update_multi(const KernelCtx& c) {
+  const AdamParams a{c.attrs().f("beta1"), c.attrs().f("beta2"), c.attrs().f("eps"),
+                     c.attrs().f("weight_decay", 0), c.attrs().b("decoupled")};
+  const int n = static_cast<int>(c.attrs().i("tensors"));
+  each_tensor_list(c, 4, [&](const MultiTensorList& t) {
+    adamw_update_multi(a, t, f32_scalar(c, 4 * n), c.in[4 * n + 1].as<int64_t>(), f32_scalar(c, 4 * n + 2),
+                       stream_of(c));
+  });
 }
 
 }  // namespace flowrun::cuda

@@ -86,45 +86,160 @@ __global__ void accumulate_kernel(T* acc, const T* g, const int64_t* micro, int6
     store(acc, i, first ? load(g, i) : load(acc, i) + load(g, i));
 }
 
+// One element of an update, shared by the single and multi-tensor kernels so that both compute it alike.
+__device__ __forceinline__ void sgd_element(const SgdParams& a, float k, float rate, float* p, const float* g,
+                                            float* buf, int64_t i) {
+  float gi = k * g[i] + a.weight_decay * p[i];
+  if (a.momentum != 0.0f) {
+    buf[i] = a.momentum * buf[i] + (1.0f - a.dampening) * gi;
+    gi = a.nesterov ? gi + a.momentum * buf[i] : buf[i];
+  }
+  p[i] -= rate * gi;
+}
+
+// Adam's per-step factors, every thread computing them from the device scalars.
+struct AdamStep {
+  float k, ss, bc2, b1, b2, e, decay, l2;
+};
+
+__device__ __forceinline__ AdamStep adam_step(const AdamParams& a, const float* lr, const int64_t* step,
+                                              float k) {
+  // PyTorch's bias corrections in double from the integer step, then f32 as the CPU kernel.
+  const double rate = *lr, t = static_cast<double>(*step);
+  AdamStep st;
+  st.k = k;
+  st.ss = static_cast<float>(rate / (1.0 - pow(a.beta1, t)));
+  st.bc2 = static_cast<float>(sqrt(1.0 - pow(a.beta2, t)));
+  st.b1 = static_cast<float>(a.beta1);
+  st.b2 = static_cast<float>(a.beta2);
+  st.e = static_cast<float>(a.eps);
+  st.decay = a.decoupled ? static_cast<float>(1.0 - rate * a.weight_decay) : 1.0f;
+  st.l2 = a.decoupled ? 0.0f : static_cast<float>(a.weight_decay);
+  return st;
+}
+
+__device__ __forceinline__ void adam_element(const AdamStep& st, float* p, const float* g, float* m, float* v,
+                                             int64_t i) {
+  const float gi = st.k * g[i] + st.l2 * p[i];
+  float pi = p[i] * st.decay;
+  const float mi = st.b1 * m[i] + (1.0f - st.b1) * gi;
+  const float vi = st.b2 * v[i] + (1.0f - st.b2) * gi * gi;
+  pi -= st.ss * mi / (sqrtf(vi) / st.bc2 + st.e);
+  p[i] = pi;
+  m[i] = mi;
+  v[i] = vi;
+}
+
 __global__ void sgd_kernel(SgdParams a, float* p, const float* g, float* buf, const float* lr,
                            const float* coef, int64_t n) {
   const float k = coef ? *coef : 1.0f;
   if (!isfinite(k)) return;
   const float rate = *lr;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    float gi = k * g[i] + a.weight_decay * p[i];
-    if (a.momentum != 0.0f) {
-      buf[i] = a.momentum * buf[i] + (1.0f - a.dampening) * gi;
-      gi = a.nesterov ? gi + a.momentum * buf[i] : buf[i];
-    }
-    p[i] -= rate * gi;
-  }
+       i += int64_t{gridDim.x} * blockDim.x)
+    sgd_element(a, k, rate, p, g, buf, i);
 }
 
 __global__ void adamw_kernel(AdamParams a, float* p, const float* g, float* m, float* v, const float* lr,
                              const int64_t* step, const float* coef, int64_t n) {
   const float k = coef ? *coef : 1.0f;
   if (!isfinite(k)) return;
-  // PyTorch's bias corrections in double from the integer step, then f32 as the CPU kernel.
-  const double rate = *lr, t = static_cast<double>(*step);
-  const float ss = static_cast<float>(rate / (1.0 - pow(a.beta1, t)));
-  const float bc2 = static_cast<float>(sqrt(1.0 - pow(a.beta2, t)));
-  const float b1 = static_cast<float>(a.beta1), b2 = static_cast<float>(a.beta2),
-              e = static_cast<float>(a.eps);
-  const float decay = a.decoupled ? static_cast<float>(1.0 - rate * a.weight_decay) : 1.0f;
-  const float l2 = a.decoupled ? 0.0f : static_cast<float>(a.weight_decay);
+  const AdamStep st = adam_step(a, lr, step, k);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float gi = k * g[i] + l2 * p[i];
-    float pi = p[i] * decay;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    pi -= ss * mi / (sqrtf(vi) / bc2 + e);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+       i += int64_t{gridDim.x} * blockDim.x)
+    adam_element(st, p, g, m, v, i);
+}
+
+// Multi-tensor updates (apex's multi_tensor_apply): a thread block per chunk of kChunk elements of one
+// tensor; block b works on the tensor k with first_block[k] <= b < first_block[k + 1].
+constexpr int64_t kChunk = 16 * kThreads;
+
+struct MultiTable {
+  float* p[kMultiTensors];
+  const float* g[kMultiTensors];
+  float* s0[kMultiTensors];
+  float* s1[kMultiTensors];
+  int64_t n[kMultiTensors];
+  int first_block[kMultiTensors + 1];
+  int count;
+};
+
+struct MultiSgd {
+  SgdParams a;
+  const float *lr, *coef;
+};
+struct MultiAdam {
+  AdamParams a;
+  const float* lr;
+  const int64_t* step;
+  const float* coef;
+};
+// Kernel parameters: the table and the update's, within the 4 KiB every architecture and CUDA version takes.
+static_assert(sizeof(MultiTable) + sizeof(MultiAdam) <= 4096 && sizeof(MultiTable) + sizeof(MultiSgd) <= 4096,
+              "multi-tensor kernel parameters over 4 KiB");
+
+// The tensor of this block (binary search over first_block) and the block's elements [begin, end) of it.
+__device__ __forceinline__ int block_tensor(const MultiTable& t, int64_t* begin, int64_t* end) {
+  const int b = static_cast<int>(blockIdx.x);
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.first_block[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
+  *begin = static_cast<int64_t>(b - t.first_block[lo]) * kChunk;
+  *end = *begin + kChunk < t.n[lo] ? *begin + kChunk : t.n[lo];
+  return lo;
+}
+
+__global__ void sgd_multi_kernel(MultiTable t, MultiSgd u) {
+  const float k = u.coef ? *u.coef : 1.0f;
+  if (!isfinite(k)) return;
+  const float rate = *u.lr;
+  int64_t begin, end;
+  const int j = block_tensor(t, &begin, &end);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+    sgd_element(u.a, k, rate, t.p[j], t.g[j], t.s0[j], i);
+}
+
+__global__ void adamw_multi_kernel(MultiTable t, MultiAdam u) {
+  const float k = u.coef ? *u.coef : 1.0f;
+  if (!isfinite(k)) return;
+  const AdamStep st = adam_step(u.a, u.lr, u.step, k);
+  int64_t begin, end;
+  const int j = block_tensor(t, &begin, &end);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+    adam_element(st, t.p[j], t.g[j], t.s0[j], t.s1[j], i);
+}
+
+// Launches `kernel` over the list's non-empty tensors, as few launches as the grid's size allows (one for
+// any realistic list: 2^31 - 1 blocks of kChunk elements).
+template <typename Kernel, typename Update>
+void launch_multi(Kernel kernel, const MultiTensorList& list, const Update& u, cudaStream_t s,
+                  const char* what) {
+  constexpr int64_t kMaxBlocks = 0x7fffffff;
+  MultiTable t{};
+  auto launch = [&] {
+    if (t.count == 0) return;
+    kernel<<<static_cast<unsigned>(t.first_block[t.count]), kThreads, 0, s>>>(t, u);
+    check(cudaGetLastError(), what);
+    t.count = 0;
+  };
+  for (int k = 0; k < list.count; ++k) {
+    if (list.n[k] == 0) continue;
+    const int64_t blocks = (list.n[k] + kChunk - 1) / kChunk;
+    if (t.first_block[t.count] + blocks > kMaxBlocks) launch();
+    const int j = t.count++;
+    t.p[j] = list.p[k];
+    t.g[j] = list.g[k];
+    t.s0[j] = list.s0[k];
+    t.s1[j] = list.s1[k];
+    t.n[j] = list.n[k];
+    t.first_block[j + 1] = static_cast<int>(t.first_block[j] + blocks);
+  }
+  launch();
 }
 
 }  // namespace
@@ -188,6 +303,16 @@ void adamw_update(const AdamParams& a, float* p, const float* g, float* m, float
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, p, g, m, v, lr, step, coef, n);
   check(cudaGetLastError(), "adamw_update kernel launch");
+}
+
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
+                      cudaStream_t s) {
+  launch_multi(sgd_multi_kernel, t, MultiSgd{a, lr, coef}, s, "sgd_update_multi kernel launch");
+}
+
+void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                        const float* coef, cudaStream_t s) {
+  launch_multi(adamw_multi_kernel, t, MultiAdam{a, lr, step, coef}, s, "adamw_update_multi kernel launch");
 }
 
 }  // namespace flowrun::cuda

@@ -71,6 +71,8 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("loss_scale_update", {DeviceKind::cuda, {DType::f32}, cuda::loss_scale_update});
   r.add_kernel("sgd_update", {DeviceKind::cuda, {DType::f32}, cuda::sgd_update});
   r.add_kernel("adamw_update", {DeviceKind::cuda, {DType::f32}, cuda::adamw_update});
+  r.add_kernel("sgd_update_multi", {DeviceKind::cuda, {DType::f32}, cuda::sgd_update_multi});
+  r.add_kernel("adamw_update_multi", {DeviceKind::cuda, {DType::f32}, cuda::adamw_update_multi});
   r.add_kernel("matmul", {DeviceKind::cuda, floats, cuda::matmul});
   r.add_kernel("linear", {DeviceKind::cuda, floats, cuda::linear});
   const std::pair<const char*, KernelFn> collectives[] = {

@@ -2,6 +2,7 @@
 #include "ops/cpu/norm.h"  // norm_row_blocks: the blocks of rows the workspace is planned for
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "parallel/comm.h"
 
 namespace flowrun::cuda {
 
@@ -16,12 +17,26 @@ int64_t rows_of(const TensorView& t) {
   return c == 0 ? 0 : t.numel() / c;
 }
 
-// The classes split over the tensor axis (graph/sbp_parallel.cc) need the row statistics reduced over its
-// ranks, which the CUDA kernels do not do yet.
-void whole_rows_only(const KernelCtx& c) {
-  if (c.attrs().has("classes"))
-    throw runtime_error(
-        cat(c.node->name, ": the CUDA cross-entropy does not take vocabulary-parallel logits yet"));
+// Logits split over the tensor axis by class (attrs offset: this rank's first class, classes: all of them;
+// graph/sbp_parallel.cc), as the CPU kernel: the row maxima, then the sums of exponentials and the target
+// logits are reduced over the axis's ranks (NCCL, on the kernel stream) in the workspace's three doubles a
+// row, so that every rank ends with the whole rows' lse and the loss. One rank (no tensor axis) reduces
+// nothing.
+void cross_entropy_split(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  const int64_t rows = rows_of(x);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(3 * rows) * sizeof(double), c.node->name,
+           ": the workspace holds no row statistics");
+  double* stats = static_cast<double*>(c.workspace);
+  const int64_t* labels = c.in[1].as<int64_t>();
+  Communicator* tp = on_stream(c.tp, c);
+  cross_entropy_split_max(storage_of(x.dtype), x.data, rows, cols_of(x), stats, stream_of(c));
+  if (tp) tp->all_reduce(stats, rows, DType::f64, ReduceOp::max);
+  cross_entropy_split_sums(storage_of(x.dtype), x.data, labels, rows, cols_of(x), c.attrs().i("offset"),
+                           stats, stream_of(c));
+  if (tp) tp->all_reduce(stats + rows, 2 * rows, DType::f64, ReduceOp::sum);
+  cross_entropy_split_loss(storage_of(x.dtype), labels, c.out[0].data, c.out[1].data, rows,
+                           c.attrs().i("classes"), c.attrs().i("ignore_index", -100), stats, stream_of(c));
 }
 
 }  // namespace
@@ -44,7 +59,7 @@ void log_softmax_grad(const KernelCtx& c) {
 }
 
 void cross_entropy(const KernelCtx& c) {
-  whole_rows_only(c);
+  if (c.attrs().has("classes")) return cross_entropy_split(c);
   const TensorView& x = c.in[0];
   FR_CHECK(c.workspace_bytes >= static_cast<size_t>(rows_of(x)) * sizeof(double), c.node->name,
            ": the workspace holds no per-row losses");
@@ -53,12 +68,13 @@ void cross_entropy(const KernelCtx& c) {
                 stream_of(c));
 }
 
+// Under a class split (attrs offset, classes) lse is the whole rows' already: nothing to reduce.
 void cross_entropy_grad(const KernelCtx& c) {
-  whole_rows_only(c);
   const TensorView& x = c.in[1];
   FR_CHECK(c.workspace_bytes >= sizeof(float), c.node->name, ": no workspace for the gradient's scale");
   cross_entropy_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].as<int64_t>(), c.in[3].data,
                      c.out[0].data, rows_of(x), cols_of(x), c.attrs().i("ignore_index", -100),
+                     c.attrs().i("offset", 0), c.attrs().i("classes", cols_of(x)),
                      static_cast<float*>(c.workspace), stream_of(c));
 }
 

@@ -102,16 +102,63 @@ __global__ void cross_entropy_scale(const T* dloss, const int64_t* labels, float
 
 template <typename T>
 __global__ void cross_entropy_grad_rows(const float* scale, const T* x, const int64_t* labels, const T* lse,
-                                        T* dx, int64_t cols, int64_t ignore) {
+                                        T* dx, int64_t cols, int64_t ignore, int64_t offset,
+                                        int64_t classes) {
   const int64_t r = blockIdx.x;
   const int64_t label = labels[r];
   const T* xr = x + r * cols;
   T* dxr = dx + r * cols;
   const float g = *scale;
-  const bool counted = label != ignore && label >= 0 && label < cols;
+  const bool counted = label != ignore && label >= 0 && label < classes;
+  const int64_t target = label - offset;  // this rank's column of the label, if it holds it
   const float m = load(lse, r);
   for (int64_t j = threadIdx.x; j < cols; j += kThreads)
-    store(dxr, j, counted ? g * expf(load(xr, j) - m) - (j == label ? g : 0.0f) : 0.0f);
+    store(dxr, j, counted ? g * expf(load(xr, j) - m) - (j == target ? g : 0.0f) : 0.0f);
+}
+
+// Vocabulary-parallel cross-entropy (see launch.h), the steps of the CPU's (ops/cpu/nn.cc,
+// cross_entropy_split): f32 row maxima and sums of exponentials, widened to double for the reductions over
+// the ranks; lse and the loss terms in double.
+template <typename T>
+__global__ void split_max_rows(const T* x, int64_t cols, double* stats) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  float m = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) m = fmaxf(m, load(xr, j));
+  m = block_reduce<true>(m, scratch);
+  if (threadIdx.x == 0) stats[r] = m;
+}
+
+template <typename T>
+__global__ void split_sum_rows(const T* x, const int64_t* labels, int64_t rows, int64_t cols, int64_t offset,
+                               double* stats) {
+  __shared__ float scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const float m = static_cast<float>(stats[r]);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += kThreads) s += expf(load(xr, j) - m);
+  s = block_reduce<false>(s, scratch);
+  if (threadIdx.x == 0) {
+    stats[rows + r] = s;
+    const int64_t l = labels[r] - offset;
+    stats[2 * rows + r] = l >= 0 && l < cols ? static_cast<double>(load(xr, l)) : 0.0;
+  }
+}
+
+// A thread per row; each row's loss term replaces its maximum in stats (read first), for cross_entropy_mean.
+template <typename T>
+__global__ void split_loss_rows(const int64_t* labels, T* lse, int64_t rows, int64_t classes, int64_t ignore,
+                                double* stats) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    store(lse, r, static_cast<float>(stats[r] + log(stats[rows + r])));
+    const int64_t l = labels[r];
+    // As the CPU kernel: the term uses the stored (rounded) lse.
+    stats[r] =
+        l != ignore && l >= 0 && l < classes ? static_cast<double>(load(lse, r)) - stats[2 * rows + r] : 0.0;
+  }
 }
 
 template <typename T>
@@ -317,15 +364,49 @@ void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, 
   check(cudaGetLastError(), "cross-entropy kernel launch");
 }
 
+void cross_entropy_split_max(Storage t, const void* x, int64_t rows, int64_t cols, double* stats,
+                             cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    split_max_rows<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), cols, stats);
+  });
+  check(cudaGetLastError(), "cross-entropy row maximum kernel launch");
+}
+
+void cross_entropy_split_sums(Storage t, const void* x, const int64_t* labels, int64_t rows, int64_t cols,
+                              int64_t offset, double* stats, cudaStream_t s) {
+  if (rows == 0) return;
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    split_sum_rows<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), labels, rows, cols, offset,
+                                                   stats);
+  });
+  check(cudaGetLastError(), "cross-entropy row sum kernel launch");
+}
+
+void cross_entropy_split_loss(Storage t, const int64_t* labels, void* loss, void* lse, int64_t rows,
+                              int64_t classes, int64_t ignore, double* stats, cudaStream_t s) {
+  dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0)
+      split_loss_rows<<<blocks_for(rows), kThreads, 0, s>>>(labels, static_cast<T*>(lse), rows, classes,
+                                                            ignore, stats);
+    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, stats, static_cast<T*>(loss), rows, ignore);
+  });
+  check(cudaGetLastError(), "cross-entropy loss kernel launch");
+}
+
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
-                        void* dx, int64_t rows, int64_t cols, int64_t ignore, float* scale, cudaStream_t s) {
+                        void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset, int64_t classes,
+                        float* scale, cudaStream_t s) {
   if (rows == 0) return;
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     cross_entropy_scale<<<1, kThreads, 0, s>>>(static_cast<const T*>(dloss), labels, scale, rows, ignore);
     cross_entropy_grad_rows<<<grid(rows), kThreads, 0, s>>>(scale, static_cast<const T*>(x), labels,
                                                             static_cast<const T*>(lse), static_cast<T*>(dx),
-                                                            cols, ignore);
+                                                            cols, ignore, offset, classes);
   });
   check(cudaGetLastError(), "cross-entropy gradient kernel launch");
 }
