@@ -23,6 +23,7 @@ struct Args {
   int64_t world_size = 0;
   std::vector<std::string> set;
   int64_t exit_at_step = 0;
+  int64_t limit = 0;
   bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
 };
@@ -124,8 +125,10 @@ int run_data(const Args& a) {
     const char* env = std::getenv("FLOWRUN_DATA");
     out = std::string(env ? env : FLOWRUN_DATA_DIR) + "/" + a.dataset + ".h5";
   }
+  if (a.limit > 0 && a.dataset != "fashion_mnist")
+    throw flowrun::input_error(flowrun::cat("--limit: only fashion_mnist is cut to its first images, not ", a.dataset));
   if (a.dataset == "fashion_mnist")
-    flowrun::prepare_fashion_mnist(out);
+    flowrun::prepare_fashion_mnist(out, "", a.limit);
   else if (a.dataset == "kjv")
     flowrun::prepare_kjv(out);
   else
@@ -215,6 +218,10 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember({"fashion_mnist", "kjv", "wine", "iris", "breast_cancer"}));
   data->add_option("--out", a.out, "Output file (default: the data cache, $FLOWRUN_DATA or data/cache)");
+  data->add_option("--limit", a.limit,
+                   "fashion_mnist: keep only the first N images of each split (a small copy for quick runs and "
+                   "machines without the Debian package)")
+      ->check(CLI::PositiveNumber);
 
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* version = app.add_subcommand("version", "Print the flowrun version");

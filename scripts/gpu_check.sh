@@ -5,7 +5,8 @@
 # under $OUT (or ./gpu-check-out). Exit status: 0 only if every step passed.
 #
 #   scripts/gpu_check.sh --pack     here (no GPU needed): build with CUDA and bundle the binaries, the shared
-#                                   libraries they need beyond libc, and the KJV data into .gpu-pack/ (git-
+#                                   libraries they need beyond libc, and the data (KJV, wine, 2000
+#                                   Fashion-MNIST images a split) into .gpu-pack/ (git-
 #                                   ignored, about 40 MiB), for a machine that has a GPU but not the project's
 #                                   Debian packages (the lent H200 reaches no package registry)
 #   scripts/gpu_check.sh            on the GPU machine: uses .gpu-pack/ when it is there, else builds with CUDA
@@ -29,6 +30,9 @@ if [[ "${1:-}" == "--pack" ]]; then
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
   cp data/cache/kjv.h5 data/cache/wine.h5 "$stage/data/"
+  # Fashion-MNIST whole is too big to carry (64 MiB a call): its first 2000 images of each split serve the
+  # convnets of the GPU training test.
+  build-gpu/apps/flowrun data fashion_mnist --limit 2000 --out "$stage/data/fashion_mnist.h5"
   # Every library the binaries load, but the C library's own and CUDA's (those must be the machine's: the
   # GPU machine has the CUDA 13 runtime and cuBLASLt, and cuDNN 9 and NCCL in its Python packages, which is
   # read off its package list, not yet seen loading: each would be hundreds of MiB to carry).

@@ -17,8 +17,9 @@ namespace flowrun {
 // ---- Conversion (what `flowrun data` and the first training run do) ----
 // Fashion-MNIST from Debian's dataset-fashion-mnist (gzipped IDX in `src_dir`, default
 // /usr/share/datasets/fashion-mnist) -> one HDF5 with /train/x (60000,28,28 u8), /train/y (60000 i64),
-// /test/x, /test/y, and attributes (source, classes). Written atomically (tmp + rename).
-void prepare_fashion_mnist(const std::string& out_path, const std::string& src_dir = "");
+// /test/x, /test/y, and attributes (source, classes). Written atomically (tmp + rename). `limit` > 0 keeps
+// only the first `limit` images of each split (the pixel statistics are then those of the kept images).
+void prepare_fashion_mnist(const std::string& out_path, const std::string& src_dir = "", int64_t limit = 0);
 // The King James Bible from Debian's bible-kjv (`bible -f gen1:1-rev22:21`, verse references stripped,
 // one verse per line) -> HDF5 with /train (first 90% of the bytes, u8) and /val (last 10%), attributes.
 void prepare_kjv(const std::string& out_path);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <utility>
@@ -108,17 +109,33 @@ std::string table_file(const std::string& name) {
 
 }  // namespace
 
-void prepare_fashion_mnist(const std::string& out_path, const std::string& src_dir) {
+namespace {
+
+// The first `limit` images of a split (all of them when limit is 0 or larger than the split).
+ImageSplit first_images(ImageSplit s, int64_t limit) {
+  const int64_t n = s.x.shape()[0];
+  if (limit <= 0 || limit >= n) return s;
+  ImageSplit cut{Tensor::empty({limit, 28, 28}, DType::u8), Tensor::empty({limit}, DType::i64)};
+  std::memcpy(cut.x.raw(), s.x.raw(), cut.x.nbytes());
+  std::memcpy(cut.y.raw(), s.y.raw(), cut.y.nbytes());
+  return cut;
+}
+
+}  // namespace
+
+void prepare_fashion_mnist(const std::string& out_path, const std::string& src_dir, int64_t limit) {
   const std::string dir = src_dir.empty() ? kFashionDir : src_dir;
-  const ImageSplit train = read_fashion_split(dir, "train");
-  const ImageSplit test = read_fashion_split(dir, "t10k");
+  const ImageSplit train = first_images(read_fashion_split(dir, "train"), limit);
+  const ImageSplit test = first_images(read_fashion_split(dir, "t10k"), limit);
   const auto [mean, sd] = pixel_stats(train.x)[0];
   write_atomically(out_path, [&](h5::File& f) {
     f.write("train/x", train.x);
     f.write("train/y", train.y);
     f.write("test/x", test.x);
     f.write("test/y", test.y);
-    f.set_attr("", "source", cat("Fashion-MNIST (Zalando), converted from ", dir));
+    f.set_attr("", "source", limit > 0 ? cat("Fashion-MNIST (Zalando), the first ", limit,
+                                            " images of each split, converted from ", dir)
+                                      : cat("Fashion-MNIST (Zalando), converted from ", dir));
     f.set_attr("", "classes", std::string(kFashionClasses));
     f.set_attr("", "mean", mean);
     f.set_attr("", "std", sd);

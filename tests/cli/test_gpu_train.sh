@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training on the GPU against the CPU (label gpu: needs a GPU; scripts/gpu_check.sh runs it). From the same
-# seed, 20 steps of quickstart's MLP (AdamW, on the wine table) and of a small GPT (AdamW, dropout, clipping,
-# tied embeddings; an evaluation at step 10) log per-step losses within 1e-3 relative of the CPU's (cuBLAS
+# seed, 20 steps of quickstart's MLP (AdamW, on the wine table), of the Fashion-MNIST CNN (dropout, an
+# evaluation), of a ResNet-8 (batchnorm, SGD momentum) and of a small GPT (AdamW, dropout, clipping, tied
+# embeddings; an evaluation at step 10) log per-step losses within 1e-3 relative of the CPU's (cuBLAS
 # and oneDNN sum in other orders; dropout draws the same masks on both) and end with the same weights within
 # 1e-3; the GPT in bf16 and in fp16 (loss scaling) stays within 3e-2 of the CPU's run in the same precision.
 # The GPU runs replay CUDA graphs (train.cuda_graph, the default); the GPT run again without them must log
@@ -31,6 +32,11 @@ gpu_vs_cpu() {
 
 gpu_vs_cpu mlp 1e-3 "$SRC/configs/quickstart.yaml" --set data.dataset=wine --set train.batch_size=16 \
   --set train.checkpoint_every=20
+# The convnets (cuDNN convolutions, pooling, batchnorm), SGD momentum for the ResNet.
+gpu_vs_cpu cnn 1e-3 "$SRC/configs/fashion_cnn.yaml" --set train.batch_size=16 --set train.eval_every=10 \
+  --set train.checkpoint_every=20
+gpu_vs_cpu resnet 1e-3 "$SRC/configs/bench/resnet.yaml" --set data.dataset=fashion_mnist --set 'data.path=""' \
+  --set model.depth=8 --set train.batch_size=8 --set train.checkpoint_every=20
 gpu_vs_cpu gpt 1e-3 "${GPT[@]}"
 gpu_vs_cpu gpt-bf16 3e-2 "${GPT[@]}" --set precision.dtype=bf16
 gpu_vs_cpu gpt-fp16 3e-2 "${GPT[@]}" --set precision.dtype=fp16
