@@ -39,7 +39,8 @@ if [[ "${1:-}" == "--pack" ]]; then
   for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
     grep -v '^/usr/local/cuda' | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
-  mkdir -p "$PACK_DIR"
+  # Only the new pack: the folder is carried whole, and the carry holds 64 MiB.
+  rm -rf "$PACK_DIR" && mkdir -p "$PACK_DIR"
   tar -C "$stage" -czf "$PACK_DIR/pack.tar.gz" .
   rm -rf "$stage"
   grep -qx '/.gpu-pack/' .git/info/exclude 2>/dev/null || echo '/.gpu-pack/' >>.git/info/exclude
