@@ -86,7 +86,8 @@ inline void gemm_rows(int64_t n, int64_t kd, const T* a, int64_t ars, int64_t ac
       for (int u = 0; u < NV; ++u) vstore(c + r * ldc + j + u * L, cr[r][u]);
   }
   for (; j + L <= n; j += L) {
-    V cr[R];
+    // Value-initialised: GCC 12 with -march=sapphirerapids sees the loop below as a possibly uninitialised read.
+    V cr[R]{};
     for (int r = 0; r < R; ++r) cr[r] = acc ? vload<V>(c + r * ldc + j) : V{};
     for (int64_t p = 0; p < kd; ++p) {
       const V br = vload<V>(b + p * ldb + j);
