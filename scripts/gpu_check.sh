@@ -24,7 +24,7 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then usage; exit 0; fi
 if [[ "${1:-}" == "--pack" ]]; then
   set -e
   # Not -march=native: the GPU machine's processor is another.
-  scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF -DFLOWRUN_NATIVE=OFF
+  scripts/setup.sh --build-dir build-gpu --target all -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF -DFLOWRUN_NATIVE=OFF
   for d in kjv wine; do [[ -f data/cache/$d.h5 ]] || build-gpu/apps/flowrun data $d; done
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
@@ -79,7 +79,7 @@ if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   export FLOWRUN_DATA="$BIN/data" FLOWRUN_MODELS="$ROOT/models"  # not the build machine's paths
   FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests"
 else
-  step build scripts/setup.sh --build-dir build-gpu -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF || {
+  step build scripts/setup.sh --build-dir build-gpu --target all -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF || {
     echo "gpu_check.sh: the CUDA build failed (see $OUT/build.log)" >&2
     exit 1
   }

@@ -11,6 +11,8 @@ Options:
   --build-dir DIR    Build directory (default: build).
   --type TYPE        CMake build type: Release | Debug | RelWithDebInfo (default: Release).
   --jobs N           Parallel build jobs (default: nproc).
+  --target T         What to build (default: flowrun, the command-line tool; 'all' adds the tests and
+                     benchmarks, as scripts/test.sh does).
   --help             Show this help and exit.
 
 Arguments after "--" are passed to the CMake configure step unchanged.
@@ -24,6 +26,7 @@ DEPS_ONLY=0
 BUILD_DIR=build
 BUILD_TYPE=Release
 JOBS="$(nproc)"
+TARGET=flowrun
 EXTRA_CMAKE_ARGS=()
 
 need_value() { [[ $# -ge 2 && -n "$2" ]] || { echo "error: $1 requires a value" >&2; exit 2; }; }
@@ -34,6 +37,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) need_value "$@"; BUILD_DIR="$2"; shift 2 ;;
     --type) need_value "$@"; BUILD_TYPE="$2"; shift 2 ;;
     --jobs) need_value "$@"; JOBS="$2"; shift 2 ;;
+    --target) need_value "$@"; TARGET="$2"; shift 2 ;;
     --help|-h) usage; exit 0 ;;
     --) shift; EXTRA_CMAKE_ARGS=("$@"); break ;;
     *) echo "error: unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -83,4 +87,4 @@ fi
 command -v ccache >/dev/null 2>&1 && CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 cmake "${CMAKE_ARGS[@]}" "${EXTRA_CMAKE_ARGS[@]}"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+cmake --build "$BUILD_DIR" -j "$JOBS" --target "$TARGET"

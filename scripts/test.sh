@@ -67,7 +67,7 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
 mkdir -p "$CCACHE_DIR"
 
-scripts/setup.sh --build-dir "$BUILD_DIR" --type "$BUILD_TYPE" --jobs "$JOBS" -- "${EXTRA_CMAKE_ARGS[@]}"
+scripts/setup.sh --build-dir "$BUILD_DIR" --type "$BUILD_TYPE" --jobs "$JOBS" --target all -- "${EXTRA_CMAKE_ARGS[@]}"
 
 if [[ -n "$LABELS" ]]; then
   LABEL_ARGS=(-L "$LABELS")
