@@ -1,12 +1,19 @@
 // flowrun: the command-line front end. Parses arguments and calls the library; exit codes 0 ok,
 // 1 runtime failure, 2 bad input.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "ckpt/checkpoint.h"
 #include "config/config.h"
+#include "config/schema.h"
 #include "core/error.h"
+#include "core/terminal.h"
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "ops/listing.h"
@@ -122,13 +129,14 @@ int run_time(const Args& a) {
 int run_data(const Args& a) {
   std::string out = a.out;
   if (out.empty()) {
-    const char* env = std::getenv("FLOWRUN_DATA");
-    out = std::string(env ? env : FLOWRUN_DATA_DIR) + "/" + a.dataset + ".h5";
+    out = flowrun::default_dataset_path(a.dataset);
   }
   if (a.limit > 0 && a.dataset != "fashion_mnist")
     throw flowrun::input_error(flowrun::cat("--limit: only fashion_mnist is cut to its first images, not ", a.dataset));
   if (a.dataset == "fashion_mnist")
     flowrun::prepare_fashion_mnist(out, "", a.limit);
+  else if (a.dataset == "fashion_mnist_3x32")
+    flowrun::prepare_fashion_mnist_3x32(out);
   else if (a.dataset == "kjv")
     flowrun::prepare_kjv(out);
   else
@@ -147,6 +155,12 @@ int run_models(const Args&) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // spdlog's default sink colours whenever stdout is a terminal, including the pseudo-terminal mpirun gives
+  // each rank: colour only for a person reading it.
+  const auto colour = flowrun::interactive_terminal(STDOUT_FILENO) ? spdlog::color_mode::always
+                                                                   : spdlog::color_mode::never;
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stdout_color_sink_mt>(colour)));
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};
   app.require_subcommand(1);
   Args a;
@@ -214,10 +228,12 @@ int main(int argc, char** argv) {
 
   auto* data = app.add_subcommand("data", "Convert a real dataset from its Debian package into HDF5 "
                                           "(training does this on first use)");
-  data->add_option("dataset", a.dataset, "fashion_mnist | kjv | wine | iris | breast_cancer")
+  data->add_option("dataset", a.dataset, "fashion_mnist | fashion_mnist_3x32 | kjv | wine | iris | breast_cancer")
       ->required()
-      ->check(CLI::IsMember({"fashion_mnist", "kjv", "wine", "iris", "breast_cancer"}));
-  data->add_option("--out", a.out, "Output file (default: the data cache, $FLOWRUN_DATA or data/cache)");
+      ->check(CLI::IsMember(flowrun::builtin_datasets()));
+  data->add_option("--out", a.out,
+                   "Output file (default: the data cache: $FLOWRUN_DATA, else $XDG_CACHE_HOME/flowrun, else "
+                   "~/.cache/flowrun)");
   data->add_option("--limit", a.limit,
                    "fashion_mnist: keep only the first N images of each split (a small copy for quick runs and "
                    "machines without the Debian package)")
@@ -228,6 +244,19 @@ int main(int argc, char** argv) {
   auto* ops = app.add_subcommand("ops", "List every registered op with the devices and dtypes its kernels cover");
   ops->add_option("filter", a.filter, "Only ops whose name contains this text");
 
+  // CLI11 would answer a mistyped verb with "A subcommand is required": name it, with the closest verb.
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::vector<std::string> verbs;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      verbs.push_back(sub->get_name());
+    if (std::find(verbs.begin(), verbs.end(), argv[1]) == verbs.end()) {
+      std::cerr << "flowrun: error: unknown command '" << argv[1] << "'"
+                << flowrun::config::did_you_mean(argv[1], verbs) << "; the commands are";
+      for (const std::string& v : verbs) std::cerr << " " << v;
+      std::cerr << " (flowrun --help)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -138,13 +138,12 @@ setup_torch() {
 setup_torch
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 
-# ---- data: flowrun converts its datasets; the resnet images are written from Fashion-MNIST ----
-export FLOWRUN_DATA="${FLOWRUN_DATA:-$ROOT/data/cache}"
+# ---- data: flowrun converts its datasets into its data cache, which the PyTorch twins read too ----
+export FLOWRUN_DATA="${FLOWRUN_DATA:-${XDG_CACHE_HOME:-$HOME/.cache}/flowrun}"
 mkdir -p "$FLOWRUN_DATA"
-[[ -f "$FLOWRUN_DATA/fashion_mnist.h5" ]] || "$FLOWRUN" data fashion_mnist >&2
-[[ -f "$FLOWRUN_DATA/kjv.h5" ]] || "$FLOWRUN" data kjv >&2
-FASHION32="$FLOWRUN_DATA/fashion_mnist_3x32.h5"
-[[ -f "$FASHION32" ]] || "$PY" scripts/bench/make_fashion32.py "$FLOWRUN_DATA/fashion_mnist.h5" "$FASHION32"
+for d in fashion_mnist fashion_mnist_3x32 kjv; do
+  [[ -f "$FLOWRUN_DATA/$d.h5" ]] || "$FLOWRUN" data "$d" >&2
+done
 
 OUT="${OUT:-bench-results/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"

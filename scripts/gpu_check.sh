@@ -25,11 +25,10 @@ if [[ "${1:-}" == "--pack" ]]; then
   set -e
   # Not -march=native: the GPU machine's processor is another.
   scripts/setup.sh --build-dir build-gpu --target all -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF -DFLOWRUN_NATIVE=OFF
-  for d in kjv wine; do [[ -f data/cache/$d.h5 ]] || build-gpu/apps/flowrun data $d; done
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
-  cp data/cache/kjv.h5 data/cache/wine.h5 "$stage/data/"
+  for d in kjv wine; do build-gpu/apps/flowrun data $d --out "$stage/data/$d.h5" >/dev/null; done
   # Fashion-MNIST whole is too big to carry (64 MiB a call): its first 2000 images of each split serve the
   # convnets of the GPU training test.
   build-gpu/apps/flowrun data fashion_mnist --limit 2000 --out "$stage/data/fashion_mnist.h5"

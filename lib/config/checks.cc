@@ -8,6 +8,7 @@
 
 #include "config/schema.h"
 #include "core/error.h"
+#include "data/dataset.h"
 
 namespace flowrun::config {
 namespace {
@@ -145,7 +146,7 @@ void fill_derived(RunConfig& cfg) {
     if (cfg.data.dataset == "hdf5")
       throw input_error(cfg.where("data.dataset") +
                         "hdf5 needs data.path (an HDF5 file with arrays x and y)");
-    cfg.data.path = cat(env_or("FLOWRUN_DATA", FLOWRUN_DATA_DIR), "/", cfg.data.dataset, ".h5");
+    cfg.data.path = default_dataset_path(cfg.data.dataset);
   }
   if (cfg.train.run_dir.empty()) {
     const std::string stem = std::filesystem::path(cfg.file).stem().string();

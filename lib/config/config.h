@@ -38,7 +38,7 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string dataset = "fashion_mnist";  // fashion_mnist | kjv | hdf5 (custom file with x, y)
-  std::string path;                       // HDF5 file; default data/cache/<dataset>.h5 (built on first use)
+  std::string path;                       // HDF5 file; default <data cache>/<dataset>.h5 (built on first use)
   std::string val_path;                   // optional separate validation file (hdf5 datasets)
   int64_t seq_len = 128;                  // text datasets: tokens per sample (context length)
   bool shuffle = true;

@@ -86,12 +86,12 @@ std::vector<Section> build_schema() {
       {"data",
        "The dataset and its loader.",
        {
-           choice("dataset", {"fashion_mnist", "kjv", "wine", "iris", "breast_cancer", "hdf5"},
+           choice("dataset", {"fashion_mnist", "fashion_mnist_3x32", "kjv", "wine", "iris", "breast_cancer", "hdf5"},
                   "fashion_mnist", field(d, &D::dataset),
                   "built-in dataset, or hdf5 for your own file with arrays x and y"),
            key("path", Type::string, "\"\"", field(d, &D::path),
-               "HDF5 file; \"\" = <data dir>/<dataset>.h5 (data dir: $FLOWRUN_DATA, else the build's "
-               "data/cache), built on first use"),
+               "HDF5 file; \"\" = <data cache>/<dataset>.h5 (the cache: $FLOWRUN_DATA, else "
+               "$XDG_CACHE_HOME/flowrun, else ~/.cache/flowrun), built on first use"),
            key("val_path", Type::string, "\"\"", field(d, &D::val_path),
                "separate validation file (hdf5 datasets); \"\" = the split inside `path`"),
            key("seq_len", Type::integer, "128", field(d, &D::seq_len),

@@ -28,7 +28,16 @@ void prepare_kjv(const std::string& out_path);
 void prepare_sklearn_table(const std::string& name, const std::string& out_path);
 // Builds `path` for a built-in dataset name when it does not exist yet (logging what it does).
 void ensure_dataset(const std::string& dataset, const std::string& path);
-// Where a dataset lives when data.path is empty: $FLOWRUN_DATA (else the build's data/cache) / NAME.h5.
+// Fashion-MNIST shaped like CIFAR for the ResNet configs: each image zero-padded by 2 pixels to 32x32 and
+// repeated to 3 channels, /train/x (60000,3,32,32 u8) and /test/x, labels as Fashion-MNIST's. No pixel
+// statistics are stored: training normalises with the train split's.
+void prepare_fashion_mnist_3x32(const std::string& out_path, const std::string& src_dir = "");
+// The built-in datasets' names (data.dataset and `flowrun data`), in the order the help lists them.
+const std::vector<std::string>& builtin_datasets();
+// The user's data cache, where converted datasets live: $FLOWRUN_DATA, else $XDG_CACHE_HOME/flowrun, else
+// ~/.cache/flowrun (never the source tree: a checkout stays clean, and every build shares one cache).
+std::string data_cache_dir();
+// Where a dataset lives when data.path is empty: data_cache_dir() / NAME.h5.
 std::string default_dataset_path(const std::string& dataset);
 
 // ---- Conversion helpers (exposed for tests) ----

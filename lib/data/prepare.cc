@@ -133,9 +133,10 @@ void prepare_fashion_mnist(const std::string& out_path, const std::string& src_d
     f.write("train/y", train.y);
     f.write("test/x", test.x);
     f.write("test/y", test.y);
-    f.set_attr("", "source", limit > 0 ? cat("Fashion-MNIST (Zalando), the first ", limit,
-                                            " images of each split, converted from ", dir)
-                                      : cat("Fashion-MNIST (Zalando), converted from ", dir));
+    f.set_attr("", "source",
+               limit > 0 ? cat("Fashion-MNIST (Zalando), the first ", limit,
+                               " images of each split, converted from ", dir)
+                         : cat("Fashion-MNIST (Zalando), converted from ", dir));
     f.set_attr("", "classes", std::string(kFashionClasses));
     f.set_attr("", "mean", mean);
     f.set_attr("", "std", sd);
@@ -208,10 +209,54 @@ void prepare_sklearn_table(const std::string& name, const std::string& out_path)
   });
 }
 
+void prepare_fashion_mnist_3x32(const std::string& out_path, const std::string& src_dir) {
+  const std::string dir = src_dir.empty() ? kFashionDir : src_dir;
+  const auto cifar_shaped = [](const Tensor& x) {
+    const int64_t n = x.shape()[0];
+    Tensor out = Tensor::zeros({n, 3, 32, 32}, DType::u8);
+    const uint8_t* src = x.data<uint8_t>();
+    uint8_t* dst = out.data<uint8_t>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < 3; ++c)
+        for (int64_t r = 0; r < 28; ++r)
+          std::memcpy(dst + ((i * 3 + c) * 32 + r + 2) * 32 + 2, src + (i * 28 + r) * 28, 28);
+    return out;
+  };
+  const ImageSplit train = read_fashion_split(dir, "train");
+  const ImageSplit test = read_fashion_split(dir, "t10k");
+  write_atomically(out_path, [&](h5::File& f) {
+    f.write("train/x", cifar_shaped(train.x));
+    f.write("train/y", train.y);
+    f.write("test/x", cifar_shaped(test.x));
+    f.write("test/y", test.y);
+    f.set_attr("", "source",
+               cat("Fashion-MNIST (Zalando) padded to 32x32, 3 channels, converted from ", dir));
+    f.set_attr("", "classes", std::string(kFashionClasses));
+  });
+}
+
+const std::vector<std::string>& builtin_datasets() {
+  static const std::vector<std::string> names{"fashion_mnist", "fashion_mnist_3x32", "kjv", "wine",
+                                              "iris",          "breast_cancer"};
+  return names;
+}
+
+std::string data_cache_dir() {
+  const auto env = [](const char* var) -> std::string {
+    const char* v = std::getenv(var);
+    return v != nullptr ? v : "";
+  };
+  if (const std::string d = env("FLOWRUN_DATA"); !d.empty()) return d;
+  // The XDG base directory rule: a relative $XDG_CACHE_HOME is invalid and ignored.
+  if (const std::string x = env("XDG_CACHE_HOME"); !x.empty() && x[0] == '/') return x + "/flowrun";
+  const std::string home = env("HOME");
+  if (home.empty())
+    throw input_error("no data cache: set FLOWRUN_DATA (or HOME or XDG_CACHE_HOME) to a writable directory");
+  return home + "/.cache/flowrun";
+}
+
 std::string default_dataset_path(const std::string& dataset) {
-  const char* env = std::getenv("FLOWRUN_DATA");
-  const std::string dir = env != nullptr && *env != '\0' ? env : FLOWRUN_DATA_DIR;
-  return cat(dir, "/", dataset, ".h5");
+  return cat(data_cache_dir(), "/", dataset, ".h5");
 }
 
 void ensure_dataset(const std::string& dataset, const std::string& path) {
@@ -219,6 +264,9 @@ void ensure_dataset(const std::string& dataset, const std::string& path) {
   if (dataset == "fashion_mnist") {
     spdlog::info("preparing Fashion-MNIST -> {} (from {})", path, kFashionDir);
     prepare_fashion_mnist(path);
+  } else if (dataset == "fashion_mnist_3x32") {
+    spdlog::info("preparing Fashion-MNIST padded to 3x32x32 -> {} (from {})", path, kFashionDir);
+    prepare_fashion_mnist_3x32(path);
   } else if (dataset == "kjv") {
     spdlog::info("preparing the King James Bible -> {} (from `bible`)", path);
     prepare_kjv(path);
@@ -229,8 +277,8 @@ void ensure_dataset(const std::string& dataset, const std::string& path) {
     throw input_error(
         cat(path, ": dataset file not found (data.dataset is hdf5: data.path must name an existing file)"));
   } else {
-    throw input_error(
-        cat("unknown dataset '", dataset, "' (fashion_mnist, kjv, wine, iris, breast_cancer or hdf5)"));
+    throw input_error(cat("unknown dataset '", dataset,
+                          "' (fashion_mnist, fashion_mnist_3x32, kjv, wine, iris, breast_cancer or hdf5)"));
   }
   spdlog::info("wrote {}", path);
 }

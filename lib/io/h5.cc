@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <utility>
 
 namespace flowrun::h5 {
@@ -22,7 +22,9 @@ constexpr hsize_t kChunkBytes = hsize_t{1} << 20;
 constexpr unsigned kDeflateLevel = 4;
 
 // The most specific message on HDF5's error stack ("file signature not found", "truncated file ..."),
-// so our error says why, not only what; the stack is cleared afterwards.
+// so our error says why, not only what; the stack is cleared afterwards. A failed system call's entry
+// ("file write failed: time = ..., errno = 28, error message = 'No space left on device', buf = ...") is
+// cut to its errno text.
 std::string hdf5_error_detail() {
   std::string detail;
   auto first = [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
@@ -32,6 +34,14 @@ std::string hdf5_error_detail() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, first, &detail);
   H5Eclear2(H5E_DEFAULT);
+  const size_t errno_at = detail.find("errno = ");
+  const size_t text_at = detail.find("error message = '");
+  if (errno_at != std::string::npos && text_at != std::string::npos) {
+    const size_t begin = text_at + 17, end = detail.find('\'', begin);
+    const std::string call = detail.substr(0, detail.find(':'));
+    detail = cat(call, ": ", detail.substr(begin, end == std::string::npos ? end : end - begin), " (errno ",
+                 std::atoi(detail.c_str() + errno_at + 8), ")");
+  }
   return detail;
 }
 
@@ -228,8 +238,16 @@ static_assert(std::endian::native == std::endian::little);
 }  // namespace
 
 void quiet_hdf5_errors() {
-  static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  // HDF5 1.10 closes the files still open at exit, and crashes (SIGSEGV in H5F__close_cb) on one whose close
+  // already failed, as a write to a full disk leaves it: every file here is closed by its owner, so the exit
+  // hook has nothing to do. It must come before HDF5's first call, which this is.
+  static const bool no_atexit = [] { return H5dont_atexit() >= 0; }();
+  (void)no_atexit;
+  // Per thread: a thread-safe HDF5 keeps one error stack, and one printing switch, for each thread (the
+  // async checkpoint writer's included).
+  thread_local bool quiet = false;
+  if (!quiet) H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  quiet = true;
 }
 
 File::File(const std::string& path, Mode mode) : path_(path) {

@@ -64,7 +64,8 @@ class File {
 // CRC-32C (Castagnoli) of a byte range, used for per-dataset checksums.
 uint32_t crc32c(const void* data, size_t n, uint32_t seed = 0);
 
-// Silences HDF5's own error stack printing (we report errors ourselves). Called once per process.
+// Silences HDF5's own error stack printing (we report errors ourselves) for the calling thread, and turns off
+// HDF5's exit hook; File's constructor calls it.
 void quiet_hdf5_errors();
 
 }  // namespace flowrun::h5

@@ -42,6 +42,12 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& env_in) 
     if (world < 1)
       throw input_error(cat(s.rank, " is set but ", s.world, " is not: cannot tell the world size"));
     if (rank >= world) throw input_error(cat(s.rank, "=", rank, " is not below ", s.world, "=", world));
+    if (std::string_view(s.source) == "RANK" && world > 1)
+      throw input_error(
+          cat("RANK=", rank, " WORLD_SIZE=", world,
+              " is a torchrun-style launch, which flowrun cannot join: its processes meet through "
+              "MPI, so start them with `mpirun -np ",
+              world, " flowrun ...` or `srun -n ", world, " --mpi=pmix flowrun ...`"));
     const int local = int_var(env, s.local);
     return {rank, world, local < 0 ? 0 : local, s.source};
   }

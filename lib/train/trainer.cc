@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
+#include "core/terminal.h"
 #include "data/loader.h"
 #include "nn/model.h"
 #include "optim/schedule.h"
@@ -432,7 +433,7 @@ TrainResult Run::go() {
     metrics_ = std::make_unique<MetricsWriter>(metrics_path);
     std::ofstream(fs::path(run_dir_) / "config.yaml") << dump_config(cfg_);
   }
-  live_ = lead_ && (opts_.progress == 1 || (opts_.progress < 0 && isatty(STDERR_FILENO)));
+  live_ = lead_ && (opts_.progress == 1 || (opts_.progress < 0 && interactive_terminal(STDERR_FILENO)));
 
   TrainResult result;
   const int64_t total = cfg_.train.steps;

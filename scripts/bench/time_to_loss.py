@@ -31,7 +31,7 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast(cpu, bfloat16)")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--data-dir", default="data/cache")
+    p.add_argument("--data-dir", default=os.path.expanduser("~/.cache/flowrun"))
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args(argv)
     if min(a.eval_every, a.eval_batches, a.max_steps, a.threads) < 1 or not a.target > 0:

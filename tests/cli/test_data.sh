@@ -17,4 +17,20 @@ grep -q '"val_loss"' "$SCRATCH/run/metrics.jsonl" || fail "no evaluation on the 
 expect_exit 2 "$FLOWRUN" data kjv --limit 10 --out "$SCRATCH/kjv.h5"
 expect_log "--limit"
 expect_exit 2 "$FLOWRUN" data fashion_mnist --limit 0 --out "$SCRATCH/x.h5"
+
+# Issue 16 row 13: without FLOWRUN_DATA, converted data goes to $XDG_CACHE_HOME/flowrun, else
+# ~/.cache/flowrun, and never into the checkout (checked and trained from a copy of the source's configs).
+unset FLOWRUN_DATA
+mkdir -p "$SCRATCH/home"
+(
+  export HOME="$SCRATCH/home"
+  unset XDG_CACHE_HOME
+  expect_exit 0 "$FLOWRUN" data iris
+  expect_log "wrote $SCRATCH/home/.cache/flowrun/iris.h5"
+  export XDG_CACHE_HOME="$SCRATCH/xdg"
+  expect_exit 0 "$FLOWRUN" check "$SRC/configs/quickstart.yaml" --set data.dataset=wine
+  expect_log "$SCRATCH/xdg/flowrun/wine.h5"
+  [[ -f "$SCRATCH/xdg/flowrun/wine.h5" ]] || fail "flowrun check did not convert wine into \$XDG_CACHE_HOME/flowrun"
+)
+[[ ! -e "$SRC/data/cache/iris.h5" && ! -e "$SRC/data/cache/wine.h5" ]] || fail "data was converted into the checkout"
 echo "flowrun data --limit ok"

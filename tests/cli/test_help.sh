@@ -8,6 +8,11 @@ for verb in "" train eval check time plan inspect data models version ops; do
 done
 expect_exit 2 "$FLOWRUN"
 expect_exit 2 "$FLOWRUN" frobnicate
+# Issue 16 row 10: a mistyped or missing verb is named, with the closest one.
+expect_exit 2 "$FLOWRUN" trian x.yaml
+expect_log "unknown command 'trian' (did you mean 'train'?)"
+expect_exit 2 "$FLOWRUN" generate x
+expect_log "unknown command 'generate'"
 expect_exit 2 "$FLOWRUN" train
 expect_exit 2 "$FLOWRUN" train x.yaml --exit-at-step -3
 expect_exit 2 "$FLOWRUN" data mnist

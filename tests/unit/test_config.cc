@@ -197,10 +197,17 @@ TEST(ConfigBatch, InvariantErrorsNameTheBatchSize) {
 
 TEST(ConfigDerived, PathsFromEnvironmentAndFileName) {
   {
+    // Issue 16 row 13: converted data goes to the user's cache, never the source tree.
     ScopedEnv data("FLOWRUN_DATA", nullptr);
+    ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+    ScopedEnv home("HOME", "/home/u");
     const RunConfig cfg = load_config_text(kZoo + "data:\n  dataset: kjv\n", "dir/my-run.yaml");
-    EXPECT_EQ(cfg.data.path, std::string(FLOWRUN_DATA_DIR) + "/kjv.h5");
+    EXPECT_EQ(cfg.data.path, "/home/u/.cache/flowrun/kjv.h5");
     EXPECT_EQ(cfg.train.run_dir, "runs/my-run");
+    ScopedEnv xdg_set("XDG_CACHE_HOME", "/xdg");
+    EXPECT_EQ(load_config_text(kZoo, "c.yaml").data.path, "/xdg/flowrun/fashion_mnist.h5");
+    ScopedEnv xdg_relative("XDG_CACHE_HOME", "relative");  // invalid by the XDG rules: ignored
+    EXPECT_EQ(load_config_text(kZoo, "c.yaml").data.path, "/home/u/.cache/flowrun/fashion_mnist.h5");
   }
   ScopedEnv data("FLOWRUN_DATA", "/data");
   ScopedEnv models("FLOWRUN_MODELS", "/zoo");
@@ -343,8 +350,9 @@ TEST(ConfigErrors, CrossFieldAndUnsupported) {
   EXPECT_EQ(error_of(kZoo + "optimizer:\n  type: sgd\n  nesterov: true\n"),
             "cfg.yaml:5:13: optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0 and "
             "optimizer.dampening 0");
-  EXPECT_EQ(error_of(kZoo + "parallel:\n  zero: 3\n"),
-            "cfg.yaml:4:9: parallel.zero: 3 is not supported yet (ZeRO-3 is a later milestone); use 0, 1 or 2");
+  EXPECT_EQ(
+      error_of(kZoo + "parallel:\n  zero: 3\n"),
+      "cfg.yaml:4:9: parallel.zero: 3 is not supported yet (ZeRO-3 is a later milestone); use 0, 1 or 2");
   EXPECT_EQ(error_of(kZoo + "parallel:\n  micro_batches: 2\n"),
             "cfg.yaml:4:18: parallel.micro_batches: 2 micro-batches need parallel.pipeline > 1 (use "
             "train.grad_accumulation)");

@@ -41,14 +41,27 @@ TEST(ParallelLaunch, EnvironmentsInPriorityOrder) {
   EXPECT_EQ(p.rank, 1);
   EXPECT_EQ(p.world, 2);
   EXPECT_EQ(launch_with({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}}).source, "SLURM");
-  const LaunchInfo r = launch_with({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  const LaunchInfo r = launch_with({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
   EXPECT_EQ(r.source, "RANK");
-  EXPECT_EQ(r.world, 2);
+  EXPECT_EQ(r.world, 1);
+}
+
+// Issue 16 row 15: RANK/WORLD_SIZE with MASTER_ADDR is torchrun's launch; MPI would see a world of one.
+TEST(ParallelLaunch, TorchrunStyleWorldIsRefusedNamingTheLaunchers) {
+  try {
+    launch_with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("mpirun -np 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("srun -n 2 --mpi=pmix"), std::string::npos) << m;
+  }
 }
 
 TEST(ParallelLaunch, MalformedEnvironmentIsAnInputError) {
-  EXPECT_THROW(launch_with({{"RANK", "x"}, {"WORLD_SIZE", "2"}}), Error);
-  EXPECT_THROW(launch_with({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), Error);
+  EXPECT_THROW(launch_with({{"RANK", "x"}, {"WORLD_SIZE", "1"}}), Error);
+  EXPECT_THROW(launch_with({{"RANK", "1"}, {"WORLD_SIZE", "1"}}), Error);
   EXPECT_THROW(launch_with({{"RANK", "0"}}), Error);
   try {
     launch_with({{"OMPI_COMM_WORLD_RANK", "-1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
