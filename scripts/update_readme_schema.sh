@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates the config reference in README.md (between the schema markers) from `flowrun check --schema`,
-# with its headings nested under the README's "Configs" section. Usage: scripts/update_readme_schema.sh [FLOWRUN]
+# Regenerates the config reference in configs/README.md (between the schema markers) from
+# `flowrun check --schema`, with its headings nested under that file's title. Usage: scripts/update_readme_schema.sh [FLOWRUN]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FLOWRUN="${1:-$ROOT/build/apps/flowrun}"
-ref="$("$FLOWRUN" check --schema | sed 's/^#/###/')"
+DOC="$ROOT/configs/README.md"
+ref="$("$FLOWRUN" check --schema | sed 's/^#/##/')"
 awk -v ref="$ref" '/<!-- schema:begin -->/ { print; print ref; skip = 1; next }
-                   /<!-- schema:end -->/ { skip = 0 } !skip' "$ROOT/README.md" >"$ROOT/README.md.tmp"
-mv "$ROOT/README.md.tmp" "$ROOT/README.md"
+                   /<!-- schema:end -->/ { skip = 0 } !skip' "$DOC" >"$DOC.tmp"
+mv "$DOC.tmp" "$DOC"

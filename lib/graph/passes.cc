@@ -46,7 +46,7 @@ void replace_uses(Graph& g, ValueId from, ValueId to) {
 // pre-activation its gradient reads, when the gelu is all that reads the linear's result. On the GPU only,
 // and only the tanh GELU, which cuBLASLt's GEMM epilogue computes (the erf one would run the same GEMM and
 // gelu kernel as unfused). Not on the CPU: the fused kernel is the same GEMM and gelu loop, measured no
-// faster there (README, "GPU").
+// faster there (lib/ops/cuda/README.md, "Fused bias+GELU").
 void fuse_linear_gelu(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cuda) return;
   const auto consumers = g.consumers();

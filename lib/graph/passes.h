@@ -64,7 +64,7 @@ struct CompileOptions {
   bool fuse = true;
   bool inplace = true;
   // Multi-tensor updates (group_updates); unset: on the GPU only, where each update is a kernel launch (on
-  // the CPU it was not measurably faster, README "GPU").
+  // the CPU it was not measurably faster, lib/ops/cuda/README.md).
   std::optional<bool> group_updates;
 };
 
