@@ -101,12 +101,14 @@ void rmsnorm_grad(Storage t, const void* dy, const void* x, const void* gamma, c
 // Optimizer updates of f32 parameters in place (ops/cuda/optim.cu), as ops/cpu/optim.cc: the learning rate,
 // step and gradient coefficient are device scalars (coef null: 1; a non-finite coef skips the update, as the
 // loss scaler asks).
+// SGD: undamped = 1 - dampening, formed in double and rounded once; at step 1 (read from the device when
+// undamped != 1) the momentum buffer becomes the gradient, as PyTorch's.
 struct SgdParams {
-  float momentum, dampening, weight_decay;
+  float momentum, undamped, weight_decay;
   bool nesterov;
 };
-void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr, const float* coef,
-                int64_t n, cudaStream_t s);
+void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr,
+                const int64_t* step, const float* coef, int64_t n, cudaStream_t s);
 struct AdamParams {
   double beta1, beta2, eps, weight_decay;
   bool decoupled;
@@ -126,8 +128,8 @@ struct MultiTensorList {
   float* s1[kMultiTensors];
   int64_t n[kMultiTensors];
 };
-void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
-                      cudaStream_t s);
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                      const float* coef, cudaStream_t s);
 void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
                         const float* coef, cudaStream_t s);
 
