@@ -153,7 +153,9 @@ void fill_derived(RunConfig& cfg) {
     cfg.train.run_dir = "runs/" + (stem.empty() ? std::string("run") : stem);
   }
   split_batch(cfg);
-  if (cfg.train.eval_batch_size == 0) cfg.train.eval_batch_size = cfg.train.micro_batch_size;
+  // The global batch, not the per-rank micro-batch: data.eval_batches then counts the same validation
+  // samples under any layout and accumulation (the lead rank evaluates whole batches).
+  if (cfg.train.eval_batch_size == 0) cfg.train.eval_batch_size = cfg.train.batch_size;
 }
 
 void check_consistency(const RunConfig& cfg) {

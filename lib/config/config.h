@@ -54,7 +54,7 @@ struct TrainConfig {
   int64_t batch_size = 64;                // global batch (samples per optimizer step)
   int64_t micro_batch_size = 0;           // 0 = batch_size / parallel.data (no accumulation)
   int64_t grad_accumulation = 0;          // 0 = derived: batch_size / (micro_batch_size * parallel.data)
-  int64_t eval_batch_size = 0;            // 0 = micro_batch_size
+  int64_t eval_batch_size = 0;            // 0 = batch_size (global: the same samples in any layout)
   int64_t log_every = 10;
   int64_t eval_every = 0;                 // 0 = only at the end
   int64_t checkpoint_every = 0;           // 0 = only at the end

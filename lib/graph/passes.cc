@@ -215,7 +215,7 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   Attrs attrs;
   if (spec.type == "sgd") {
     const ValueId mom = spec.momentum != 0.0 ? state("momentum", state_shape) : state("unused", {0});
-    in = {target, grad, mom, lr};
+    in = {target, grad, mom, lr, step};
     attrs = {{"momentum", spec.momentum},
              {"dampening", spec.dampening},
              {"nesterov", spec.nesterov},
@@ -246,7 +246,7 @@ void add_optimizer(Graph& g, const OptimizerSpec& spec) {
   if (spec.accumulation < 1)
     throw input_error(cat("gradient accumulation must be >= 1, got ", spec.accumulation));
   const ValueId lr = scalar_input(g, "lr", DType::f32);
-  const ValueId step = spec.type == "sgd" ? kNoValue : scalar_input(g, "opt/step", DType::i64);
+  const ValueId step = scalar_input(g, "opt/step", DType::i64);
   std::map<ValueId, ValueId> grads = g.param_grads();
   if (spec.accumulation > 1) grads = accumulate_gradients(g, grads);
   // Under accumulation everything from here reads the summed gradients and runs once per window.

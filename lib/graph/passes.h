@@ -14,9 +14,9 @@
 namespace flowrun {
 
 // What the optimizer pass appends. Graph inputs it uses: "lr" (f32 scalar, fed each step by the trainer
-// from the schedule); "opt/step" (i64 scalar, 1-based count of updates, for Adam's bias correction);
-// "opt/micro" (i64 scalar, index of the micro-batch within an accumulation window, when accumulation > 1).
-// With clip_grad_norm > 0 it also outputs "grad_norm" (f32 scalar, the global L2 norm before clipping).
+// from the schedule); "opt/step" (i64 scalar, 1-based count of updates: Adam's bias correction, SGD's first
+// step); "opt/micro" (i64 scalar, index of the micro-batch within an accumulation window, when accumulation >
+// 1). With clip_grad_norm > 0 it also outputs "grad_norm" (f32 scalar, the global L2 norm before clipping).
 struct OptimizerSpec {
   std::string type = "none";  // none | sgd | adam | adamw
   double momentum = 0.0;      // sgd

@@ -541,7 +541,9 @@ void register_nn_ops(OpRegistry& r) {
   dr.name = "dropout";
   dr.doc =
       "training-mode inverted dropout: keep each element with probability 1-p and scale it by 1/(1-p); "
-      "-> (y, mask u8). p in [0, 1], default 0.5; draws are keyed by (seed, step, node, element)";
+      "-> (y, mask u8). p in [0, 1], default 0.5; draws are keyed by (seed, optimizer step, node, element), "
+      "the element numbered in the step's whole batch (the tensor's whole shape under rng_whole/rng_start, "
+      "micro-batch m after m whole micro-batches along axis 0)";
   dr.num_outputs = [](const Attrs&) { return 2; };
   dr.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     require_float("dropout", in[0], "the input");

@@ -51,15 +51,17 @@ double sample_coef(const std::vector<Tensor>& in, size_t index) {
   return in.size() > index ? in[index].to_f64()[0] : 1.0;
 }
 
-// PyTorch's SGD step in double, for the samples: the mutated inputs (param, buffer), in order.
+// PyTorch's SGD step in double, for the samples: the mutated inputs (param, buffer), in order. Its first
+// step sets the buffer to the gradient (torch.clone(d_p)), undampened.
 std::vector<Tensor> sgd_reference(const std::vector<Tensor>& in, const Attrs& a) {
   Tensor p = in[0].clone(), buf = in[2].clone();
   const double lr = in[3].data<double>()[0], mom = a.f("momentum"), damp = a.f("dampening"),
-               wd = a.f("weight_decay"), coef = sample_coef(in, 4);
+               wd = a.f("weight_decay"), coef = sample_coef(in, 5);
+  const bool first = in[4].data<int64_t>()[0] == 1;
   for (int64_t i = 0; i < p.numel(); ++i) {
     double g = coef * in[1].data<double>()[i] + wd * p.data<double>()[i];
     double& b = buf.data<double>()[i];
-    b = mom * b + (1 - damp) * g;
+    b = first ? g : mom * b + (1 - damp) * g;
     g = a.b("nesterov") ? g + mom * b : b;
     p.data<double>()[i] -= lr * g;
   }
@@ -70,40 +72,48 @@ OpDef sgd_def() {
   OpDef d;
   d.name = "sgd_update";
   d.doc =
-      "p -= lr * (momentum/Nesterov of coef * grad + weight_decay * p), PyTorch's SGD (buffer starts at "
-      "zero); inputs (param, grad, momentum buffer, lr scalar [, coef scalar])";
+      "p -= lr * (momentum/Nesterov of coef * grad + weight_decay * p), PyTorch's SGD: the momentum buffer "
+      "is the gradient at step 1, then buf = momentum * buf + (1 - dampening) * grad; inputs (param, grad, "
+      "momentum buffer, lr scalar, step i64 scalar (1-based, read with dampening only) [, coef scalar])";
   d.num_inputs = -1;
   d.num_outputs = [](const Attrs&) { return 0; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    if (in.size() != 4 && in.size() != 5)
-      throw input_error("sgd_update takes (param, grad, buffer, lr [, coef])");
+    if (in.size() != 5 && in.size() != 6)
+      throw input_error("sgd_update takes (param, grad, buffer, lr, step [, coef])");
     if (in[0].shape != in[1].shape)
       throw input_error("sgd_update: gradient shape differs from the parameter");
     if (a.f("momentum", 0) != 0 && in[2].shape != in[0].shape)
       throw input_error("sgd_update: momentum buffer shape");
     check_scalar(in[3], "sgd_update", "lr");
-    if (in.size() == 5) check_scalar(in[4], "sgd_update", "coef");
+    check_i64_scalar(in[4], "sgd_update", "step");
+    if (in.size() == 6) check_scalar(in[5], "sgd_update", "coef");
     return {};
   };
   d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     const double n = static_cast<double>(numel(in[0].shape));
     return Cost{5 * n, 5 * n * static_cast<double>(dtype_size(in[0].dtype))};
   };
-  d.nondiff_inputs = {0, 1, 2, 3, 4};
+  d.nondiff_inputs = {0, 1, 2, 3, 4, 5};
   d.mutates = {0, 2};
   d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_update}};
   d.samples = [] {
     std::vector<OpSample> s;
-    for (int variant = 0; variant < 3; ++variant) {
-      const bool nesterov = variant == 1, with_coef = variant == 2;
+    // Dampening at the first step (the buffer becomes the gradient) and at a later one.
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool nesterov = variant == 1, with_coef = variant == 2, first = variant == 3;
       OpSample o;
-      o.label = with_coef ? "momentum, coef" : nesterov ? "nesterov" : "momentum";
-      o.inputs = {{{7}, DType::f64}, {{7}, DType::f64}, {{7}, DType::f64}, {{}, DType::f64}};
-      if (with_coef) {
-        o.inputs.push_back({{}, DType::f32});
-        o.fill = sample_fill({{4, 0.375}});
-      }
-      o.attrs = Attrs{{"momentum", 0.9}, {"dampening", 0.1}, {"nesterov", nesterov}, {"weight_decay", 0.01}};
+      o.label = first       ? "dampening, first step"
+                : with_coef ? "dampening, coef"
+                : nesterov  ? "nesterov"
+                            : "dampening";
+      o.inputs = {
+          {{7}, DType::f64}, {{7}, DType::f64}, {{7}, DType::f64}, {{}, DType::f64}, {{}, DType::i64}};
+      if (with_coef) o.inputs.push_back({{}, DType::f32});
+      o.fill = sample_fill({{4, first ? 1.0 : 2.0}, {5, 0.375}});
+      o.attrs = Attrs{{"momentum", 0.9},
+                      {"dampening", nesterov ? 0.0 : 0.1},
+                      {"nesterov", nesterov},
+                      {"weight_decay", 0.01}};
       o.reference = sgd_reference;
       s.push_back(o);
     }
@@ -529,7 +539,7 @@ OpDef grad_accumulate_def() {
 void register_optim_ops(OpRegistry& r) {
   r.add(sgd_def());
   r.add(adamw_def());
-  OpDef sgd_multi = multi_def(sgd_def(), {"sgd_update_multi", 3, 1, {0, 2}});
+  OpDef sgd_multi = multi_def(sgd_def(), {"sgd_update_multi", 3, 2, {0, 2}});
   sgd_multi.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_update_multi}};
   r.add(std::move(sgd_multi));
   OpDef adamw_multi = multi_def(adamw_def(), {"adamw_update_multi", 4, 2, {0, 2, 3}});

@@ -48,9 +48,13 @@ struct KernelCtx {
   Communicator* pp = nullptr;    // the pipeline axis's group; null without pipeline parallelism
   Communicator* ends = nullptr;  // the pipeline's first and last stages (all_reduce {group: ends})
   void* stream = nullptr;        // CUDA kernels: the cudaStream_t to launch on (null: the default stream)
+  // The micro-batch of the optimizer step this run computes (gradient accumulation, pipeline micro-batches):
+  // random ops number their elements as if this micro-batch were rows micro * b.. of the step's whole batch
+  // along axis 0 (b its rows), so that any split of the batch draws what the whole batch would.
+  int64_t micro = 0;
   // CUDA kernels that draw random numbers key them on the step read from device memory, not on `rng`: a
   // replayed CUDA graph keeps its launch arguments, so the per-step part must live on the device.
-  // rng.stream = mix_stream(*device_step, node_stream).
+  // rng.stream = mix_stream(device_step[0], node_stream); device_step[1] is `micro`.
   const int64_t* device_step = nullptr;
   uint64_t node_stream = 0;
   const Attrs& attrs() const { return node->attrs; }

@@ -76,7 +76,7 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
 #ifdef FLOWRUN_HAS_CUDA
   if (device_.kind == DeviceKind::cuda) {
     stream_ = cuda::stream_create();
-    device_step_ = static_cast<int64_t*>(cuda::alloc(sizeof(int64_t)));
+    device_step_ = static_cast<int64_t*>(cuda::alloc(2 * sizeof(int64_t)));  // the step, the micro-batch
   }
 #endif
 
@@ -187,7 +187,10 @@ void Executor::execute(const Step& s) {
 
 void Executor::upload_changed() {
 #ifdef FLOWRUN_HAS_CUDA
-  if (device_step_) cuda::to_device(device_step_, &step_, sizeof step_);
+  if (device_step_) {
+    const int64_t where[2] = {step_, micro_};
+    cuda::to_device(device_step_, where, sizeof where);
+  }
   for (auto& [name, m] : mirrors_)
     if (m->fresh == DeviceMirror::Fresh::host) {
       if (m->host.nbytes() > 0) cuda::to_device(m->device, m->host.raw(), m->host.nbytes());
@@ -274,6 +277,11 @@ void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {
     execute(s);
   }
   kernels_done();
+}
+
+void Executor::set_micro(int64_t m) {
+  micro_ = m;
+  for (Step& s : steps_) s.ctx.micro = m;
 }
 
 void Executor::set_pipeline(Communicator* pipeline, Communicator* ends) {

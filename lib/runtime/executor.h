@@ -48,7 +48,7 @@ class Executor {
   const Node* run_checked(bool apply = true, const std::function<bool(const Node&)>& skip = nullptr);
 
   // The kernels of order[begin, end) (a pipeline stage's forward or backward pass, Program::backward_begin)
-  // with the dropout streams of step(), which is not advanced: set_step picks the micro-batch.
+  // with the dropout streams of step(), which is not advanced.
   // With apply_only, only the apply-phase (phase 1) nodes among them.
   void run_part(size_t begin, size_t end, bool apply, bool apply_only = false);
   // The pipeline axis's groups for collective ops (global_norm, the tied parameters' all_reduce).
@@ -70,6 +70,10 @@ class Executor {
   const Program& program() const { return program_; }
   int64_t step() const { return step_; }
   void set_step(int64_t s) { step_ = s; }
+  // The micro-batch of the step the next runs compute (KernelCtx::micro): dropout numbers its elements as
+  // rows of the step's whole batch, micro-batch m after the m before it.
+  int64_t micro() const { return micro_; }
+  void set_micro(int64_t m);
   uint64_t seed() const { return seed_; }
 
  private:
@@ -99,13 +103,14 @@ class Executor {
   Program program_;
   Device device_;
   uint64_t seed_;
-  int64_t step_ = 0;
+  int64_t step_ = 0, micro_ = 0;
   std::shared_ptr<Storage> arena_;
   std::map<std::string, Tensor> persistent_;                      // on the host, whatever the device
   std::map<std::string, std::shared_ptr<DeviceMirror>> mirrors_;  // on a GPU: each one's device copy
   std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
   std::vector<Step> steps_;
-  // On a GPU: the stream every kernel launches on, the step in device memory (KernelCtx::device_step), and
+  // On a GPU: the stream every kernel launches on, the step and micro-batch in device memory
+  // (KernelCtx::device_step), and
   // the CUDA graphs of run(false) and run(true), once captured.
   void* stream_ = nullptr;
   int64_t* device_step_ = nullptr;

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
@@ -212,6 +213,25 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
                                   cfg.train.seed, cfg.data.prefetch, start, d.rank(), d.size());
 }
 
+LoaderPosition resume_position(const CheckpointData& ck, const RunConfig& cfg, const std::string& path) {
+  const LoaderPosition saved{ck.loader_epoch, ck.loader_index};
+  const YAML::Node saved_cfg = YAML::Load(ck.config_yaml);
+  const YAML::Node micro = saved_cfg["train"]["micro_batch_size"], data = saved_cfg["parallel"]["data"];
+  if (!micro || !data) return saved;  // not a resolved config: the batch it counted in is unknown
+  const int64_t was = micro.as<int64_t>() * data.as<int64_t>(),
+                now = cfg.train.micro_batch_size * cfg.parallel.data;
+  if (was == now) return saved;
+  const int64_t samples = saved.index * was;
+  if (samples % now != 0)
+    throw input_error(cat("checkpoint ", path, ": its data position (", samples, " samples into epoch ",
+                          saved.epoch, ", in batches of ", was,
+                          ") is not a whole number of this run's batches of ", now,
+                          " (train.micro_batch_size x parallel.data)"));
+  spdlog::info("checkpoint {}: {} samples into epoch {}, batch {} of {} there, {} of {} here", path, samples,
+               saved.epoch, saved.index, was, samples / now, now);
+  return {saved.epoch, samples / now};
+}
+
 namespace {
 const Value& value_named(const Executor& ex, const std::string& name) {
   const ValueId id = ex.program().graph.find_value(name);
@@ -331,7 +351,8 @@ double pipeline_step(Executor& main, const std::vector<std::unique_ptr<Executor>
     Executor& e = slot(i);
     feed(e, loader.next());
     if (s > 0) receive(e.tensor("pp/in"), prev, kActivationTag);
-    e.set_step(step * m + i);
+    e.set_step(step);  // dropout: micro-batch i numbered as rows of the step's whole batch
+    e.set_micro(i);
     e.run_part(0, backward, false);
     if (s < stages - 1) send(e.output("pp/out"), next, kActivationTag);
   };
@@ -339,7 +360,8 @@ double pipeline_step(Executor& main, const std::vector<std::unique_ptr<Executor>
     Executor& e = slot(i);
     set_scalar<int64_t>(e, "opt/micro", i);
     if (s < stages - 1) receive(e.tensor("pp/out_grad"), next, kGradientTag);
-    e.set_step(step * m + i);
+    e.set_step(step);
+    e.set_micro(i);
     e.run_part(backward, end, false);
     if (s > 0) send(e.output("grad/pp/in"), prev, kGradientTag);
     if (s == stages - 1) loss_sum += e.output("loss").data<float>()[0];
@@ -420,7 +442,10 @@ double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t st
   for (int64_t micro = 0; micro < accum; ++micro) {
     feed(ex, loader.next());
     set_scalar<int64_t>(ex, "opt/micro", micro);
-    ex.set_step(step * accum + micro);  // the dropout streams of this micro-batch
+    // Dropout keyed by the optimizer step, micro-batch `micro` numbered as rows of the step's whole batch:
+    // the masks of the unsplit batch, however it is split.
+    ex.set_step(step);
+    ex.set_micro(micro);
     if (anomaly) {
       const bool scaled = ex.has_tensor("amp/loss_scale");
       *anomaly = ex.run_checked(micro == accum - 1,

@@ -217,7 +217,7 @@ void Run::resume_from(const std::string& path) {
         "uninterrupted one",
         path, ck.seed, cfg_.train.seed);
   step_ = ck.step;
-  position_ = {ck.loader_epoch, ck.loader_index};
+  position_ = resume_position(ck, cfg_, path);
   spdlog::info("resumed from {} at step {}", path, step_);
 }
 

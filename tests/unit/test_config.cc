@@ -172,7 +172,7 @@ TEST(ConfigBatch, DerivedValues) {
   EXPECT_EQ(cfg.train.eval_batch_size, 64);
   cfg = load_config_text(kZoo + "train:\n  batch_size: 64\n  micro_batch_size: 16\n", "cfg.yaml");
   EXPECT_EQ(cfg.train.grad_accumulation, 4);
-  EXPECT_EQ(cfg.train.eval_batch_size, 16);
+  EXPECT_EQ(cfg.train.eval_batch_size, 64);  // the global batch: the same samples in any layout
   EXPECT_EQ(cfg.resolved["train"]["grad_accumulation"].as<int>(), 4);
   cfg = load_config_text(kZoo + "train:\n  batch_size: 64\n  grad_accumulation: 8\n  eval_batch_size: 100\n",
                          "cfg.yaml");

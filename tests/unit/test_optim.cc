@@ -64,8 +64,8 @@ struct RefParam {
   double wd = 0;
 };
 
-// PyTorch's SGD (buffer from zero, as sgd_update documents), Adam and AdamW on one parameter, in double;
-// `coef` multiplies the gradient first (clipping).
+// PyTorch's SGD (the momentum buffer is the gradient at step 1, undampened), Adam and AdamW on one
+// parameter, in double; `coef` multiplies the gradient first (clipping).
 void ref_update(const OptimizerSpec& s, RefParam& r, const std::vector<double>& grad, double lr, int64_t t,
                 double coef) {
   r.buf.resize(r.p.size(), 0.0);
@@ -82,7 +82,7 @@ void ref_update(const OptimizerSpec& s, RefParam& r, const std::vector<double>& 
     }
     if (s.type == "sgd") {
       if (s.momentum != 0) {
-        r.buf[i] = s.momentum * r.buf[i] + (1 - s.dampening) * g;
+        r.buf[i] = t == 1 ? g : s.momentum * r.buf[i] + (1 - s.dampening) * g;
         g = s.nesterov ? g + s.momentum * r.buf[i] : r.buf[i];
       }
       r.p[i] -= lr * g;
@@ -116,7 +116,7 @@ void expect_tiny_matches_reference(const OptimizerSpec& spec, double wd_W, doubl
     // The graph's lr and clipping coefficient are f32 scalars: the reference rounds them the same way.
     const double lr = static_cast<float>(0.05 * (1.0 + 0.2 * static_cast<double>(t)));
     ex.tensor("lr").fill_from({lr});
-    if (spec.type != "sgd") ex.tensor("opt/step").data<int64_t>()[0] = t;
+    ex.tensor("opt/step").data<int64_t>()[0] = t;
     ex.run();
     const auto [dW, db] = tiny_grads(d, W.p, b.p);
     double sq = 0;
@@ -166,6 +166,71 @@ TEST(OptimSgd, MomentumAndNesterovMatchReference) {
     s.nesterov = nesterov;
     s.weight_decay = 0.01;
     expect_tiny_matches_reference(s, 0.01, 0.01);
+  }
+}
+
+// PyTorch's dampening: the first step's buffer is the gradient itself (not (1 - dampening) * grad), later
+// ones add (1 - dampening) * grad; with and without Nesterov's dampening-free rule beside it.
+TEST(OptimSgd, DampeningStartsTheBufferAtTheGradient) {
+  OptimizerSpec s;
+  s.type = "sgd";
+  s.momentum = 0.9;
+  s.dampening = 0.5;
+  s.weight_decay = 0.01;
+  expect_tiny_matches_reference(s, 0.01, 0.01);
+}
+
+// One update of f32 parameters from zero state at step 1, in the single and the multi-tensor op: with no
+// weight decay the gradient arrives unchanged, so Adam's moments are exactly float(1 - beta) * g and
+// float(1 - beta) * g * g (1 - beta formed in double and rounded once, as PyTorch's Python floats; 1 -
+// float(0.999) would be 0.000999987); SGD's dampened buffer is g at step 1 and 0.9 * g + float(1 - 0.3) * g
+// at step 2.
+TEST(OptimF32, OneMinusBetaAndDampeningAreRoundedOnce) {
+  const int64_t n = 6;
+  std::vector<float> grad;
+  for (int64_t i = 0; i < n; ++i) grad.push_back(0.37f * static_cast<float>(i + 1) - 1.1f);
+  for (const std::string op : {"adamw_update", "adamw_update_multi", "sgd_update", "sgd_update_multi"}) {
+    SCOPED_TRACE(op);
+    const bool sgd = op.rfind("sgd", 0) == 0, multi = op.find("multi") != std::string::npos;
+    Graph g;
+    GraphBuilder b(g);
+    const ValueId p = g.add_state("p", {n}, DType::f32), gr = b.input("g", {n}, DType::f32),
+                  s0 = g.add_state("s0", {n}, DType::f32), s1 = g.add_state("s1", {n}, DType::f32),
+                  lr = b.input("lr", {}, DType::f32), step = b.input("step", {}, DType::i64);
+    std::vector<ValueId> in = sgd ? std::vector<ValueId>{p, gr, s0} : std::vector<ValueId>{p, gr, s0, s1};
+    in.insert(in.end(), {lr, step});
+    Attrs a = sgd ? Attrs{{"momentum", 0.9}, {"dampening", 0.3}, {"nesterov", false}, {"weight_decay", 0.0}}
+                  : Attrs{{"beta1", 0.9},
+                          {"beta2", 0.999},
+                          {"eps", 1e-8},
+                          {"weight_decay", 0.0},
+                          {"decoupled", true}};
+    if (multi) a.set("tensors", int64_t{1});
+    b.op(op, in, a, "update");
+    CompileOptions opts;
+    opts.loss = "";
+    Executor ex(compile(std::move(g), opts));
+    ex.tensor("g").fill_from(std::vector<double>(grad.begin(), grad.end()));
+    ex.tensor("lr").fill_from({0.01});
+    ex.tensor("step").data<int64_t>()[0] = 1;
+    ex.run();
+    const float c1 = static_cast<float>(1 - 0.9), c2 = static_cast<float>(1 - 0.999);
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = grad[static_cast<size_t>(i)];
+      if (sgd) {
+        EXPECT_EQ(ex.tensor("s0").data<float>()[i], gi) << i;
+      } else {
+        EXPECT_EQ(ex.tensor("s0").data<float>()[i], c1 * gi) << i;
+        EXPECT_EQ(ex.tensor("s1").data<float>()[i], c2 * gi * gi) << i;
+      }
+    }
+    if (!sgd) continue;
+    ex.tensor("step").data<int64_t>()[0] = 2;
+    ex.run();
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = grad[static_cast<size_t>(i)];
+      EXPECT_EQ(ex.tensor("s0").data<float>()[i], 0.9f * gi + static_cast<float>(1 - 0.3) * gi) << i;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include "graph/passes.h"
 #include "parallel/comm.h"
 #include "parallel/launch.h"
+#include "runtime/executor.h"
 
 namespace flowrun {
 namespace {
@@ -122,6 +123,51 @@ TEST(ParallelPass, GradientsBucketedAndLossReduced) {
   const Node& mean = pg.node(pg.value(reduce.inputs[0]).producer);
   EXPECT_EQ(mean.op, "mul_scalar");
   EXPECT_DOUBLE_EQ(mean.attrs.f("value"), 0.25);
+}
+
+// Dropout's mask of a [rows, 6] piece (attrs: the piece's rng_whole/rng_start, or none) at step 3,
+// micro-batch `micro` of the step.
+std::vector<uint8_t> dropout_mask(int64_t rows, int64_t cols, const Attrs& piece, int64_t micro) {
+  Graph g;
+  GraphBuilder b(g);
+  Attrs a = piece;
+  a.set("p", 0.5);
+  const auto out = b.op("dropout", {b.input("x", {rows, cols})}, a, "drop");
+  g.mark_output("mask", out[1]);
+  CompileOptions o;
+  o.loss = "";
+  Executor ex(compile(std::move(g), o), kCpu, 9);
+  ex.tensor("x").fill_from(std::vector<double>(static_cast<size_t>(rows * cols), 1.0));
+  ex.set_step(3);
+  ex.set_micro(micro);
+  ex.run();
+  const Tensor m = ex.output("mask");
+  return std::vector<uint8_t>(m.data<uint8_t>(), m.data<uint8_t>() + m.numel());
+}
+
+// Micro-batch m of b rows draws the masks of rows m * b.. of the step's whole batch: alone, as a data rank's
+// rows of it (one contiguous run) and as a tensor rank's columns (row by row), so that accumulation and
+// pipeline micro-batches follow the unsplit batch with dropout.
+TEST(ParallelDropout, MicroBatchesDrawTheWholeBatchsMasks) {
+  const std::vector<uint8_t> whole = dropout_mask(8, 6, {}, 0);
+  auto rows_of_whole = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    std::vector<uint8_t> v;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) v.push_back(whole[static_cast<size_t>(r * 6 + c)]);
+    return v;
+  };
+  for (int64_t m : {0, 1}) {
+    SCOPED_TRACE(cat("micro-batch ", m));
+    EXPECT_EQ(dropout_mask(4, 6, {}, m), rows_of_whole(4 * m, 4 * m + 4, 0, 6));
+    // Data rank 1 of 2: rows 2..3 of the micro-batch of 4.
+    const Attrs data_rank{{"rng_whole", std::vector<int64_t>{4, 6}},
+                          {"rng_start", std::vector<int64_t>{2, 0}}};
+    EXPECT_EQ(dropout_mask(2, 6, data_rank, m), rows_of_whole(4 * m + 2, 4 * m + 4, 0, 6));
+    // Tensor rank 1 of 2: columns 3..5.
+    const Attrs tensor_rank{{"rng_whole", std::vector<int64_t>{4, 6}},
+                            {"rng_start", std::vector<int64_t>{0, 3}}};
+    EXPECT_EQ(dropout_mask(4, 3, tensor_rank, m), rows_of_whole(4 * m, 4 * m + 4, 3, 6));
+  }
 }
 
 // A batched matmul over a shared weight keeps the batch split on the data axis (no gather), and under

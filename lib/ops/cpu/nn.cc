@@ -379,7 +379,9 @@ void dropout(const KernelCtx& c) {
     // A piece of a tensor split over mesh axes (attrs rng_whole: the whole shape, rng_start: this piece's
     // first index on every axis) draws, for each element, the numbers of its index in the whole. A piece that
     // is one contiguous run of the whole (a batch split) starts at element o; others go row by row.
-    int64_t o = 0;
+    // Micro-batch m of a step (KernelCtx::micro) comes after m whole micro-batches: its elements are
+    // numbered from m * (elements of the whole).
+    int64_t o = 0, micro_base = c.micro * n;
     bool contiguous = true;
     if (c.attrs().has("rng_whole")) {
       const std::vector<int64_t>& whole = c.attrs().ints("rng_whole");
@@ -393,7 +395,9 @@ void dropout(const KernelCtx& c) {
         o += start[a] * stride;
         stride *= whole[a];
       }
+      micro_base = c.micro * stride;
     }
+    o += micro_base;
     if (!contiguous) {
       const std::vector<int64_t>& whole = c.attrs().ints("rng_whole");
       const std::vector<int64_t>& start = c.attrs().ints("rng_start");
@@ -402,7 +406,7 @@ void dropout(const KernelCtx& c) {
       const int64_t len = local.back(), rows = len > 0 ? n / len : 0;
       parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)), [&](int64_t s, int64_t e) {
         for (int64_t row = s; row < e; ++row) {
-          int64_t g = start[rank - 1], stride = whole[rank - 1], rem = row;
+          int64_t g = micro_base + start[rank - 1], stride = whole[rank - 1], rem = row;
           for (size_t a = rank - 1; a-- > 0;) {
             g += (start[a] + rem % local[a]) * stride;
             rem /= local[a];

@@ -31,10 +31,21 @@ double sum_squares(const T* x, int64_t b, int64_t e) {
 
 namespace {
 
+// Whether this SGD step is the first (PyTorch then sets the momentum buffer to the gradient, undampened):
+// read from the step input only where it matters, momentum with dampening (a zero buffer gives the same
+// first step otherwise).
+bool sgd_first_step(const KernelCtx& c, int step_index) {
+  const Attrs& a = c.attrs();
+  if (a.f("momentum", 0) == 0 || a.f("dampening", 0) == 0) return false;
+  const int64_t step = *c.in[step_index].as<int64_t>();
+  FR_CHECK(step >= 1, c.node->op, " (", c.node->name, "): opt/step must be >= 1, got ", step);
+  return step == 1;
+}
+
 // One parameter's SGD step, the learning rate and gradient coefficient given: the single and multi-tensor
 // updates share it, so that they give the same bits.
 void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad, const TensorView& buffer,
-                double lr, double coef) {
+                double lr, bool first, double coef) {
   const double mom = a.f("momentum", 0), damp = a.f("dampening", 0), wd = a.f("weight_decay", 0);
   const bool nesterov = a.b("nesterov");
   dispatch_float(param.dtype, [&](auto* tag) {
@@ -43,12 +54,13 @@ void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad,
     const T* g = grad.as<T>();
     T* buf = buffer.as<T>();
     const T rate = static_cast<T>(lr);
+    // (1 - dampening) in double, then rounded: 1 - T(dampening) would round twice.
     const T m = T(mom), d = T(1 - damp), w = T(wd), k = T(coef);
     parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
         T gi = k * g[i] + w * p[i];
         if (mom != 0) {
-          buf[i] = m * buf[i] + d * gi;
+          buf[i] = first ? gi : m * buf[i] + d * gi;
           gi = nesterov ? gi + m * buf[i] : buf[i];
         }
         p[i] -= rate * gi;
@@ -82,13 +94,16 @@ void adamw_tensor(const Attrs& a, const TensorView& param, const TensorView& gra
     T* m = m1.as<T>();
     T* v = m2.as<T>();
     const T b1 = T(beta1), b2 = T(beta2), e = T(eps), k = T(coef), ss = T(st.step_size), bc2 = T(st.bc2_sqrt);
+    // (1 - beta) in double, then rounded, as PyTorch's Python floats: 1 - T(beta) rounds twice (in f32,
+    // 1 - float(0.999) is 0.000999987 against float(0.001) = 0.001).
+    const T c1 = T(1 - beta1), c2 = T(1 - beta2);
     const T decay = decoupled ? T(1 - st.lr * wd) : T(1), l2 = decoupled ? T(0) : T(wd);
     parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t end) {
       for (int64_t i = s; i < end; ++i) {
         const T gi = k * g[i] + l2 * p[i];
         p[i] *= decay;
-        m[i] = b1 * m[i] + (1 - b1) * gi;
-        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = b1 * m[i] + c1 * gi;
+        v[i] = b2 * v[i] + c2 * gi * gi;
         p[i] -= ss * m[i] / (std::sqrt(v[i]) / bc2 + e);
       }
     });
@@ -98,9 +113,10 @@ void adamw_tensor(const Attrs& a, const TensorView& param, const TensorView& gra
 }  // namespace
 
 void sgd_update(const KernelCtx& c) {
-  const double coef = grad_coef(c, 4);
+  const double coef = grad_coef(c, 5);
   if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
-  sgd_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], load_as_f64(c.in[3].data, c.in[3].dtype, 0), coef);
+  sgd_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], load_as_f64(c.in[3].data, c.in[3].dtype, 0),
+             sgd_first_step(c, 4), coef);
 }
 
 void adamw_update(const KernelCtx& c) {
@@ -109,13 +125,14 @@ void adamw_update(const KernelCtx& c) {
   adamw_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], c.in[3], adam_step(c, 4, 5), coef);
 }
 
-// Inputs: the n = attr tensors parameters, their gradients and momentum buffers, lr [, coef].
+// Inputs: the n = attr tensors parameters, their gradients and momentum buffers, lr, step [, coef].
 void sgd_update_multi(const KernelCtx& c) {
   const int n = static_cast<int>(c.attrs().i("tensors"));
-  const double coef = grad_coef(c, 3 * n + 1);
+  const double coef = grad_coef(c, 3 * n + 2);
   if (!std::isfinite(coef)) return;
   const double lr = load_as_f64(c.in[3 * n].data, c.in[3 * n].dtype, 0);
-  for (int k = 0; k < n; ++k) sgd_tensor(c.attrs(), c.in[k], c.in[n + k], c.in[2 * n + k], lr, coef);
+  const bool first = sgd_first_step(c, 3 * n + 1);
+  for (int k = 0; k < n; ++k) sgd_tensor(c.attrs(), c.in[k], c.in[n + k], c.in[2 * n + k], lr, first, coef);
 }
 
 // Inputs: the n = attr tensors parameters, gradients, first and second moments, lr, step [, coef].

@@ -101,12 +101,14 @@ void rmsnorm_grad(Storage t, const void* dy, const void* x, const void* gamma, c
 // Optimizer updates of f32 parameters in place (ops/cuda/optim.cu), as ops/cpu/optim.cc: the learning rate,
 // step and gradient coefficient are device scalars (coef null: 1; a non-finite coef skips the update, as the
 // loss scaler asks).
+// SGD: undamped = 1 - dampening, formed in double and rounded once; at step 1 (read from the device when
+// undamped != 1) the momentum buffer becomes the gradient, as PyTorch's.
 struct SgdParams {
-  float momentum, dampening, weight_decay;
+  float momentum, undamped, weight_decay;
   bool nesterov;
 };
-void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr, const float* coef,
-                int64_t n, cudaStream_t s);
+void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr,
+                const int64_t* step, const float* coef, int64_t n, cudaStream_t s);
 struct AdamParams {
   double beta1, beta2, eps, weight_decay;
   bool decoupled;
@@ -126,8 +128,8 @@ struct MultiTensorList {
   float* s1[kMultiTensors];
   int64_t n[kMultiTensors];
 };
-void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
-                      cudaStream_t s);
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                      const float* coef, cudaStream_t s);
 void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
                         const float* coef, cudaStream_t s);
 
@@ -177,16 +179,17 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
                const void* out, const float* lse, void* dq, void* dk, void* dv, float* rowsum,
                cudaStream_t s);
 
-// Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the whole tensor is
+// Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the step's batch is
 // kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p, where
-// stream = mix_stream(*step, node_stream) (core/rng.cc) with the step read on the device (see
-// KernelCtx::device_step). This rank's piece has the local dims of `local` (its strides: the whole
-// tensor's) and starts at whole index `base`.
+// stream = mix_stream(step[0], node_stream) (core/rng.cc) with the step and micro-batch read on the device
+// (see KernelCtx::device_step). This rank's piece has the local dims of `local` (its strides: the whole
+// tensor's) and starts at whole index `base`; micro-batch step[1] starts step[1] * `whole` (the whole
+// tensor's elements) further.
 struct DropoutDraw {
   double p;
   uint64_t seed, node_stream;
   const int64_t* step;
-  int64_t base;
+  int64_t base, whole;
 };
 void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,
              int64_t n, cudaStream_t s);

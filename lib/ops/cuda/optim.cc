@@ -38,6 +38,13 @@ void each_tensor_list(const KernelCtx& c, int lists, Launch launch) {
   launch(t);
 }
 
+// 1 - dampening in double, rounded once (as the CPU kernel).
+SgdParams sgd_params(const KernelCtx& c) {
+  return {static_cast<float>(c.attrs().f("momentum", 0)),
+          static_cast<float>(1.0 - c.attrs().f("dampening", 0)),
+          static_cast<float>(c.attrs().f("weight_decay", 0)), c.attrs().b("nesterov")};
+}
+
 }  // namespace
 
 // The squares of inputs [0, split_inputs) (pieces of gradients split over the tensor axis) are summed over
@@ -101,11 +108,8 @@ void grad_accumulate(const KernelCtx& c) {
 }
 
 void sgd_update(const KernelCtx& c) {
-  const SgdParams a{static_cast<float>(c.attrs().f("momentum", 0)),
-                    static_cast<float>(c.attrs().f("dampening", 0)),
-                    static_cast<float>(c.attrs().f("weight_decay", 0)), c.attrs().b("nesterov")};
-  sgd_update(a, c.in[0].as<float>(), c.in[1].as<float>(), c.in[2].as<float>(), f32_scalar(c, 3),
-             f32_scalar(c, 4), c.in[0].numel(), stream_of(c));
+  sgd_update(sgd_params(c), c.in[0].as<float>(), c.in[1].as<float>(), c.in[2].as<float>(), f32_scalar(c, 3),
+             c.in[4].as<int64_t>(), f32_scalar(c, 5), c.in[0].numel(), stream_of(c));
 }
 
 void adamw_update(const KernelCtx& c) {
@@ -116,12 +120,11 @@ void adamw_update(const KernelCtx& c) {
 }
 
 void sgd_update_multi(const KernelCtx& c) {
-  const SgdParams a{static_cast<float>(c.attrs().f("momentum", 0)),
-                    static_cast<float>(c.attrs().f("dampening", 0)),
-                    static_cast<float>(c.attrs().f("weight_decay", 0)), c.attrs().b("nesterov")};
+  const SgdParams a = sgd_params(c);
   const int n = static_cast<int>(c.attrs().i("tensors"));
   each_tensor_list(c, 3, [&](const MultiTensorList& t) {
-    sgd_update_multi(a, t, f32_scalar(c, 3 * n), f32_scalar(c, 3 * n + 1), stream_of(c));
+    sgd_update_multi(a, t, f32_scalar(c, 3 * n), c.in[3 * n + 1].as<int64_t>(), f32_scalar(c, 3 * n + 2),
+                     stream_of(c));
   });
 }
 

@@ -87,19 +87,25 @@ __global__ void accumulate_kernel(T* acc, const T* g, const int64_t* micro, int6
 }
 
 // One element of an update, shared by the single and multi-tensor kernels so that both compute it alike.
-__device__ __forceinline__ void sgd_element(const SgdParams& a, float k, float rate, float* p, const float* g,
-                                            float* buf, int64_t i) {
+__device__ __forceinline__ void sgd_element(const SgdParams& a, float k, float rate, bool first, float* p,
+                                            const float* g, float* buf, int64_t i) {
   float gi = k * g[i] + a.weight_decay * p[i];
   if (a.momentum != 0.0f) {
-    buf[i] = a.momentum * buf[i] + (1.0f - a.dampening) * gi;
+    buf[i] = first ? gi : a.momentum * buf[i] + a.undamped * gi;
     gi = a.nesterov ? gi + a.momentum * buf[i] : buf[i];
   }
   p[i] -= rate * gi;
 }
 
-// Adam's per-step factors, every thread computing them from the device scalars.
+// PyTorch's first SGD step (the buffer set to the gradient) differs from a zero buffer's only with dampening.
+__device__ __forceinline__ bool sgd_first(const SgdParams& a, const int64_t* step) {
+  return a.momentum != 0.0f && a.undamped != 1.0f && *step == 1;
+}
+
+// Adam's per-step factors, every thread computing them from the device scalars; c1, c2: 1 - beta1, 1 - beta2
+// formed in double and rounded once (1.0f - float(0.999) would be 0.000999987).
 struct AdamStep {
-  float k, ss, bc2, b1, b2, e, decay, l2;
+  float k, ss, bc2, b1, b2, c1, c2, e, decay, l2;
 };
 
 __device__ __forceinline__ AdamStep adam_step(const AdamParams& a, const float* lr, const int64_t* step,
@@ -112,6 +118,8 @@ __device__ __forceinline__ AdamStep adam_step(const AdamParams& a, const float* 
   st.bc2 = static_cast<float>(sqrt(1.0 - pow(a.beta2, t)));
   st.b1 = static_cast<float>(a.beta1);
   st.b2 = static_cast<float>(a.beta2);
+  st.c1 = static_cast<float>(1.0 - a.beta1);
+  st.c2 = static_cast<float>(1.0 - a.beta2);
   st.e = static_cast<float>(a.eps);
   st.decay = a.decoupled ? static_cast<float>(1.0 - rate * a.weight_decay) : 1.0f;
   st.l2 = a.decoupled ? 0.0f : static_cast<float>(a.weight_decay);
@@ -122,8 +130,8 @@ __device__ __forceinline__ void adam_element(const AdamStep& st, float* p, const
                                              int64_t i) {
   const float gi = st.k * g[i] + st.l2 * p[i];
   float pi = p[i] * st.decay;
-  const float mi = st.b1 * m[i] + (1.0f - st.b1) * gi;
-  const float vi = st.b2 * v[i] + (1.0f - st.b2) * gi * gi;
+  const float mi = st.b1 * m[i] + st.c1 * gi;
+  const float vi = st.b2 * v[i] + st.c2 * gi * gi;
   pi -= st.ss * mi / (sqrtf(vi) / st.bc2 + st.e);
   p[i] = pi;
   m[i] = mi;
@@ -131,13 +139,14 @@ __device__ __forceinline__ void adam_element(const AdamStep& st, float* p, const
 }
 
 __global__ void sgd_kernel(SgdParams a, float* p, const float* g, float* buf, const float* lr,
-                           const float* coef, int64_t n) {
+                           const int64_t* step, const float* coef, int64_t n) {
   const float k = coef ? *coef : 1.0f;
   if (!isfinite(k)) return;
   const float rate = *lr;
+  const bool first = sgd_first(a, step);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    sgd_element(a, k, rate, p, g, buf, i);
+    sgd_element(a, k, rate, first, p, g, buf, i);
 }
 
 __global__ void adamw_kernel(AdamParams a, float* p, const float* g, float* m, float* v, const float* lr,
@@ -166,7 +175,9 @@ struct MultiTable {
 
 struct MultiSgd {
   SgdParams a;
-  const float *lr, *coef;
+  const float* lr;
+  const int64_t* step;
+  const float* coef;
 };
 struct MultiAdam {
   AdamParams a;
@@ -198,10 +209,11 @@ __global__ void sgd_multi_kernel(MultiTable t, MultiSgd u) {
   const float k = u.coef ? *u.coef : 1.0f;
   if (!isfinite(k)) return;
   const float rate = *u.lr;
+  const bool first = sgd_first(u.a, u.step);
   int64_t begin, end;
   const int j = block_tensor(t, &begin, &end);
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
-    sgd_element(u.a, k, rate, t.p[j], t.g[j], t.s0[j], i);
+    sgd_element(u.a, k, rate, first, t.p[j], t.g[j], t.s0[j], i);
 }
 
 __global__ void adamw_multi_kernel(MultiTable t, MultiAdam u) {
@@ -291,10 +303,10 @@ void grad_accumulate(Storage t, void* acc, const void* g, const int64_t* micro, 
   check(cudaGetLastError(), "grad_accumulate kernel launch");
 }
 
-void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr, const float* coef,
-                int64_t n, cudaStream_t s) {
+void sgd_update(const SgdParams& a, float* p, const float* g, float* buf, const float* lr,
+                const int64_t* step, const float* coef, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, p, g, buf, lr, coef, n);
+  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, p, g, buf, lr, step, coef, n);
   check(cudaGetLastError(), "sgd_update kernel launch");
 }
 
@@ -305,9 +317,9 @@ void adamw_update(const AdamParams& a, float* p, const float* g, float* m, float
   check(cudaGetLastError(), "adamw_update kernel launch");
 }
 
-void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const float* coef,
-                      cudaStream_t s) {
-  launch_multi(sgd_multi_kernel, t, MultiSgd{a, lr, coef}, s, "sgd_update_multi kernel launch");
+void sgd_update_multi(const SgdParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,
+                      const float* coef, cudaStream_t s) {
+  launch_multi(sgd_multi_kernel, t, MultiSgd{a, lr, step, coef}, s, "sgd_update_multi kernel launch");
 }
 
 void adamw_update_multi(const AdamParams& a, const MultiTensorList& t, const float* lr, const int64_t* step,

@@ -4,7 +4,8 @@
 
 namespace flowrun::cuda {
 
-// Numbered in the whole tensor when this is a piece of one (attrs rng_whole, rng_start; see the CPU kernel).
+// Numbered in the whole tensor when this is a piece of one (attrs rng_whole, rng_start), after the step's
+// earlier micro-batches (see the CPU kernel).
 void dropout(const KernelCtx& c) {
   const TensorView& x = c.in[0];
   const Shape& local = *x.shape;
@@ -15,7 +16,7 @@ void dropout(const KernelCtx& c) {
   Strided s;
   s.rank = static_cast<int>(local.size());
   FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA dropout needs the step in device memory");
-  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.node_stream, c.device_step, 0};
+  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.node_stream, c.device_step, 0, 0};
   int64_t stride = 1;
   for (size_t a = local.size(); a-- > 0;) {
     s.dims[a] = local[a];
@@ -23,6 +24,7 @@ void dropout(const KernelCtx& c) {
     d.base += start[a] * stride;
     stride *= whole[a];
   }
+  d.whole = stride;
   dropout(storage_of(x.dtype), d, s, x.data, c.out[0].data, c.out[1].as<uint8_t>(), x.numel(), stream_of(c));
 }
 

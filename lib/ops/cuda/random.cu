@@ -41,10 +41,11 @@ __device__ uint64_t mix_stream(uint64_t a, uint64_t b) {
 template <typename T>
 __global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, uint8_t* mask, int64_t n) {
   const float scale = d.p < 1.0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 0.0f;
-  const uint64_t stream = mix_stream(static_cast<uint64_t>(*d.step), d.node_stream);
+  const uint64_t stream = mix_stream(static_cast<uint64_t>(d.step[0]), d.node_stream);
+  const int64_t base = d.base + d.step[1] * d.whole;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rem = i, g = d.base;
+    int64_t rem = i, g = base;
     for (int k = local.rank - 1; k >= 0; --k) {
       g += (rem % local.dims[k]) * local.stride[k];
       rem /= local.dims[k];
