@@ -55,7 +55,7 @@ PACKAGES=(
   libdnnl-dev libopenblas-openmp-dev libyaml-cpp-dev libhdf5-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge
-  opencl-headers ocl-icd-opencl-dev debootstrap
+  opencl-headers ocl-icd-opencl-dev debootstrap jq python3-venv
   zlib1g-dev python3-sklearn python3-matplotlib dataset-fashion-mnist bible-kjv hdf5-tools
 )
 
