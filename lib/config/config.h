@@ -141,7 +141,7 @@ constexpr size_t kMaxYamlBytes = size_t{1} << 20;  // a file: 1 MiB
 constexpr size_t kMaxYamlNodes = 100000;           // nodes, each alias counted as a copy of its anchor
 
 // A YAML construct flowrun refuses (a second document, a non-core tag, an alias expansion past
-// kMaxYamlNodes); `mark` is where it is.
+// kMaxYamlNodes nodes or 100 levels of nesting); `mark` is where it is.
 class YamlRefused : public YAML::Exception {
  public:
   YamlRefused(const YAML::Mark& mark, const std::string& message) : YAML::Exception(mark, message) {}
@@ -149,8 +149,8 @@ class YamlRefused : public YAML::Exception {
 
 // One YAML document from `text`: throws YamlRefused for a second document, a tag other than YAML's core
 // ones (!!str, !!int, !!float, !!bool, !!null, !!seq, !!map), an alias inside its own anchor, or more than
-// kMaxYamlNodes nodes once aliases are expanded (a "billion laughs"); other YAML::Exceptions are syntax
-// errors.
+// kMaxYamlNodes nodes or 100 levels of nesting once aliases are expanded (a "billion laughs", or a nesting
+// that would overflow the stack of the recursive walkers); other YAML::Exceptions are syntax errors.
 YAML::Node load_yaml(const std::string& text);
 // The text of the YAML file `path` (`what` names it in errors: "config", "model"); input_error unless it is a
 // regular file of at most kMaxYamlBytes.

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <yaml-cpp/eventhandler.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -16,6 +17,10 @@
 
 namespace flowrun {
 namespace {
+
+// Levels of nesting, each alias expanded: real configs nest some 15, and every tree walk (the reader, the
+// model loader, yaml-cpp's copy and emitter) recurses once per level.
+constexpr size_t kMaxYamlDepth = 100;
 
 bool core_tag(const std::string& tag) {
   // "?" and "!" are yaml-cpp's non-specific tags of plain and quoted nodes.
@@ -37,8 +42,9 @@ std::string written_tag(const std::string& tag) {
   return tag.rfind(prefix, 0) == 0 ? "!!" + tag.substr(prefix.size()) : tag;
 }
 
-// Checks the parser's events: counts documents, vets tags, and sums the nodes each anchor expands to, so
-// that an alias costs what the tree walkers will pay for it, without building or walking any tree.
+// Checks the parser's events: counts documents, vets tags, and sums the nodes (and the nesting) each anchor
+// expands to, so that an alias costs what the tree walkers (recursive, and copying) will pay for it,
+// without building or walking any tree.
 class Vetter : public YAML::EventHandler {
  public:
   void OnDocumentStart(const YAML::Mark& mark) override {
@@ -48,8 +54,8 @@ class Vetter : public YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { leaf(mark, anchor); }
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
-    auto it = sizes_.find(anchor);
-    if (it == sizes_.end()) throw YamlRefused(mark, "an alias inside the node it refers to (a cycle)");
+    auto it = anchors_.find(anchor);
+    if (it == anchors_.end()) throw YamlRefused(mark, "an alias inside the node it refers to (a cycle)");
     add(mark, it->second);
   }
   void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
@@ -69,9 +75,13 @@ class Vetter : public YAML::EventHandler {
   void OnMapEnd() override { close(); }
 
  private:
+  // What a node expands to: its nodes, and its levels of nesting (1 for a scalar).
+  struct Size {
+    size_t nodes = 0, levels = 0;
+  };
   struct Open {
     YAML::anchor_t anchor;
-    size_t nodes;  // inside it, so far (itself not included)
+    Size inside;  // so far: nodes inside it, and levels below it
   };
 
   static void check_tag(const YAML::Mark& mark, const std::string& tag) {
@@ -81,35 +91,43 @@ class Vetter : public YAML::EventHandler {
                                   "!!null, !!seq, !!map)"));
   }
   void leaf(const YAML::Mark& mark, YAML::anchor_t anchor) {
-    if (anchor != YAML::NullAnchor) sizes_[anchor] = 1;
-    add(mark, 1);
+    if (anchor != YAML::NullAnchor) anchors_[anchor] = {1, 1};
+    add(mark, {1, 1});
   }
   void open(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor) {
     check_tag(mark, tag);
-    add(mark, 1);
-    stack_.push_back({anchor, 0});
+    add(mark, {1, 1});
+    stack_.push_back({anchor, {}});
   }
   void close() {
     const Open done = stack_.back();
     stack_.pop_back();
-    if (done.anchor != YAML::NullAnchor) sizes_[done.anchor] = done.nodes + 1;
-    // The document total already holds these nodes; the enclosing node gets them now.
-    if (!stack_.empty()) stack_.back().nodes += done.nodes;
+    const Size whole{done.inside.nodes + 1, done.inside.levels + 1};
+    if (done.anchor != YAML::NullAnchor) anchors_[done.anchor] = whole;
+    // The document total already holds its nodes (and `open` counted the node itself).
+    if (!stack_.empty()) {
+      stack_.back().inside.nodes += done.inside.nodes;
+      stack_.back().inside.levels = std::max(stack_.back().inside.levels, whole.levels);
+    }
   }
-  // `n` more nodes in the innermost open node and in the document (each at most kMaxYamlNodes, so no
-  // overflow).
-  void add(const YAML::Mark& mark, size_t n) {
-    total_ += n;
+  // A node of size `n` in the innermost open node (each count at most its limit, so no overflow).
+  void add(const YAML::Mark& mark, const Size& n) {
+    total_ += n.nodes;
     if (total_ > kMaxYamlNodes)
       throw YamlRefused(mark, cat("the YAML expands to more than ", kMaxYamlNodes,
                                   " nodes (each alias counts as a copy of its anchor)"));
-    if (!stack_.empty()) stack_.back().nodes += n;
+    if (stack_.size() + n.levels > kMaxYamlDepth)
+      throw YamlRefused(mark, cat("the YAML nests deeper than ", kMaxYamlDepth,
+                                  " levels (each alias counts as a copy of its anchor)"));
+    if (stack_.empty()) return;
+    stack_.back().inside.nodes += n.nodes;
+    stack_.back().inside.levels = std::max(stack_.back().inside.levels, n.levels);
   }
 
   int documents_ = 0;
   size_t total_ = 0;
   std::vector<Open> stack_;
-  std::map<YAML::anchor_t, size_t> sizes_;  // completed anchors -> the nodes they expand to
+  std::map<YAML::anchor_t, Size> anchors_;  // completed anchors -> what they expand to
 };
 
 }  // namespace

@@ -170,6 +170,16 @@ TEST(ConfigYaml, AliasExpansionIsBounded) {
                                "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
                                "[*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"}),
                "model.hidden: the YAML expands to more than 100000 nodes"));
+  // Nesting, which the recursive walkers pay for in stack: 100 levels (98 under `model`) are fine, 101 are
+  // not, and neither are 60 levels inside 40 through an alias.
+  const auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(load_config_text(kZoo + "  hidden: " + nested(98) + "\n", "cfg.yaml"));
+  EXPECT_EQ(
+      error_of(kZoo + "  hidden: " + nested(99) + "\n"),
+      "cfg.yaml:3:109: the YAML nests deeper than 100 levels (each alias counts as a copy of its anchor)");
+  EXPECT_TRUE(Contains(error_of(kZoo + "  a: &a " + nested(60) + "\n  hidden: " + std::string(40, '[') +
+                                "*a" + std::string(40, ']') + "\n"),
+                       "cfg.yaml:4:51: the YAML nests deeper than 100 levels"));
   EXPECT_EQ(error_of("model:\n  layers: &l [relu, *l]\n"),
             "cfg.yaml:2:21: an alias inside the node it refers to (a cycle)");
 }
