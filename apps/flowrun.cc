@@ -38,6 +38,7 @@ struct Args {
 // A config with --set overrides and the command line's --run-dir applied.
 flowrun::RunConfig load(const Args& a) {
   flowrun::RunConfig cfg = flowrun::load_config(a.config, a.set);
+  for (const std::string& note : cfg.notes) std::cerr << "flowrun: warning: " << note << "\n";
   if (!a.run_dir.empty()) cfg.train.run_dir = a.run_dir;
   return cfg;
 }

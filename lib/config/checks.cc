@@ -106,7 +106,8 @@ void check_model(const RunConfig& cfg, const std::map<std::string, Origin>& bare
     for (const auto& k : find_section("model")->keys) keys.push_back(k.name);
     std::string hint = did_you_mean(name, keys);
     if (hint.empty()) hint = " (parameters of inline layers go under model.params)";
-    throw input_error(cat(origin.str(), ": model.", name, ": unknown key '", name, "'", hint));
+    throw input_error(
+        cat(origin.str(), ": model.", abbreviate(name), ": unknown key '", abbreviate(name), "'", hint));
   }
   if (!m.zoo.empty() && inline_layers)
     throw input_error(cfg.where("model.layers") + "give either model.zoo or model.layers, not both");
@@ -152,6 +153,13 @@ void fill_derived(RunConfig& cfg) {
     const std::string stem = std::filesystem::path(cfg.file).stem().string();
     cfg.train.run_dir = "runs/" + (stem.empty() ? std::string("run") : stem);
   }
+  // A run shortened (`--set train.steps=10` on a config with a long warmup) still runs: its warmup ends
+  // with the run.
+  if (cfg.schedule.warmup_steps > cfg.train.steps) {
+    cfg.notes.push_back(cat(cfg.where("schedule.warmup_steps"), cfg.schedule.warmup_steps,
+                            " is longer than the run: capped to train.steps ", cfg.train.steps));
+    cfg.schedule.warmup_steps = cfg.train.steps;
+  }
   split_batch(cfg);
   // The global batch, not the per-rank micro-batch: data.eval_batches then counts the same validation
   // samples under any layout and accumulation (the lead rank evaluates whole batches).
@@ -159,9 +167,6 @@ void fill_derived(RunConfig& cfg) {
 }
 
 void check_consistency(const RunConfig& cfg) {
-  if (cfg.schedule.warmup_steps > cfg.train.steps)
-    throw input_error(cat(cfg.where("schedule.warmup_steps"), cfg.schedule.warmup_steps,
-                          " exceeds train.steps ", cfg.train.steps));
   check_step_schedule(cfg);
   check_normalisation(cfg);
   check_optimizer(cfg);

@@ -14,10 +14,11 @@ namespace flowrun::config {
 void check_model(const RunConfig& cfg, const std::map<std::string, Origin>& bare_keys);
 // Valid values that are not implemented yet (fp16, parallel sizes above 1) are rejected with the reason.
 void check_supported(const RunConfig& cfg);
-// Defaults that depend on other values: model.zoo_dir, data.path, train.run_dir, and the batch split
-// (micro_batch_size, grad_accumulation, eval_batch_size).
+// Defaults that depend on other values: model.zoo_dir, data.path, train.run_dir, the batch split
+// (micro_batch_size, grad_accumulation, eval_batch_size), and a warmup capped at the run's length (with a
+// note).
 void fill_derived(RunConfig& cfg);
-// Rules across keys: warmup within the run, the step schedule, mean/std, Nesterov, min_lr.
+// Rules across keys: the step schedule, mean/std, Nesterov, min_lr.
 void check_consistency(const RunConfig& cfg);
 
 }  // namespace flowrun::config

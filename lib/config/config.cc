@@ -3,10 +3,6 @@
 // defaults filled, cross-field rules checked, and the resolved config built.
 #include "config/config.h"
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -89,7 +85,8 @@ class Reader {
     if (parts.size() == 3 && s.name == "model" && parts[1] == "params")
       return param(parts[2], value, o, /*bare=*/false);
     if (s.name != "model" && !config::find_key(s, parts[1])) throw unknown_key(s, parts[1], o);
-    throw input_error(cat(o.str(), ": ", path, ": ", s.name, ".", parts[1], " has no sub-keys"));
+    throw input_error(
+        cat(o.str(), ": ", abbreviate(path), ": ", s.name, ".", abbreviate(parts[1]), " has no sub-keys"));
   }
 
  private:
@@ -101,7 +98,9 @@ class Reader {
 
   static YAML::Node parse_value(const std::string& text, const Origin& o, const std::string& path) {
     try {
-      return YAML::Load(text);
+      return load_yaml(text);
+    } catch (const YamlRefused& e) {
+      throw input_error(cat(o.str(), ": ", path, ": ", e.msg));
     } catch (const YAML::Exception& e) {
       throw input_error(cat(o.str(), ": ", path, ": the value is not valid YAML: ", e.msg));
     }
@@ -122,7 +121,7 @@ class Reader {
       if (auto first = seen.find(name); first != seen.end()) {
         const std::string where =
             first->second.line > 0 ? cat(" (first given at line ", first->second.line, ")") : std::string();
-        throw input_error(cat(at.str(), ": ", key_path, ": duplicate key", where));
+        throw input_error(cat(at.str(), ": ", abbreviate(key_path), ": duplicate key", where));
       }
       seen.emplace(name, at);
       fn(name, it->second, at);
@@ -132,14 +131,14 @@ class Reader {
   const Section& checked_section(const std::string& name, const Origin& at, const std::string& path) {
     const Section* s = config::find_section(name);
     if (!s)
-      throw input_error(cat(at.str(), ": ", path, ": unknown section '", name, "'",
+      throw input_error(cat(at.str(), ": ", abbreviate(path), ": unknown section '", abbreviate(name), "'",
                             config::did_you_mean(name, section_names())));
     return *s;
   }
 
   static Error unknown_key(const Section& s, const std::string& key, const Origin& at) {
-    return input_error(cat(at.str(), ": ", s.name, ".", key, ": unknown key '", key, "'",
-                           config::did_you_mean(key, key_names(s))));
+    return input_error(cat(at.str(), ": ", s.name, ".", abbreviate(key), ": unknown key '", abbreviate(key),
+                           "'", config::did_you_mean(key, key_names(s))));
   }
 
   // A value's origin; a missing value (`key:` alone) is reported at its key.
@@ -175,8 +174,7 @@ class Reader {
         return param(key, value, at, /*bare=*/true);
       }
     } else if (!config::find_key(s, key)) {
-      throw input_error(cat(key_at.str(), ": ", path, ": unknown key '", key, "'",
-                            config::did_you_mean(key, key_names(s))));
+      throw unknown_key(s, key, key_at);
     }
     in_.values[path] = Given{value, at};
   }
@@ -225,7 +223,9 @@ std::string line_of(const std::string& text, int index) {
 
 YAML::Node parse_file_text(const std::string& text, const std::string& name) {
   try {
-    return YAML::Load(text);
+    return load_yaml(text);
+  } catch (const YamlRefused& e) {
+    throw input_error(cat(name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ", e.msg));
   } catch (const YAML::Exception& e) {
     // yaml-cpp's message for a tab in indentation ("illegal map value") does not mention the tab.
     const std::string line = line_of(text, e.mark.line);
@@ -306,15 +306,7 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
 }
 
 RunConfig load_config(const std::string& file, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(file, ec))
-    throw input_error(cat(file, ": cannot read the config file: it is a directory"));
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw input_error(cat(file, ": cannot read the config file: ", std::strerror(errno)));
-  std::ostringstream text;
-  text << f.rdbuf();
-  if (f.bad()) throw input_error(cat(file, ": cannot read the config file: ", std::strerror(errno)));
-  return load_config_text(text.str(), file, overrides);
+  return load_config_text(read_yaml_file(file, "config"), file, overrides);
 }
 
 RunConfig config_from_resolved(const std::string& yaml_text, const std::string& name) {

@@ -115,6 +115,9 @@ struct RunConfig {
   ParallelConfig parallel;
   YAML::Node resolved;       // the whole config with every default filled in (what `check` prints and
                              // checkpoints store)
+  // Adjustments made while loading that the user should hear about ("cfg.yaml:7:17: schedule.warmup_steps:
+  // 2000 capped to ..."); the command line prints each as a warning.
+  std::vector<std::string> notes;
   // Key path ("optimizer.lr") -> where its value came from; also each section given ("train").
   std::map<std::string, Origin> origins;
 
@@ -133,6 +136,28 @@ RunConfig load_config_text(const std::string& text, const std::string& name,
 RunConfig config_from_resolved(const std::string& yaml_text, const std::string& name);
 // The resolved config as YAML text, sections in schema order.
 std::string dump_config(const RunConfig& cfg);
+// Limits on what flowrun reads as YAML (config files, `--set` values, zoo model files).
+constexpr size_t kMaxYamlBytes = size_t{1} << 20;  // a file: 1 MiB
+constexpr size_t kMaxYamlNodes = 100000;           // nodes, each alias counted as a copy of its anchor
+
+// A YAML construct flowrun refuses (a second document, a non-core tag, an alias expansion past
+// kMaxYamlNodes nodes or 100 levels of nesting); `mark` is where it is.
+class YamlRefused : public YAML::Exception {
+ public:
+  YamlRefused(const YAML::Mark& mark, const std::string& message) : YAML::Exception(mark, message) {}
+};
+
+// One YAML document from `text`: throws YamlRefused for a second document, a tag other than YAML's core
+// ones (!!str, !!int, !!float, !!bool, !!null, !!seq, !!map), an alias inside its own anchor, or more than
+// kMaxYamlNodes nodes or 100 levels of nesting once aliases are expanded (a "billion laughs", or a nesting
+// that would overflow the stack of the recursive walkers); other YAML::Exceptions are syntax errors.
+YAML::Node load_yaml(const std::string& text);
+// The text of the YAML file `path` (`what` names it in errors: "config", "model"); input_error unless it is a
+// regular file of at most kMaxYamlBytes.
+std::string read_yaml_file(const std::string& path, const std::string& what);
+// `text` cut to about `max` characters with "..." (values echoed in error messages).
+std::string abbreviate(const std::string& text, size_t max = 60);
+
 // Markdown reference of every key (type, default, constraint, doc), generated from the schema.
 std::string schema_markdown();
 

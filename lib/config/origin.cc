@@ -6,7 +6,13 @@
 namespace flowrun {
 
 std::string Origin::str() const {
-  if (!set.empty()) return cat("--set ", set);
+  if (!set.empty()) {
+    // Key and value cut each on their own, so that a long value does not hide the key.
+    const size_t eq = set.find('=');
+    return eq == std::string::npos
+               ? cat("--set ", abbreviate(set))
+               : cat("--set ", abbreviate(set.substr(0, eq)), "=", abbreviate(set.substr(eq + 1)));
+  }
   if (line > 0) return cat(file, ":", line, ":", column);
   return file;
 }

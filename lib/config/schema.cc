@@ -237,9 +237,9 @@ std::vector<Section> build_schema() {
 
 // --- scalars --------------------------------------------------------------------------------------
 
-// A quoted scalar ("1", '2') is a string in YAML, never a number or a boolean.
+// A quoted scalar ("1", '2') or one tagged !!str is a string in YAML, never a number or a boolean.
 bool plain(const YAML::Node& node) {
-  return node.IsScalar() && node.Tag() != "!";
+  return node.IsScalar() && node.Tag() != "!" && node.Tag() != "tag:yaml.org,2002:str";
 }
 
 std::optional<int64_t> parse_integer(const YAML::Node& node) {
@@ -360,9 +360,24 @@ namespace {
 
 // --- conversion -----------------------------------------------------------------------------------
 
+// Whether `node` is an integer too large for the key's type (int64, or uint64 for counts).
+bool out_of_range(const Key& k, const YAML::Node& node) {
+  if (!plain(node) || (k.type != Type::integer && k.type != Type::count)) return false;
+  std::string_view text = node.Scalar();
+  if (!text.empty() && text[0] == '+') text.remove_prefix(1);
+  const char* end = text.data() + text.size();
+  int64_t i = 0;
+  uint64_t u = 0;
+  const auto r =
+      k.type == Type::count ? std::from_chars(text.data(), end, u) : std::from_chars(text.data(), end, i);
+  return r.ec == std::errc::result_out_of_range && r.ptr == end;
+}
+
 Error invalid(const Key& k, const YAML::Node& node, const Origin& origin, const std::string& path) {
   std::string msg = cat(origin.str(), ": ", path, ": expected ", k.expected(), ", got ", describe(node));
   if (k.type == Type::choice && node.IsScalar()) msg += did_you_mean(node.Scalar(), k.choices);
+  if (out_of_range(k, node))
+    msg += k.type == Type::count ? " (out of range: at most 2^64-1)" : " (out of range: -2^63 to 2^63-1)";
   return input_error(msg);
 }
 
@@ -502,10 +517,11 @@ std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing";
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a map";
-  std::string text = cat("\"", node.Scalar(), "\"");
+  std::string text = cat("\"", abbreviate(node.Scalar()), "\"");
   // `lr: "0.1"` looks like a number but YAML reads a string: say why it was refused.
   YAML::Node unquoted(node.Scalar());
-  if (!plain(node) && (parse_number(unquoted) || parse_boolean(unquoted))) text += " (quoted, so a string)";
+  if (!plain(node) && (parse_number(unquoted) || parse_boolean(unquoted)))
+    text += node.Tag() == "!" ? " (quoted, so a string)" : " (tagged !!str, so a string)";
   return text;
 }
 

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
 
+#include "config/config.h"
 #include "core/error.h"
 #include "ops/registry.h"
 
@@ -20,19 +22,49 @@ const char* MValue::type_name() const {
   return names[v.index()];
 }
 
-std::string MValue::repr() const {
-  if (is_string()) return cat("'", as_string(), "'");
-  if (!is_list()) return text();
+namespace {
+
+// The value as written in an expression, in full.
+std::string written(const MValue& v) {
+  if (v.is_string()) return cat("'", v.as_string(), "'");
+  if (!v.is_list()) return v.text();
   std::string out = "[";
-  for (size_t i = 0; i < as_list().size(); ++i) out += cat(i ? ", " : "", as_list()[i].repr());
+  for (size_t i = 0; i < v.as_list().size(); ++i) out += cat(i ? ", " : "", written(v.as_list()[i]));
   return out + "]";
+}
+
+// What checked_size counts, stopping once past `limit`.
+size_t value_size(const MValue& v, size_t limit) {
+  if (v.is_string()) return 1 + v.as_string().size();
+  if (!v.is_list()) return 1;
+  size_t n = 1;
+  for (const MValue& item : v.as_list()) {
+    n += value_size(item, limit);
+    if (n > limit) break;
+  }
+  return n;
+}
+
+[[noreturn]] void too_big() {
+  throw ExprError(cat("the value grows past ", kMaxValueSize, " elements and characters"));
+}
+
+}  // namespace
+
+MValue checked_size(MValue v) {
+  if (value_size(v, kMaxValueSize) > kMaxValueSize) too_big();
+  return v;
+}
+
+std::string MValue::repr() const {
+  return abbreviate(written(*this));
 }
 
 std::string MValue::text() const {
   if (is_int()) return std::to_string(as_int());
   if (is_bool()) return as_bool() ? "true" : "false";
   if (is_string()) return as_string();
-  if (is_list()) return repr();
+  if (is_list()) return written(*this);
   std::ostringstream os;
   os << as_float();
   return os.str();
@@ -293,7 +325,7 @@ class Evaluator {
       case Ex::list: {
         MValue::List l;
         for (const auto& k : e.kids) l.push_back(eval(*k));
-        return MValue(std::move(l));
+        return checked_size(MValue(std::move(l)));
       }
       case Ex::cond:
         return boolean(eval(*e.kids[0]), "if") ? eval(*e.kids[1]) : eval(*e.kids[2]);
@@ -317,6 +349,8 @@ class Evaluator {
 
   static MValue unary(const std::string& op, const MValue& a) {
     if (op == "not") return MValue(!boolean(a, op));
+    if (a.is_int() && a.as_int() == std::numeric_limits<int64_t>::min())
+      throw ExprError(cat("-", a.as_int(), " overflows a 64-bit integer"));
     if (a.is_int()) return MValue(-a.as_int());
     if (a.is_float()) return MValue(-a.as_float());
     throw ExprError(cat("cannot negate ", a.repr(), " (", a.type_name(), ")"));
@@ -348,13 +382,22 @@ class Evaluator {
   static MValue arith(const std::string& op, const MValue& a, const MValue& b) {
     if (op == "==" || op == "!=" || op == "<" || op == "<=" || op == ">" || op == ">=")
       return compare(op, a, b);
-    if (op == "+" && a.is_string() && b.is_string()) return MValue(a.as_string() + b.as_string());
+    // Sizes are checked before anything is built.
+    if (op == "+" && a.is_string() && b.is_string()) {
+      if (a.as_string().size() + b.as_string().size() > kMaxValueSize) too_big();
+      return MValue(a.as_string() + b.as_string());
+    }
     if (op == "+" && a.is_list() && b.is_list()) {
+      checked_size(MValue(MValue::List{a, b}));
       MValue::List l = a.as_list();
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return MValue(std::move(l));
     }
     if (op == "*" && a.is_list() && b.is_int()) {
+      const size_t each = value_size(a, kMaxValueSize);
+      if (b.as_int() > 0 &&
+          (each > kMaxValueSize || static_cast<uint64_t>(b.as_int()) > kMaxValueSize / each))
+        too_big();
       MValue::List l;
       for (int64_t r = 0; r < b.as_int(); ++r) l.insert(l.end(), a.as_list().begin(), a.as_list().end());
       return MValue(std::move(l));
@@ -374,11 +417,16 @@ class Evaluator {
   }
 
   static MValue int_arith(const std::string& op, int64_t x, int64_t y) {
-    if (op == "+") return MValue(x + y);
-    if (op == "-") return MValue(x - y);
-    if (op == "*") return MValue(x * y);
+    int64_t r = 0;
+    const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                          : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                          : op == "*" ? __builtin_mul_overflow(x, y, &r)
+                                      : x == std::numeric_limits<int64_t>::min() && y == -1;
+    if (overflow) throw ExprError(cat(x, " ", op, " ", y, " overflows a 64-bit integer"));
+    if (op == "+" || op == "-" || op == "*") return MValue(r);
     // Floor division and modulo as in Python (rounding toward minus infinity).
-    int64_t q = x / y, r = x % y;
+    int64_t q = x / y;
+    r = x % y;
     if (r != 0 && ((r < 0) != (y < 0))) --q, r += y;
     return op == "//" ? MValue(q) : MValue(r);
   }
@@ -407,6 +455,9 @@ class Evaluator {
         throw ExprError("range() takes one or two integers");
       MValue::List l;
       const int64_t lo = args.size() == 2 ? args[0].as_int() : 0, hi = args.back().as_int();
+      // hi - lo as unsigned: it may exceed int64.
+      if (hi > lo && static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) >= kMaxValueSize)
+        throw ExprError(cat("range(", lo, ", ", hi, ") grows past ", kMaxValueSize, " elements"));
       for (int64_t k = lo; k < hi; ++k) l.emplace_back(k);
       return MValue(std::move(l));
     }

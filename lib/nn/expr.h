@@ -35,7 +35,8 @@ struct MValue {
   const List& as_list() const { return std::get<List>(v); }
 
   const char* type_name() const;  // "integer", "number", "boolean", "string", "list"
-  std::string repr() const;       // as written in an expression: 3, 0.5, true, 'relu', [1, 2]
+  std::string repr() const;       // for messages: as written in an expression (3, 0.5, 'relu', [1, 2]),
+                                  // cut to about 60 characters
   std::string text() const;       // as interpolated into a string: strings without quotes
   bool operator==(const MValue& o) const;
 };
@@ -60,7 +61,15 @@ class Env {
   std::vector<std::map<std::string, MValue>> frames_;
 };
 
-// Evaluates one expression (the text between `${` and `}`); throws ExprError.
+// Evaluates one expression (the text between `${` and `}`); throws ExprError, also when integer arithmetic
+// overflows int64 or a value grows past kMaxValueSize.
 MValue eval_expr(const std::string& text, const Env& env);
+
+// The most a value may hold, counting every number, boolean, list and string character (nested lists in
+// full): far beyond any layer option, it stops `[0] * n` or `let` chains that double a list from
+// exhausting memory.
+constexpr size_t kMaxValueSize = size_t{1} << 20;
+// `v` itself; throws ExprError when it holds more than kMaxValueSize.
+MValue checked_size(MValue v);
 
 }  // namespace flowrun::nn

@@ -1,6 +1,7 @@
 // The layer registry of model files: each layer type, its options and the graph nodes it adds; plus the
 // generic layer-entry parsing and scoping (build_layer / build_layers).
 #include <cmath>
+#include <limits>
 
 #include "nn/loader.h"
 
@@ -122,6 +123,7 @@ ValueId attention(Ctx& c, ValueId x, int64_t heads, bool causal, double p, bool 
   const Shape s = shape_of(c, x);
   const int64_t B = s[0], T = s[1], C = s[2];
   if (C % heads != 0) c.fail(cat("the model width ", C, " is not divisible by heads ", heads));
+  if (C > std::numeric_limits<int64_t>::max() / 3) c.fail(cat("the model width ", C, " is too large"));
   const ValueId qkv = dense_in(c, "qkv", x, 3 * C, bias, false);
   split_in_blocks(c, qkv, 3);
   const std::vector<ValueId> parts =
@@ -269,6 +271,9 @@ ValueId transformer_block_layer(Ctx& c, const Opts& o, const std::string&, Value
   const double ratio = o.number("mlp_ratio", 4.0), p = o.probability("dropout", 0.0);
   const bool causal = o.flag("causal", true);
   if (ratio <= 0) o.fail("mlp_ratio", "must be > 0");
+  // The hidden width must be an int64 (llround of a larger value is unspecified).
+  if (ratio * static_cast<double>(C) >= 0x1p62)
+    o.fail("mlp_ratio", cat("mlp_ratio x width ", C, " is too large"));
   ++c.transformer_blocks;
   ValueId a;
   {
@@ -466,7 +471,7 @@ std::string layer_name(Ctx& c, const Opts& o, const std::string& type, bool anon
   if (!o.has("name")) return anonymous ? "" : cat(type, c.counters.back()[type]++);
   const std::string n = o.text("name");
   if (n.empty() || n.find('/') != std::string::npos)
-    o.fail("name", cat("'", n, "' is not a valid name (no '/')"));
+    o.fail("name", cat("'", abbreviate(n), "' is not a valid name (no '/')"));
   return n;
 }
 
@@ -486,7 +491,7 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
   if (it == reg.end()) {
     std::vector<std::string> types;
     for (const auto& [k, v] : reg) types.push_back(k);
-    fail(c.src, e.key, path, cat("unknown layer type '", type, "'", did_you_mean(type, types)));
+    fail(c.src, e.key, path, cat("unknown layer type '", abbreviate(type), "'", did_you_mean(type, types)));
   }
   const LayerDef& def = it->second;
   const std::string lpath = entry.IsScalar() ? path : cat(path, ".", type);
@@ -494,6 +499,10 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
   const std::string outer_path = c.cur_path;
   c.cur_node = &entry;
   c.cur_path = lpath;
+  if (++c.layers_built > kMaxLayers)
+    c.fail(cat("the model unrolls to more than ", kMaxLayers,
+               " layers (counting every repeat and for "
+               "iteration)"));
   const Opts o(c, e.options, lpath, def);
   const std::string name = layer_name(c, o, type, anonymous);
   if (name_out) *name_out = name;
@@ -507,6 +516,7 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
     if (err.code() != ExitCode::bad_input) throw;
     fail(c.src, entry, lpath, err.what());  // a graph op rejected the wiring (shapes, dtypes)
   }
+  c.check_size("the output", c.b.shape(y));
   c.cur_node = outer_node;
   c.cur_path = outer_path;
   return y;

@@ -63,6 +63,19 @@ struct ParamInfo {
 
 struct LayerDef;
 
+// The most layer entries one model builds, counting every repeat/for iteration: several times the deepest
+// real models (a ResNet-1202 is some 4000 entries), it stops `repeat: {times: ${n_layer}}` with an absurd
+// n_layer within a second instead of exhausting time and memory.
+constexpr int64_t kMaxLayers = 10000;
+
+// The most elements of one tensor (parameter, state or layer output) and of all parameters together: 2^48
+// is 1 PiB in fp32, beyond any machine, so an absurd size (a width of 2^40) is an input error, and byte
+// sizes computed from these counts stay far from int64's limit instead of wrapping.
+constexpr int64_t kMaxElements = int64_t{1} << 48;
+
+// The element count of `shape`, or nothing when it overflows int64 (or a dimension is negative).
+std::optional<int64_t> checked_numel(const Shape& shape);
+
 struct Ctx {
   GraphBuilder b;
   Env env;
@@ -75,6 +88,7 @@ struct Ctx {
   std::set<std::string> trainable;                      // full names of trainable params
   int64_t num_params = 0;
   int transformer_blocks = 0;
+  int64_t layers_built = 0;  // layer entries built so far, repeat/for iterations unrolled (kMaxLayers)
   // The layer being built, for errors raised by builders. A pointer: assigning to a yaml-cpp Node that
   // already refers to a node rewrites the referred node instead of rebinding.
   const YAML::Node* cur_node = nullptr;
@@ -92,6 +106,8 @@ struct Ctx {
     b.pop_scope();
     counters.pop_back();
   }
+  // Fails unless a tensor of `shape` has at most kMaxElements (`what` names it: "the parameter 'fc/w'").
+  void check_size(const std::string& what, const Shape& shape) const;
   ValueId param(const std::string& local, const Shape& shape, ParamInfo info);
   ValueId state(const std::string& local, const Shape& shape, ParamInfo info);
 };

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "nn/loader.h"
@@ -41,13 +40,10 @@ std::vector<std::string> zoo_names(const std::string& dir) {
 
 // Parses a model file; positions in parse errors are those of the file as written.
 YAML::Node parse_model_file(const std::string& path, Source* src) {
-  std::ifstream f(path);
-  if (!f) throw input_error(cat(path, ": cannot read the model file"));
-  std::stringstream text;
-  text << f.rdbuf();
+  const std::string text = read_yaml_file(path, "model");
   src->file = path;
   try {
-    return YAML::Load(quote_expressions(text.str(), &src->inserted));
+    return load_yaml(quote_expressions(text, &src->inserted));
   } catch (const YAML::Exception& e) {
     throw input_error(cat(src->at(e.mark), ": ", e.msg));
   }
@@ -58,8 +54,9 @@ ModelFile load_zoo(const ModelConfig& cfg) {
   const std::string path = cat(dir, "/", cfg.zoo, ".yaml");
   if (!std::filesystem::exists(path)) {
     const std::vector<std::string> names = zoo_names(dir);
-    throw input_error(cat("model.zoo: unknown zoo model '", cfg.zoo, "'", did_you_mean(cfg.zoo, names),
-                          " in ", dir, "; available: ", names.empty() ? "none" : join(names)));
+    throw input_error(cat("model.zoo: unknown zoo model '", abbreviate(cfg.zoo), "'",
+                          did_you_mean(cfg.zoo, names), " in ", dir,
+                          "; available: ", names.empty() ? "none" : join(names)));
   }
   Source src;
   const YAML::Node root = parse_model_file(path, &src);
@@ -121,7 +118,7 @@ void bind_params(const ModelFile& m, const ModelConfig& cfg, Env& env,
     for (const auto& kv : cfg.params) {
       const std::string key = kv.first.Scalar();
       if (std::find(declared.begin(), declared.end(), key) == declared.end())
-        fail(config_source(cfg, key), kv.second, key,
+        fail(config_source(cfg, key), kv.second, abbreviate(key),
              cat("unknown parameter of zoo model '", m.name, "'", did_you_mean(key, declared),
                  "; its parameters: ", declared.empty() ? "none" : join(declared)));
     }

@@ -1,6 +1,7 @@
 // Model-file plumbing: quoting `${...}` for YAML flow collections, positions in messages, typed values of
 // YAML nodes, and the option accessors layers validate their options through.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -114,17 +115,24 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
 
 namespace {
 
-// A plain YAML scalar typed as YAML 1.2's core schema does: integer, float, boolean, else string.
+// A plain YAML scalar typed as YAML 1.2's core schema does: integer, float, boolean, else string. An
+// integer or float beyond what int64 / double hold is an ExprError (strtoll and strtod would saturate).
 MValue plain_scalar(const std::string& s) {
   if (s.empty()) return MValue(s);
   char* end = nullptr;
+  errno = 0;
   const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (*end == '\0' && std::isdigit(static_cast<unsigned char>(s.back())))
+  if (*end == '\0' && std::isdigit(static_cast<unsigned char>(s.back()))) {
+    if (errno == ERANGE)
+      throw ExprError(cat("the integer ", abbreviate(s), " is out of range (-2^63 to 2^63-1)"));
     return MValue(static_cast<int64_t>(i));
+  }
   const double d = std::strtod(s.c_str(), &end);
   if (*end == '\0' && s.find_first_of("0123456789") != std::string::npos &&
-      s.find_first_of("xX") == std::string::npos)
+      s.find_first_of("xX") == std::string::npos) {
+    if (std::isinf(d)) throw ExprError(cat("the number ", abbreviate(s), " is out of range"));
     return MValue(d);
+  }
   if (s == "true" || s == "True" || s == "TRUE") return MValue(true);
   if (s == "false" || s == "False" || s == "FALSE") return MValue(false);
   return MValue(s);
@@ -158,11 +166,12 @@ MValue to_value(const YAML::Node& n, const Env& env, const Source& src, const st
   try {
     const size_t close = s.find('}');
     if (s.rfind("${", 0) == 0 && close == s.size() - 1) return eval_expr(s.substr(2, s.size() - 3), env);
-    if (s.find("${") != std::string::npos) return MValue(interpolate(s, env));
+    if (s.find("${") != std::string::npos) return checked_size(MValue(interpolate(s, env)));
+    // Quoted or tagged !!str: a string as written.
+    return n.Tag() == "!" || n.Tag() == "tag:yaml.org,2002:str" ? MValue(s) : plain_scalar(s);
   } catch (const ExprError& e) {
     fail(src, n, path, e.what());
   }
-  return n.Tag() == "!" ? MValue(s) : plain_scalar(s);
 }
 
 // ---- Opts ----
@@ -171,7 +180,8 @@ Opts::Opts(Ctx& ctx, const YAML::Node& map, const std::string& path, const Layer
     : ctx_(ctx), map_(map), path_(path) {
   if (!map.IsDefined() || map.IsNull()) return;
   if (!map.IsMap())
-    nn::fail(ctx.src, map, path, cat("options of '", def.type, "' must be a map, got '", map.Scalar(), "'"));
+    nn::fail(ctx.src, map, path,
+             cat("options of '", def.type, "' must be a map, got '", abbreviate(map.Scalar()), "'"));
   std::vector<std::string> known = def.options;
   known.push_back("name");
   for (const auto& kv : map) {
@@ -179,7 +189,7 @@ Opts::Opts(Ctx& ctx, const YAML::Node& map, const std::string& path, const Layer
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       std::string list;
       for (const auto& k : def.options) list += cat(list.empty() ? "" : ", ", k);
-      nn::fail(ctx.src, kv.first, cat(path, ".", key),
+      nn::fail(ctx.src, kv.first, cat(path, ".", abbreviate(key)),
                cat("unknown option of ", def.type, did_you_mean(key, known),
                    "; its options: ", list.empty() ? "none" : list, ", name"));
     }
@@ -243,7 +253,7 @@ std::string Opts::choice(const std::string& key, const std::string& dflt,
   if (std::find(choices.begin(), choices.end(), s) != choices.end()) return s;
   std::string list;
   for (const auto& c : choices) list += cat(list.empty() ? "" : ", ", c);
-  fail(key, cat("expected one of ", list, ", got '", s, "'", did_you_mean(s, choices)));
+  fail(key, cat("expected one of ", list, ", got '", abbreviate(s), "'", did_you_mean(s, choices)));
 }
 
 std::vector<int64_t> Opts::pair(const std::string& key, std::optional<int64_t> dflt, int64_t min) const {
@@ -290,18 +300,35 @@ std::optional<InitSpec> Opts::init() const {
 
 // ---- parameters ----
 
+std::optional<int64_t> checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  return n;
+}
+
+void Ctx::check_size(const std::string& what, const Shape& shape) const {
+  const std::optional<int64_t> n = checked_numel(shape);
+  if (!n || *n > kMaxElements)
+    fail(cat(what, " of shape ", shape_str(shape), " is too large (more than 2^48 elements)"));
+}
+
 ValueId Ctx::param(const std::string& local, const Shape& shape, ParamInfo info) {
   const std::string full = b.scoped(local);
   if (params.count(full)) fail(cat("parameter '", full, "' already exists: give this layer another name"));
+  check_size(cat("the parameter '", full, "'"), shape);
+  num_params += numel(shape);  // both at most 2^48: no overflow
+  if (num_params > kMaxElements)
+    fail(cat("the model has more than 2^48 parameters (at '", full, "' of shape ", shape_str(shape), ")"));
   params[full] = std::move(info);
   trainable.insert(full);
-  num_params += numel(shape);
   return b.param(local, shape);
 }
 
 ValueId Ctx::state(const std::string& local, const Shape& shape, ParamInfo info) {
   const std::string full = b.scoped(local);
   if (params.count(full)) fail(cat("state '", full, "' already exists: give this layer another name"));
+  check_size(cat("the state '", full, "'"), shape);
   params[full] = std::move(info);
   return b.state(local, shape);
 }
