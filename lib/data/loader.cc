@@ -144,7 +144,7 @@ struct Loader::Impl {
 };
 
 Loader::Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
-               LoaderPosition start, int shard, int shards)
+               LoaderPosition start, int shard, int shards, int64_t group)
     : impl_(std::make_unique<Impl>(data, split, batch, shuffle, seed)) {
   Impl& m = *impl_;
   FR_CHECK(shards >= 1 && shard >= 0 && shard < shards && (shards == 1 || split == Split::train),
@@ -159,10 +159,11 @@ Loader::Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, ui
   if (batch < 1) throw input_error(cat("batch size ", batch, " must be at least 1"));
   if (prefetch < 0) throw input_error(cat("data.prefetch is ", prefetch, ", must be at least 0"));
   if (m.size < 1) throw input_error(cat("the ", name, " split is empty"));
-  if (split == Split::train && batch > m.size)
-    throw input_error(cat("batch size ", batch, " is larger than the ", m.size,
+  if (group < 1) throw input_error(cat("micro-batches per step ", group, " must be at least 1"));
+  if (split == Split::train && batch * group > m.size)
+    throw input_error(cat("batch size ", batch * group, " is larger than the ", m.size,
                           " samples of the train split: an epoch needs at least one full batch"));
-  m.per_epoch = split == Split::train ? m.size / batch : (m.size + batch - 1) / batch;
+  m.per_epoch = split == Split::train ? m.size / (batch * group) * group : (m.size + batch - 1) / batch;
   if (start.epoch < 0 || start.index < 0 || start.index >= m.per_epoch)
     throw input_error(cat("loader position (epoch ", start.epoch, ", batch ", start.index,
                           ") is outside the ", m.per_epoch, " batches per epoch of the ", name,

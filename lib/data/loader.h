@@ -29,9 +29,11 @@ class Loader {
   // epoch's order); shuffled when `shuffle`. Val split: in order, every sample once, last batch padded.
   // Sharded (shards > 1, train split only): `batch` is the global batch, and this loader yields rows
   // [shard * batch / shards, (shard + 1) * batch / shards) of each, so data-parallel ranks see exactly the
-  // samples one process would, split between them.
+  // samples one process would, split between them. A train epoch's batch count is a multiple of `group`:
+  // the micro-batches of one optimizer step (gradient accumulation, pipeline micro-batches) never straddle
+  // two epochs, so each step sees the samples of the unsplit batch.
   Loader(const Dataset& data, Split split, int64_t batch, bool shuffle, uint64_t seed, int64_t prefetch,
-         LoaderPosition start = {}, int shard = 0, int shards = 1);
+         LoaderPosition start = {}, int shard = 0, int shards = 1, int64_t group = 1);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

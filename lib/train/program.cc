@@ -210,7 +210,8 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
                                      LoaderPosition start) {
   const Communicator& d = *mesh.data;
   return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * d.size(), cfg.data.shuffle,
-                                  cfg.train.seed, cfg.data.prefetch, start, d.rank(), d.size());
+                                  cfg.train.seed, cfg.data.prefetch, start, d.rank(), d.size(),
+                                  cfg.train.grad_accumulation);
 }
 
 LoaderPosition resume_position(const CheckpointData& ck, const RunConfig& cfg, const std::string& path) {

@@ -431,6 +431,23 @@ TEST(LoaderTrain, EverySampleOncePerEpoch) {
   EXPECT_EQ(lo.position().index, 0);
 }
 
+// The micro-batches of one step (3 of 4 samples) see, joined, the samples of the unsplit batch of 12 in every
+// epoch: of 46 samples an epoch is 3 steps, so 9 micro-batches, not floor(46 / 4) = 11 (which made the fourth
+// step take 2 micro-batches of one epoch and 1 of the next).
+TEST(LoaderTrain, AStepsMicroBatchesNeverStraddleEpochs) {
+  const CountingDataset data(46, 10);
+  Loader whole(data, Split::train, 12, true, 9, 0);
+  Loader micro(data, Split::train, 4, true, 9, 2, {}, 0, 1, 3);
+  EXPECT_EQ(whole.batches_per_epoch(), 3);
+  EXPECT_EQ(micro.batches_per_epoch(), 9);
+  for (int step = 0; step < 10; ++step) {
+    std::vector<int64_t> joined;
+    for (const auto& b : take(micro, 3)) joined.insert(joined.end(), b.begin(), b.end());
+    ASSERT_EQ(joined, take(whole, 1).front()) << "step " << step;
+  }
+  expect_input_error([&] { Loader(data, Split::train, 16, true, 0, 0, {}, 0, 1, 3); }, {"batch size 48"});
+}
+
 TEST(LoaderTrain, WithoutShuffleTheOrderIsTheIdentity) {
   const CountingDataset data(7, 1);
   Loader l(data, Split::train, 3, false, 5, 2);
