@@ -1,7 +1,10 @@
 // The background checkpoint writer: one thread, one job at a time (save_checkpoint's atomic write).
 #include "train/ckpt_writer.h"
 
+#include <hdf5.h>
+
 #include <chrono>
+#include <utility>
 
 namespace flowrun {
 
@@ -19,6 +22,9 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::run() {
+  // HDF5 keeps an error stack per thread, printing by default: this thread's failures are reported once,
+  // by the exception wait() rethrows, as the main thread's are.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   for (;;) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return stop_ || job_.has_value(); });
@@ -55,6 +61,11 @@ std::optional<CheckpointWriter::Done> CheckpointWriter::wait() {
   std::optional<Done> d = std::move(done_);
   done_.reset();
   return d;
+}
+
+void CheckpointWriter::check() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!busy_ && error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 std::optional<CheckpointWriter::Done> CheckpointWriter::submit(CheckpointData snapshot) {
