@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -59,6 +60,11 @@ int run_eval(const Args& a) {
   const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint);
   std::cout << "eval " << a.checkpoint << ": " << flowrun::eval_summary(e) << " over " << e.count
             << (e.text ? " tokens" : " samples") << "\n";
+  // A loss that is not a number is no result: scripts comparing checkpoints must not take it for one.
+  if (!std::isfinite(e.loss))
+    throw flowrun::runtime_error(flowrun::cat(
+        "eval ", a.checkpoint, ": the validation loss is ", e.loss,
+        ", not finite: the checkpoint's weights diverged, or its values overflow precision.dtype"));
   return 0;
 }
 

@@ -2,6 +2,7 @@
 #include "train/ckpt_writer.h"
 
 #include <chrono>
+#include <utility>
 
 namespace flowrun {
 
@@ -19,6 +20,8 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::run() {
+  // HDF5's error stack is per thread: h5::File silences this thread's when it opens the file, and the
+  // failure is reported once, by the exception wait() rethrows.
   for (;;) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return stop_ || job_.has_value(); });
@@ -55,6 +58,11 @@ std::optional<CheckpointWriter::Done> CheckpointWriter::wait() {
   std::optional<Done> d = std::move(done_);
   done_.reset();
   return d;
+}
+
+void CheckpointWriter::check() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!busy_ && error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 std::optional<CheckpointWriter::Done> CheckpointWriter::submit(CheckpointData snapshot) {

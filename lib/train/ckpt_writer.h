@@ -31,6 +31,8 @@ class CheckpointWriter {
   std::optional<Done> submit(CheckpointData snapshot);
   // Waits for the write in flight; its result (or nothing if none was pending). Rethrows its error.
   std::optional<Done> wait();
+  // Without waiting: rethrows the error of a write that has failed, if one has.
+  void check();
 
  private:
   void run();

@@ -1,7 +1,9 @@
 // JSON lines and the metrics file.
 #include "train/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -66,7 +68,8 @@ JsonLine& JsonLine::add(const std::string& k, const std::string& v) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path), f_(std::fopen(path.c_str(), "a")) {
-  if (!f_) throw runtime_error(cat("cannot open metrics file ", path, " for writing"));
+  if (!f_)
+    throw runtime_error(cat("cannot open metrics file ", path, " for writing: ", std::strerror(errno)));
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -76,7 +79,7 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::write(const JsonLine& line) {
   const std::string s = line.str() + "\n";
   if (std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0)
-    throw runtime_error(cat("cannot write metrics file ", path_));
+    throw runtime_error(cat("cannot write metrics file ", path_, ": ", std::strerror(errno)));
 }
 
 std::string fmt_num(double v, int digits) {

@@ -2,8 +2,14 @@
 // and the collectives the parallel passes inserted.
 #include "train/plan.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <tuple>
 
 #include "ops/registry.h"
 #include "train/metrics.h"
@@ -19,15 +25,14 @@ std::string mib(double bytes) {
   return buf;
 }
 
-}  // namespace
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / 1073741824.0);
+  return buf;
+}
 
-PlanReport plan_layout(const RunConfig& cfg) {
-  PlanReport r;
-  r.data = cfg.parallel.data;
-  r.world = cfg.parallel.data * cfg.parallel.tensor * cfg.parallel.pipeline;
-  const auto data = open_dataset(cfg.data);
-  BuiltModel built;
-  const Program p = compile_model(cfg, data->spec(), cfg.train.micro_batch_size, true, &built);
+// The memory of a compiled program's persistent values, inputs and arena, as `plan` reports it.
+void count_memory(const Program& p, PlanReport& r) {
   const Graph& g = p.graph;
   for (const Value& v : g.values()) {
     const auto bytes = static_cast<double>(v.nbytes());
@@ -39,6 +44,99 @@ PlanReport plan_layout(const RunConfig& cfg) {
   for (const auto& [param, grad] : g.param_grads())
     r.grad_bytes += static_cast<double>(g.value(grad).nbytes());
   r.arena_bytes = static_cast<double>(p.memory.arena_bytes);
+}
+
+// A field of /proc/self/status or /proc/meminfo ("VmSize:  123 kB"), in bytes; 0 when absent.
+double proc_kb_field(const char* file, const std::string& field) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(field + ":", 0) == 0)
+      return std::strtod(line.c_str() + field.size() + 1, nullptr) * 1024.0;
+  return 0;
+}
+
+// A cgroup limit file's value; 0 for "max", unreadable or absent.
+double cgroup_value(const std::string& path) {
+  std::ifstream in(path);
+  std::string v;
+  if (!(in >> v) || v == "max") return 0;
+  return std::strtod(v.c_str(), nullptr);
+}
+
+}  // namespace
+
+MemoryLimit process_memory_limit() {
+  MemoryLimit best;
+  auto consider = [&](double bytes, const std::string& source) {
+    if (bytes > 0 && (best.bytes == 0 || bytes < best.bytes)) best = {bytes, source};
+  };
+  for (const auto& [resource, name, mapped_field] : {std::tuple{RLIMIT_AS, "RLIMIT_AS (ulimit -v)", "VmSize"},
+                                                     {RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)", "VmData"}}) {
+    rlimit lim{};
+    if (::getrlimit(resource, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) continue;
+    const auto limit = static_cast<double>(lim.rlim_cur);
+    const double mapped = std::min(proc_kb_field("/proc/self/status", mapped_field), limit);
+    consider(std::max(limit - mapped, 1.0),
+             cat(name, " ", gib(limit), " less ", gib(mapped), " already mapped"));
+  }
+  // /proc/self/cgroup: "0::/path" (v2) or "N:...memory...:/path" (v1). Inside a container the path may not
+  // exist below the mount (the container's own cgroup is the mount's root): the root's file is read too.
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    const bool v1 = (',' + controllers + ',').find(",memory,") != std::string::npos;
+    if (!v2 && !v1) continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const std::string file = v2 ? "memory.max" : "memory.limit_in_bytes";
+    for (std::filesystem::path at = line.substr(b + 1);; at = at.parent_path()) {
+      const std::string path = root + (at.string() == "/" ? "" : at.string()) + "/" + file;
+      consider(cgroup_value(path), cat("the cgroup's memory limit (", path, ")"));
+      if (at.empty() || at == at.parent_path()) break;
+    }
+  }
+  consider(proc_kb_field("/proc/meminfo", "MemTotal"), "MemTotal");
+  return best;
+}
+
+void check_memory_fits(const Program& p, int64_t arenas, const RunConfig& cfg) {
+  const MemoryLimit limit = process_memory_limit();
+  if (limit.bytes <= 0) return;
+  PlanReport r;
+  count_memory(p, r);
+  const double state = r.optimizer_state_bytes + r.other_state_bytes;
+  const double need = r.param_bytes + state + r.input_bytes * static_cast<double>(arenas) +
+                      r.arena_bytes * static_cast<double>(arenas);
+  if (need <= limit.bytes) return;
+  std::vector<const Value*> values;
+  for (const Value& v : p.graph.values()) values.push_back(&v);
+  const size_t top = std::min<size_t>(5, values.size());
+  std::partial_sort(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(top), values.end(),
+                    [](const Value* a, const Value* b) { return a->nbytes() > b->nbytes(); });
+  std::string largest;
+  for (size_t i = 0; i < top; ++i)
+    largest += cat(i ? ", " : "", values[i]->name, " ", dtype_name(values[i]->dtype()),
+                   shape_str(values[i]->shape()), " ", gib(static_cast<double>(values[i]->nbytes())));
+  throw input_error(
+      cat(cfg.file, ": the training step needs ", gib(need), " (", static_cast<int64_t>(need),
+          " bytes: parameters ", gib(r.param_bytes), ", optimizer and other state ", gib(state), ", arena ",
+          gib(r.arena_bytes), arenas > 1 ? cat(" x ", arenas, " micro-batch slots") : std::string(),
+          ") but this process may use at most ", gib(limit.bytes), " (", static_cast<int64_t>(limit.bytes),
+          " bytes, ", limit.source, "); the largest tensors: ", largest,
+          ". Make the model or train.micro_batch_size smaller, or raise the limit"));
+}
+
+PlanReport plan_layout(const RunConfig& cfg) {
+  PlanReport r;
+  r.data = cfg.parallel.data;
+  r.world = cfg.parallel.data * cfg.parallel.tensor * cfg.parallel.pipeline;
+  const auto data = open_dataset(cfg.data);
+  BuiltModel built;
+  const Program p = compile_model(cfg, data->spec(), cfg.train.micro_batch_size, true, &built);
+  const Graph& g = p.graph;
+  count_memory(p, r);
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
   const double ranks = static_cast<double>(r.data);
   const double tp = static_cast<double>(cfg.parallel.tensor);

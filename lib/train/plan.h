@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "graph/passes.h"
 
 namespace flowrun {
 
@@ -28,5 +29,19 @@ struct PlanReport {
 
 // The plan of one rank of cfg's layout (every rank's is the same in data parallelism and ZeRO-1).
 PlanReport plan_layout(const RunConfig& cfg);
+
+// The host memory this process may use, and what sets it: the smallest of RLIMIT_AS and RLIMIT_DATA (each
+// less what the process already maps), the cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes, the
+// cgroup's and its ancestors') and MemTotal. (MemAvailable is left out: it changes with every other process.)
+struct MemoryLimit {
+  double bytes = 0;
+  std::string source;  // e.g. "RLIMIT_AS (ulimit -v) 8.00 GiB less 0.31 GiB already mapped"
+};
+MemoryLimit process_memory_limit();
+
+// Refuses, as an input_error, a training program whose planned memory (what `flowrun plan` counts:
+// parameters, state, inputs and `arenas` arenas) exceeds process_memory_limit(): the message gives both
+// numbers and the largest tensors. Called before anything is allocated.
+void check_memory_fits(const Program& p, int64_t arenas, const RunConfig& cfg);
 
 }  // namespace flowrun

@@ -17,6 +17,7 @@
 #endif
 #include "ops/registry.h"
 #include "optim/schedule.h"
+#include "train/plan.h"
 
 namespace flowrun {
 
@@ -140,10 +141,11 @@ Mesh join_world(const RunConfig& cfg) {
   return make_mesh(world_communicator(launch), cfg.parallel.tensor, cfg.parallel.pipeline);
 }
 
-TrainProgram make_train_program(const RunConfig& cfg) {
+TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(const Mesh&)>& joined) {
   check_device(cfg);
   TrainProgram t;
   t.mesh = join_world(cfg);
+  if (joined) joined(t.mesh);
 #ifdef FLOWRUN_HAS_CUDA
   if (cfg.train.device == "cuda") {
     // One GPU per process, by its rank on the node; then NCCL over each axis of more than one rank (the
@@ -161,8 +163,20 @@ TrainProgram make_train_program(const RunConfig& cfg) {
   }
 #endif
   t.data = open_dataset(cfg.data);
+  // The loader would refuse this too, but only after the program's memory is allocated (for a batch of
+  // billions, never: the allocation fails first).
+  const int64_t batch = cfg.train.micro_batch_size * cfg.parallel.data, samples = t.data->size(Split::train);
+  if (batch > samples)
+    throw input_error(cat(cfg.where("train.batch_size"), "a batch of ", batch, " samples",
+                          batch != cfg.train.batch_size ? " (train.micro_batch_size x parallel.data)" : "",
+                          " is larger than the ", samples,
+                          " samples of the train split: an epoch needs at least one full batch"));
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
                             t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank());
+  // Each pipeline micro-batch slot has an arena of its own (see below).
+  const int64_t slots =
+      t.mesh.stages() > 1 ? std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation) : 1;
+  if (device_of(cfg).kind == DeviceKind::cpu) check_memory_fits(p, slots, cfg);
   t.params = persistent_names(p, ValueKind::param);
   // Gradient accumulators are scratch within a step (its first micro-batch overwrites them): checkpoints,
   // taken between steps, leave them out.
@@ -193,7 +207,6 @@ TrainProgram make_train_program(const RunConfig& cfg) {
     std::map<std::string, Tensor> shared;  // every parameter and state (gradient accumulators included)
     for (ValueKind kind : {ValueKind::param, ValueKind::state})
       for (const auto& n : persistent_names(t.ex->program(), kind)) shared.emplace(n, t.ex->tensor(n));
-    const int64_t slots = std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation);
     for (int64_t k = 1; k < slots; ++k) {
       t.stash.push_back(std::make_unique<Executor>(t.ex->program(), device_of(cfg), cfg.train.seed, shared,
                                                    t.mesh.kernel_data(), t.mesh.kernel_tensor()));

@@ -2,6 +2,7 @@
 // evaluation program over its data, and one optimizer step (micro-batches, accumulation, lr, Adam's step).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,7 +43,12 @@ struct TrainProgram {
   std::vector<std::unique_ptr<Executor>> stash;
   std::vector<std::string> params, state;  // value names, as checkpoints hold them (this stage's)
 };
-TrainProgram make_train_program(const RunConfig& cfg);
+// `joined`, when given, runs right after the world is joined, before anything is compiled or allocated
+// (the trainer takes the run directory's lock there, all ranks together). The batch is checked against the
+// train split, and on a CPU the planned memory against what the process may use (check_memory_fits), before
+// any tensor is allocated.
+TrainProgram make_train_program(const RunConfig& cfg,
+                                const std::function<void(const Mesh&)>& joined = nullptr);
 
 // This process's place in the job the launcher started (see detect_launch), checked against the config's
 // layout (an input_error unless the world has data x tensor x pipeline processes), as a device mesh.

@@ -4,13 +4,17 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
@@ -21,6 +25,7 @@
 #include "train/ckpt_writer.h"
 #include "train/metrics.h"
 #include "train/program.h"
+#include "train/run_dir.h"
 #include "train/stop.h"
 
 namespace flowrun {
@@ -96,7 +101,8 @@ std::string format_eta(double s) {
                    : cat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
 }
 
-// Keeps metrics.jsonl consistent with a resumed run: lines of steps after the checkpoint are dropped.
+// Keeps metrics.jsonl consistent with a resumed run: lines of steps after the checkpoint are dropped. The
+// rewrite is atomic and checked: on a failure (a full disk) the file keeps every line it had.
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
   if (!in) return;
@@ -107,10 +113,103 @@ void truncate_metrics(const std::string& path, int64_t step) {
     if (k != std::string::npos && std::stoll(line.substr(k + 8)) > step) continue;
     kept << line << '\n';
   }
+  if (in.bad()) throw runtime_error(cat("cannot read ", path, ": ", std::strerror(errno)));
   in.close();
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << kept.str();
-  fs::rename(tmp, path);
+  write_file_atomically(path, kept.str());
+}
+
+// A tensor without inf or NaN (integer tensors always are).
+bool all_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  auto scan = [&](auto* p) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(p[i])) return false;
+    return true;
+  };
+  // f16 and bf16: the exponent bits all ones.
+  auto scan16 = [&](uint16_t mask) {
+    const auto* p = static_cast<const uint16_t*>(t.raw());
+    for (int64_t i = 0; i < n; ++i)
+      if ((p[i] & mask) == mask) return false;
+    return true;
+  };
+  switch (t.dtype()) {
+    case DType::f32:
+      return scan(t.data<float>());
+    case DType::f64:
+      return scan(t.data<double>());
+    case DType::f16:
+      return scan16(0x7C00);
+    case DType::bf16:
+      return scan16(0x7F80);
+    default:
+      return true;
+  }
+}
+
+// Flattens a YAML node into "key.path" -> scalar text (sequences as "key[i]").
+void flatten(const YAML::Node& n, const std::string& at, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n)
+      flatten(kv.second, at.empty() ? kv.first.Scalar() : cat(at, ".", kv.first.Scalar()), out);
+  } else if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) flatten(n[i], cat(at, "[", i, "]"), out);
+  } else {
+    out[at] = n.IsNull() ? "null" : n.Scalar();
+  }
+}
+
+// The default parameters of a zoo model ("model.params.n_head" -> "4"), for comparing a config that sets a
+// parameter with one that leaves it at its default. Empty when the model file cannot be read.
+std::map<std::string, std::string> zoo_defaults(const ModelConfig& m) {
+  std::map<std::string, std::string> out;
+  if (m.zoo.empty()) return out;
+  std::ifstream in(fs::path(zoo_directory(m)) / (m.zoo + ".yaml"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    flatten(YAML::Load(quote_expressions(text.str()))["params"], "model.params", out);
+  } catch (const YAML::Exception&) {
+    out.clear();
+  }
+  return out;
+}
+
+// The architecture keys whose values differ between a checkpoint's resolved config and this run's, one
+// "key: checkpoint V, this run W" each: the model section (but where zoo models are looked up and how
+// parameters were first initialised) and, for text, the context length.
+std::vector<std::string> architecture_differences(const RunConfig& cfg, const YAML::Node& saved, bool text) {
+  std::map<std::string, std::string> a, b;
+  flatten(saved["model"], "model", a);
+  flatten(cfg.resolved["model"], "model", b);
+  if (text) {
+    if (saved["data"] && saved["data"]["seq_len"]) a["data.seq_len"] = saved["data"]["seq_len"].Scalar();
+    b["data.seq_len"] = cat(cfg.data.seq_len);
+  }
+  for (auto* m : {&a, &b})
+    for (const char* k : {"model.zoo_dir", "model.init"}) m->erase(k);
+  // A zoo parameter given on one side only is compared with the zoo's default (an expression over the data,
+  // such as the vocabulary, is left to the shape check).
+  const bool same_zoo = a.count("model.zoo") && b.count("model.zoo") && a["model.zoo"] == b["model.zoo"];
+  const std::map<std::string, std::string> defaults =
+      same_zoo ? zoo_defaults(cfg.model) : std::map<std::string, std::string>{};
+  std::set<std::string> keys;
+  for (const auto* m : {&a, &b})
+    for (const auto& [k, v] : *m) keys.insert(k);
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    auto value = [&](const std::map<std::string, std::string>& m) -> std::optional<std::string> {
+      if (auto it = m.find(k); it != m.end()) return it->second;
+      if (auto it = defaults.find(k); it != defaults.end()) return it->second;
+      return std::nullopt;
+    };
+    const auto x = value(a), y = value(b);
+    if (x && y && (*x == *y || x->find("${") != std::string::npos || y->find("${") != std::string::npos))
+      continue;
+    out.push_back(cat(k, ": checkpoint ", x ? *x : std::string("(not set)"), ", this run ",
+                      y ? *y : std::string("(not set)")));
+  }
+  return out;
 }
 
 class Run {
@@ -129,6 +228,8 @@ class Run {
   bool stop_requested(const StopRequests& stop, std::string* why);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
   void log_eval(int64_t step, const EvalResult& e);
+  // Says which checkpoint a stopped run can go back to: this run's newest, the one it resumed from, or none.
+  std::string last_good() const;
   EvalResult run_eval();  // on the `evaluates_` ranks; the result is the lead's
   // Whole tensors of this rank's `names` (tensor-axis pieces and ZeRO shards gathered; collective), with the
   // other pipeline stages' added on stage 0 (rank 0's pipeline group only).
@@ -143,6 +244,8 @@ class Run {
   // parallelism: the ranks of data index 0, which gather the model for the lead, who evaluates it whole).
   bool evaluates_ = true;
   std::string run_dir_, ckpt_dir_;
+  std::unique_ptr<RunDirLock> lock_;  // held by rank 0 for the whole run
+  std::string last_checkpoint_;       // written by this run (or resumed from): finite weights
   std::unique_ptr<Dataset> data_;
   BuiltModel model_, eval_model_;
   std::unique_ptr<Executor> ex_, eval_ex_;
@@ -165,7 +268,25 @@ void Run::setup() {
   run_dir_ = cfg_.train.run_dir;
   ckpt_dir_ = (fs::path(run_dir_) / "checkpoints").string();
   fs::create_directories(ckpt_dir_);
-  TrainProgram t = make_train_program(cfg_);
+  // Rank 0 locks the run directory as soon as the world is joined, before anything is compiled, allocated
+  // or written; the other ranks learn the outcome from it, so that every rank stops together.
+  TrainProgram t = make_train_program(cfg_, [&](const Mesh& mesh) {
+    std::exception_ptr refused;
+    int64_t code = 0;
+    if (mesh.world->rank() == 0) {
+      try {
+        lock_ = std::make_unique<RunDirLock>(run_dir_);
+      } catch (const Error& e) {
+        refused = std::current_exception();
+        code = static_cast<int64_t>(e.code());
+      }
+    }
+    if (mesh.world->size() > 1) mesh.world->broadcast(&code, 1, DType::i64, 0);
+    if (refused) std::rethrow_exception(refused);
+    if (code != 0)
+      throw Error(static_cast<ExitCode>(code),
+                  cat("rank 0 could not lock the run directory ", run_dir_, " (its message says why)"));
+  });
   mesh_ = std::move(t.mesh);
   comm_ = mesh_.world.get();
   lead_ = comm_->rank() == 0;
@@ -209,6 +330,27 @@ void Run::setup() {
 
 void Run::resume_from(const std::string& path) {
   const CheckpointData ck = load_checkpoint(path);
+  // Same shapes do not make the same model (n_head splits d_model either way): a resume continues the
+  // architecture it saved. --init-from, which takes only the weights, may change it.
+  std::vector<std::string> changed;
+  YAML::Node saved;
+  try {
+    saved = YAML::Load(ck.config_yaml);
+  } catch (const YAML::Exception&) {
+  }
+  if (ck.config_yaml.empty() || !saved.IsMap() || !saved["model"])
+    spdlog::info("checkpoint {} stores no readable config: its architecture is not compared with this run's",
+                 path);
+  else
+    changed = architecture_differences(cfg_, saved, data_->spec().text);
+  if (!changed.empty()) {
+    std::string list;
+    for (const auto& c : changed) list += cat(list.empty() ? "" : "; ", c);
+    throw input_error(
+        cat("--resume: checkpoint ", path, " was saved with another architecture than ", cfg_.file,
+            " describes (", list,
+            "): resume it under its own config, or start a new run from its weights with --init-from"));
+  }
   restore(*ex_, ck.params, params_, path, "parameter", mesh_);
   restore(*ex_, ck.state, state_, path, "state", mesh_);
   if (ck.seed != cfg_.train.seed)
@@ -218,6 +360,7 @@ void Run::resume_from(const std::string& path) {
         path, ck.seed, cfg_.train.seed);
   step_ = ck.step;
   position_ = resume_position(ck, cfg_, path);
+  last_checkpoint_ = path;
   spdlog::info("resumed from {} at step {}", path, step_);
 }
 
@@ -229,6 +372,20 @@ void Run::init_from(const std::string& path) {
 
 std::string Run::save() {
   const auto t0 = Clock::now();
+  // A diverged run must not overwrite good checkpoints with weights that cannot be trained or evaluated:
+  // every rank checks its own tensors (a cheap pass beside the write), and all agree.
+  std::string bad;
+  for (const auto* names : {&params_, &state_})
+    for (const auto& n : *names)
+      if (bad.empty() && !all_finite(ex_->tensor(n))) bad = n;
+  int64_t any = bad.empty() ? 0 : 1;
+  if (comm_->size() > 1) comm_->all_reduce(&any, 1, DType::i64, ReduceOp::max);
+  if (any)
+    throw runtime_error(cat("step ", step_, ": ",
+                            bad.empty() ? std::string("another rank's tensor") : cat("'", bad, "'"),
+                            " holds inf or NaN (the run diverged: lower optimizer.lr, or clip with "
+                            "train.clip_grad_norm); no checkpoint written; ",
+                            last_good()));
   CheckpointData ck;
   ck.step = step_;
   ck.seed = cfg_.train.seed;
@@ -241,18 +398,23 @@ std::string Run::save() {
   const bool async = cfg_.train.async_checkpoint;
   ck.params = whole(params_, async);
   ck.state = whole(state_, async);
-  if (!lead_) return std::string();
   const std::string path = (fs::path(ckpt_dir_) / checkpoint_file_name(step_)).string();
+  if (!lead_) {
+    last_checkpoint_ = path;  // the lead's, so that every rank's message names the same one
+    return std::string();
+  }
   if (!async) {
     const std::string written = save_checkpoint(ckpt_dir_, ck, cfg_.train.keep_checkpoints);
     const double s = seconds_since(t0);
     log_checkpoint({written, step_, s}, s);
+    last_checkpoint_ = written;
     return written;
   }
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(ckpt_dir_, cfg_.train.keep_checkpoints);
   const double blocked_before = pending_blocked_;
   if (auto previous = writer_->submit(std::move(ck))) log_checkpoint(*previous, blocked_before);
   pending_blocked_ = seconds_since(t0);
+  last_checkpoint_ = path;  // a failed write is reported by the next submit() or finish_checkpoints()
   return path;
 }
 
@@ -294,6 +456,7 @@ std::string Run::save_sharded(CheckpointData ck, Clock::time_point t0) {
     path = commit_sharded_checkpoint(ckpt_dir_, tmp, step_, cfg_.train.keep_checkpoints);
     log_checkpoint({path, step_, seconds_since(t0)}, seconds_since(t0));
   }
+  last_checkpoint_ = (fs::path(ckpt_dir_) / sharded_checkpoint_name(step_)).string();
   comm_->barrier();  // nobody reads the directory (a resume) before it exists
   return path;
 }
@@ -320,6 +483,11 @@ EvalResult Run::run_eval() {
       if (eval_ex_->has_tensor(n)) std::memcpy(eval_ex_->tensor(n).raw(), t.raw(), t.nbytes());
   }
   return evaluate(*eval_ex_, *data_, cfg_);
+}
+
+std::string Run::last_good() const {
+  return last_checkpoint_.empty() ? std::string("this run has no good checkpoint")
+                                  : cat("the last good checkpoint is ", last_checkpoint_);
 }
 
 void Run::finish_checkpoints() {
@@ -431,7 +599,7 @@ TrainResult Run::go() {
     else
       fs::remove(metrics_path);
     metrics_ = std::make_unique<MetricsWriter>(metrics_path);
-    std::ofstream(fs::path(run_dir_) / "config.yaml") << dump_config(cfg_);
+    write_file_atomically((fs::path(run_dir_) / "config.yaml").string(), dump_config(cfg_));
   }
   live_ = lead_ && (opts_.progress == 1 || (opts_.progress < 0 && interactive_terminal(STDERR_FILENO)));
 
@@ -454,12 +622,15 @@ TrainResult Run::go() {
     loss = mesh_.stages() > 1
                ? pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_)
                : train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
-    if (anomaly)
-      throw runtime_error(cat(
-          "step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
-          ") produced a non-finite value (--detect-anomaly); stopping (the last checkpoint is ", "intact)"));
+    if (anomaly) {
+      finish_checkpoints();
+      throw runtime_error(cat("step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,
+                              ") produced a non-finite value (--detect-anomaly); stopping; ", last_good()));
+    }
     position_ = loader.position();
     ++step_;
+    // A background checkpoint write that failed (a full disk) stops the run now, not a checkpoint later.
+    if (writer_) writer_->check();
     const double dt = seconds_since(t0);
     // The first step includes one-time costs (page faults, BLAS buffers): keep it out of the ETA.
     if (step_ > 1 || total == 1) {
@@ -470,10 +641,12 @@ TrainResult Run::go() {
     // survivable; many in a row mean the forward pass itself overflows, which no scale can fix.
     non_finite_run_ = std::isfinite(loss) ? 0 : non_finite_run_ + 1;
     const int64_t tolerated = ex_->has_tensor("amp/loss_scale") ? kNonFiniteTolerance : 0;
-    if (non_finite_run_ > tolerated)
+    if (non_finite_run_ > tolerated) {
+      finish_checkpoints();
       throw runtime_error(cat("step ", step_, ": the loss is ", loss,
                               tolerated ? cat(" for ", non_finite_run_, " steps in a row") : std::string(),
-                              "; stopping (the last checkpoint is intact)"));
+                              "; stopping; ", last_good()));
+    }
     if (step_ % cfg_.train.log_every == 0 || step_ == total || step_ == 1) {
       const double gn = ex_->program().graph.outputs().count("grad_norm")
                             ? static_cast<double>(ex_->output("grad_norm").data<float>()[0])

@@ -46,4 +46,21 @@ expect_log "short.h5"
 expect_exit 0 "$FLOWRUN" train "$CFG" --run-dir "$SCRATCH/ft" --no-progress --init-from "$CK" --set train.steps=5
 expect_log "initialised parameters from $CK"
 expect_log "done: 5 steps"
+
+# Same shapes, another architecture (n_head 2 -> 4 splits d_model 32 either way): a resume is refused,
+# naming the key and both values; --init-from, which takes only the weights, may change it.
+GPT="$SRC/tests/configs/tiny_gpt.yaml"
+expect_exit 0 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/gpt" --no-progress --exit-at-step 5
+expect_exit 2 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/gpt" --no-progress --resume auto --set model.n_head=4
+expect_log "step_00000005.h5 was saved with another architecture"
+expect_log "model.params.n_head: checkpoint 2, this run 4"
+expect_log "--init-from"
+expect_exit 2 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/gpt" --no-progress --resume auto \
+  --set model.n_head=4 --set model.dropout=0.2
+expect_log "model.params.dropout: checkpoint 0.1, this run 0.2"
+expect_exit 0 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/gpt4" --no-progress --set model.n_head=4 \
+  --init-from "$SCRATCH/gpt/checkpoints/step_00000005.h5" --set train.steps=5
+expect_log "done: 5 steps"
+expect_exit 0 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/gpt" --no-progress --resume auto
+expect_log "resumed from $SCRATCH/gpt/checkpoints/step_00000005.h5"
 echo "resume and checkpoint errors ok"
