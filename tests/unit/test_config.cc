@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "config/config.h"
+#include "config_errors.h"
 #include "config/schema.h"
 #include "core/error.h"
 #include "nn/model.h"
@@ -20,18 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kConfigs = FLOWRUN_SOURCE_DIR "/tests/configs";
-
-// The message of the input_error that loading `text` (as "cfg.yaml") throws.
-std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
-  try {
-    load_config_text(text, "cfg.yaml", sets);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "accepted:\n" << text;
-  return "";
-}
 
 ::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
   if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();

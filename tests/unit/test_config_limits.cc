@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "config/config.h"
+#include "config_errors.h"
 #include "core/error.h"
 #include "nn/model.h"
 
@@ -15,17 +16,6 @@ namespace flowrun::testing {
 namespace {
 
 const std::string kZoo = "model:\n  zoo: mlp\n";
-
-std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
-  try {
-    load_config_text(text, "cfg.yaml", sets);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "accepted:\n" << text;
-  return "";
-}
 
 std::string file_error(const std::string& path) {
   try {
