@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "config/config.h"
-#include "config_errors.h"
 #include "config/schema.h"
+#include "config_errors.h"
 #include "core/error.h"
 #include "nn/model.h"
 
