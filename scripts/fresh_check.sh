@@ -6,14 +6,16 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: scripts/fresh_check.sh [--help]
+Usage: scripts/fresh_check.sh [--both] [--help]
 
 Clones the checkout's committed HEAD into a throwaway copy of a plain Debian 12 root filesystem and runs,
 as root with a clean environment, the README's first command:
 
   scripts/setup.sh && build/apps/flowrun train configs/quickstart.yaml
 
-then reports each step's time. Needs root (chroot, mounts) and Debian's package mirror.
+then reports each step's time. With --both, the README's second command (scripts/test.sh, the whole suite:
+about half an hour more on 2 cores) runs after it in the same root. Needs root (chroot, mounts) and
+Debian's package mirror.
 
 The root filesystem is made once with debootstrap (--variant=minbase) and kept, pristine, in the cache; each
 run works on an overlay of it that is thrown away. The cache also keeps the downloaded .deb files and a
@@ -26,9 +28,20 @@ Environment:
 Exit status: 0 passed, 1 failed, 77 skipped (not root).
 USAGE
 }
-[[ "${1:-}" == "--help" || "${1:-}" == "-h" ]] && { usage; exit 0; }
-[[ $# -eq 0 ]] || { echo "fresh_check.sh: unknown argument: $1" >&2; usage >&2; exit 2; }
+COMMAND="scripts/setup.sh && build/apps/flowrun train configs/quickstart.yaml"
+for arg in "$@"; do
+  case "$arg" in
+    --help | -h) usage; exit 0 ;;
+    --both) COMMAND="$COMMAND && scripts/test.sh" ;;
+    *) echo "fresh_check.sh: unknown argument: $arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
 
+# scripts/test.sh inside the fresh root (--both) would run this check again, in a root of its own.
+if [[ -e /etc/flowrun-fresh-root ]]; then
+  echo "fresh_check.sh: skipped: this is already a fresh root" >&2
+  exit 77
+fi
 if [[ "$(id -u)" -ne 0 ]]; then
   echo "fresh_check.sh: skipped: needs root (chroot and mounts)" >&2
   exit 77
@@ -83,7 +96,7 @@ CUDA=""
 
 # Everything below runs in mount and PID namespaces of its own: the mounts vanish with it, and so does any
 # daemon a package's maintainer script might start.
-export M RUN CUDA MIRROR CACHE
+export M RUN CUDA MIRROR CACHE COMMAND
 unshare --mount --pid --fork --propagation private bash -euo pipefail -c '
   mount -t overlay overlay -o "lowerdir=$CACHE/bookworm,upperdir=$RUN/upper,workdir=$RUN/work" "$M"
   mount -t proc proc "$M/proc"
@@ -100,6 +113,7 @@ unshare --mount --pid --fork --propagation private bash -euo pipefail -c '
     [[ "$CUDA" == /usr/local/cuda ]] || ln -sfn "$CUDA" "$M/usr/local/cuda"
   fi
   cp /etc/resolv.conf "$M/etc/resolv.conf"
+  touch "$M/etc/flowrun-fresh-root"
   # The sources of a Debian 12 installation; minbase writes only the release itself.
   printf "deb %s bookworm main\ndeb %s bookworm-updates main\ndeb http://deb.debian.org/debian-security bookworm-security main\n" \
     "$MIRROR" "$MIRROR" >"$M/etc/apt/sources.list"
@@ -107,7 +121,7 @@ unshare --mount --pid --fork --propagation private bash -euo pipefail -c '
   echo "Binary::apt::APT::Keep-Downloaded-Packages \"true\";" >"$M/etc/apt/apt.conf.d/01keep-debs"
   exec chroot "$M" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    /bin/bash -c "cd /root/flowrun && scripts/setup.sh && build/apps/flowrun train configs/quickstart.yaml --no-progress"
+    /bin/bash -c "cd /root/flowrun && $COMMAND"
 ' 2>&1 | while IFS= read -r line; do printf '%6d %s\n' $((SECONDS - step_start)) "$line"; done | tee "$RUN/log"
 rc=${PIPESTATUS[0]}
 cp "$RUN/log" "$CACHE/last.log"
@@ -117,15 +131,18 @@ at() { awk -v pat="$1" 'index($0, pat) { print $1; exit }' "$RUN/log"; }
 t_cmake="$(at 'The CXX compiler identification')"
 t_build="$(at 'Build files have been written')"
 t_train="$(at 'training configs/quickstart.yaml')"
+t_tests="$(at 'Test project /root/flowrun/build')"
 t_end="$(tail -1 "$RUN/log" | awk '{print $1}')"
 [[ -n "$t_cmake" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: missing packages installed" "$t_cmake"
 [[ -n "$t_cmake" && -n "$t_build" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: cmake configure" $((t_build - t_cmake))
 [[ -n "$t_build" && -n "$t_train" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: build" $((t_train - t_build))
-[[ -n "$t_train" ]] && printf 'fresh_check: %-52s %5ds\n' "  flowrun train configs/quickstart.yaml" $((t_end - t_train))
-report "the README's first command (exit $rc)"
+[[ -n "$t_train" ]] && printf 'fresh_check: %-52s %5ds\n' "  flowrun train configs/quickstart.yaml" \
+  $((${t_tests:-$t_end} - t_train))
+[[ -n "$t_tests" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/test.sh (its ctest onwards)" $((t_end - t_tests))
+report "$COMMAND (exit $rc)"
 
 if [[ $rc -ne 0 ]]; then
-  echo "fresh_check.sh: FAILED: the README's first command exited $rc on a plain Debian 12 (log: $CACHE/last.log)" >&2
+  echo "fresh_check.sh: FAILED: '$COMMAND' exited $rc on a plain Debian 12 (log: $CACHE/last.log)" >&2
   exit 1
 fi
 grep -q 'done: .*val_accuracy' "$RUN/log" || { echo "fresh_check.sh: FAILED: the quickstart printed no result" >&2; exit 1; }
