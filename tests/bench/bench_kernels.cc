@@ -1,6 +1,6 @@
 // Kernel benchmarks: single-op programs run through the executor (so what is timed is what training runs),
 // reporting GFLOP/s from each op's registered cost, beside the machine's sgemm ceiling measured in the same
-// process. Run: build/tests/flowrun_bench (scripts/bench_kernels.sh formats the table for the README).
+// process. Run: build/tests/flowrun_bench (its table and how to read it: lib/ops/README.md).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
