@@ -112,7 +112,10 @@ unshare --mount --pid --fork --propagation private bash -euo pipefail -c '
     mount --bind "$CUDA" "$M$CUDA" && mount -o remount,bind,ro "$M$CUDA"
     [[ "$CUDA" == /usr/local/cuda ]] || ln -sfn "$CUDA" "$M/usr/local/cuda"
   fi
+  # The name service a Debian installation has (minbase writes no /etc/hosts; Slurm and munge need
+  # localhost and the host name to resolve).
   cp /etc/resolv.conf "$M/etc/resolv.conf"
+  printf "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n" "$(hostname)" >"$M/etc/hosts"
   touch "$M/etc/flowrun-fresh-root"
   # The sources of a Debian 12 installation; minbase writes only the release itself.
   printf "deb %s bookworm main\ndeb %s bookworm-updates main\ndeb http://deb.debian.org/debian-security bookworm-security main\n" \
