@@ -87,8 +87,9 @@ NodeName=localhost CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 export SLURM_CONF="$dir/slurm.conf"
-slurmctld -f "$SLURM_CONF" -i
-slurmd -f "$SLURM_CONF" -N localhost
+not_started() { tail -5 "$dir/log/$1.log" >&2; stop; die "$1 did not start (its log: $dir/log/$1.log)"; }
+slurmctld -f "$SLURM_CONF" -i || not_started slurmctld
+slurmd -f "$SLURM_CONF" -N localhost || not_started slurmd
 for _ in $(seq 100); do
   sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)' && break
   sleep 0.2

@@ -6,8 +6,10 @@ source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 export FLOWRUN
 CLUSTER="$SCRATCH/cluster"
-eval "$("$SRC/scripts/slurm/local_cluster.sh" start "$CLUSTER")"
 trap '"$SRC/scripts/slurm/local_cluster.sh" stop "$CLUSTER"; rm -rf "$SCRATCH"' EXIT
+# Not eval "$(...)" alone: that would hide a cluster that failed to start.
+exports=$("$SRC/scripts/slurm/local_cluster.sh" start "$CLUSTER") || fail "the local Slurm did not start"
+eval "$exports"
 
 # wait_gone JOB SECONDS: until squeue no longer lists the job (or its array tasks).
 wait_gone() {
