@@ -135,14 +135,15 @@ at() { awk -v pat="$1" 'index($0, pat) { print $1; exit }' "$RUN/log"; }
 t_cmake="$(at 'The CXX compiler identification')"
 t_build="$(at 'Build files have been written')"
 t_train="$(at 'training configs/quickstart.yaml')"
-t_tests="$(at 'Test project /root/flowrun/build')"
+t_done="$(at 'done: ')"
 t_end="$(tail -1 "$RUN/log" | awk '{print $1}')"
 [[ -n "$t_cmake" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: missing packages installed" "$t_cmake"
 [[ -n "$t_cmake" && -n "$t_build" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: cmake configure" $((t_build - t_cmake))
 [[ -n "$t_build" && -n "$t_train" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/setup.sh: build" $((t_train - t_build))
 [[ -n "$t_train" ]] && printf 'fresh_check: %-52s %5ds\n' "  flowrun train configs/quickstart.yaml" \
-  $((${t_tests:-$t_end} - t_train))
-[[ -n "$t_tests" ]] && printf 'fresh_check: %-52s %5ds\n' "  scripts/test.sh (its ctest onwards)" $((t_end - t_tests))
+  $((${t_done:-$t_end} - t_train))
+[[ "$COMMAND" == *test.sh && -n "$t_done" ]] &&
+  printf 'fresh_check: %-52s %5ds\n' "  scripts/test.sh" $((t_end - t_done))
 report "$COMMAND (exit $rc)"
 
 if [[ $rc -ne 0 ]]; then
