@@ -228,6 +228,11 @@ ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, Val
 
 }  // namespace
 
+YAML::Node zoo_params(const ModelConfig& cfg) {
+  if (cfg.zoo.empty()) throw input_error("model: an inline model has no zoo defaults");
+  return load_zoo(cfg).params;
+}
+
 std::string zoo_directory(const ModelConfig& cfg) {
   if (!cfg.zoo_dir.empty()) return cfg.zoo_dir;
   if (const char* env = std::getenv("FLOWRUN_MODELS"); env != nullptr && *env != '\0') return env;

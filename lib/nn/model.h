@@ -56,6 +56,10 @@ std::vector<std::pair<std::string, std::string>> list_zoo(const std::string& zoo
 // The zoo directory of `cfg`: cfg.zoo_dir, else $FLOWRUN_MODELS, else the build's FLOWRUN_MODELS_DIR.
 std::string zoo_directory(const ModelConfig& cfg);
 
+// The `params` section (the parameters' defaults) of cfg's zoo model file, read as build_model reads it;
+// an input_error when cfg names no zoo model or its file is bad.
+YAML::Node zoo_params(const ModelConfig& cfg);
+
 // YAML text with each whole-scalar `${expr}` quoted, so that `{dim: ${d_model}}` parses (flow collections
 // forbid '{', '}', '[', ']' and ',' in plain scalars). `inserted` (optional) receives, per 0-based line,
 // the 0-based columns of the inserted quotes, to map parser positions back to the text as written.

@@ -307,7 +307,6 @@ void Executor::run_timed(const std::function<void(const Node&, double)>& timer, 
   ++step_;
 }
 
-namespace {
 bool all_finite(const TensorView& t) {
   const int64_t n = t.numel();
   switch (t.dtype) {
@@ -331,7 +330,6 @@ bool all_finite(const TensorView& t) {
       return true;
   }
 }
-}  // namespace
 
 const Node* Executor::run_checked(bool apply, const std::function<bool(const Node&)>& skip) {
   const Node* bad = nullptr;

@@ -17,6 +17,10 @@ namespace flowrun {
 
 struct DeviceMirror;
 
+// No inf or NaN among a float tensor's values (integer tensors have none): --detect-anomaly's test of each
+// op's outputs, and the trainer's of the weights before a checkpoint.
+bool all_finite(const TensorView& t);
+
 class Executor {
  public:
   // `shared`: persistent tensors (by value name) to use instead of allocating new ones, so that an eval

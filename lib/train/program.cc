@@ -163,13 +163,12 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
   }
 #endif
   t.data = open_dataset(cfg.data);
-  // The loader would refuse this too, but only after the program's memory is allocated (for a batch of
-  // billions, never: the allocation fails first).
-  const int64_t batch = cfg.train.micro_batch_size * cfg.parallel.data, samples = t.data->size(Split::train);
-  if (batch > samples)
-    throw input_error(cat(cfg.where("train.batch_size"), "a batch of ", batch, " samples",
-                          batch != cfg.train.batch_size ? " (train.micro_batch_size x parallel.data)" : "",
-                          " is larger than the ", samples,
+  // The loader would refuse this too (an epoch holds whole steps), but only after the program's memory is
+  // allocated (for a batch of billions, never: the allocation fails first).
+  const int64_t samples = t.data->size(Split::train);
+  if (cfg.train.batch_size > samples)
+    throw input_error(cat(cfg.where("train.batch_size"), "a batch of ", cfg.train.batch_size,
+                          " samples is larger than the ", samples,
                           " samples of the train split: an epoch needs at least one full batch"));
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
                             t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank());
@@ -227,9 +226,10 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
                                   cfg.train.grad_accumulation);
 }
 
-LoaderPosition resume_position(const CheckpointData& ck, const RunConfig& cfg, const std::string& path) {
+LoaderPosition resume_position(const CheckpointData& ck, const YAML::Node& saved_cfg, const RunConfig& cfg,
+                               const std::string& path) {
   const LoaderPosition saved{ck.loader_epoch, ck.loader_index};
-  const YAML::Node saved_cfg = YAML::Load(ck.config_yaml);
+  if (!saved_cfg.IsMap() || !saved_cfg["train"] || !saved_cfg["parallel"]) return saved;
   const YAML::Node micro = saved_cfg["train"]["micro_batch_size"], data = saved_cfg["parallel"]["data"];
   if (!micro || !data) return saved;  // not a resolved config: the batch it counted in is unknown
   const int64_t was = micro.as<int64_t>() * data.as<int64_t>(),

@@ -58,11 +58,12 @@ Mesh join_world(const RunConfig& cfg);
 // takes its data-parallel share (the ranks of one tensor-parallel group read the same samples).
 std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Mesh& mesh,
                                      LoaderPosition start = {});
-// The train loader's position saved in checkpoint `ck` (read from `path`), in this run's batches: it counts
-// batches of the checkpoint's own global micro-batch (its micro_batch_size x parallel.data), which a resume
-// under another layout or accumulation (a pipeline's micro-batches, say) turns into as many samples of this
-// run's.
-LoaderPosition resume_position(const CheckpointData& ck, const RunConfig& cfg, const std::string& path);
+// The train loader's position saved in checkpoint `ck` (read from `path`, its resolved config parsed as
+// `saved`), in this run's batches: it counts batches of the checkpoint's own global micro-batch (its
+// micro_batch_size x parallel.data), which a resume under another layout or accumulation (a pipeline's
+// micro-batches, say) turns into as many samples of this run's.
+LoaderPosition resume_position(const CheckpointData& ck, const YAML::Node& saved, const RunConfig& cfg,
+                               const std::string& path);
 
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);

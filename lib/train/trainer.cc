@@ -118,35 +118,6 @@ void truncate_metrics(const std::string& path, int64_t step) {
   write_file_atomically(path, kept.str());
 }
 
-// A tensor without inf or NaN (integer tensors always are).
-bool all_finite(const Tensor& t) {
-  const int64_t n = t.numel();
-  auto scan = [&](auto* p) {
-    for (int64_t i = 0; i < n; ++i)
-      if (!std::isfinite(p[i])) return false;
-    return true;
-  };
-  // f16 and bf16: the exponent bits all ones.
-  auto scan16 = [&](uint16_t mask) {
-    const auto* p = static_cast<const uint16_t*>(t.raw());
-    for (int64_t i = 0; i < n; ++i)
-      if ((p[i] & mask) == mask) return false;
-    return true;
-  };
-  switch (t.dtype()) {
-    case DType::f32:
-      return scan(t.data<float>());
-    case DType::f64:
-      return scan(t.data<double>());
-    case DType::f16:
-      return scan16(0x7C00);
-    case DType::bf16:
-      return scan16(0x7F80);
-    default:
-      return true;
-  }
-}
-
 // Flattens a YAML node into "key.path" -> scalar text (sequences as "key[i]").
 void flatten(const YAML::Node& n, const std::string& at, std::map<std::string, std::string>& out) {
   if (n.IsMap()) {
@@ -160,18 +131,10 @@ void flatten(const YAML::Node& n, const std::string& at, std::map<std::string, s
 }
 
 // The default parameters of a zoo model ("model.params.n_head" -> "4"), for comparing a config that sets a
-// parameter with one that leaves it at its default. Empty when the model file cannot be read.
+// parameter with one that leaves it at its default (the run has built this model, so its file reads).
 std::map<std::string, std::string> zoo_defaults(const ModelConfig& m) {
   std::map<std::string, std::string> out;
-  if (m.zoo.empty()) return out;
-  std::ifstream in(fs::path(zoo_directory(m)) / (m.zoo + ".yaml"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  try {
-    flatten(YAML::Load(quote_expressions(text.str()))["params"], "model.params", out);
-  } catch (const YAML::Exception&) {
-    out.clear();
-  }
+  if (!m.zoo.empty()) flatten(zoo_params(m), "model.params", out);
   return out;
 }
 
@@ -359,7 +322,7 @@ void Run::resume_from(const std::string& path) {
         "uninterrupted one",
         path, ck.seed, cfg_.train.seed);
   step_ = ck.step;
-  position_ = resume_position(ck, cfg_, path);
+  position_ = resume_position(ck, saved, cfg_, path);
   last_checkpoint_ = path;
   spdlog::info("resumed from {} at step {}", path, step_);
 }
@@ -377,7 +340,10 @@ std::string Run::save() {
   std::string bad;
   for (const auto* names : {&params_, &state_})
     for (const auto& n : *names)
-      if (bad.empty() && !all_finite(ex_->tensor(n))) bad = n;
+      if (bad.empty()) {
+        const Tensor& t = ex_->tensor(n);
+        if (!all_finite({t.raw(), &t.shape(), t.dtype()})) bad = n;
+      }
   int64_t any = bad.empty() ? 0 : 1;
   if (comm_->size() > 1) comm_->all_reduce(&any, 1, DType::i64, ReduceOp::max);
   if (any)
