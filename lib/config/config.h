@@ -155,6 +155,9 @@ YAML::Node load_yaml(const std::string& text);
 // The text of the YAML file `path` (`what` names it in errors: "config", "model"); input_error unless it is a
 // regular file of at most kMaxYamlBytes.
 std::string read_yaml_file(const std::string& path, const std::string& what);
+// Whether a YAML scalar is a string as written: quoted ('1', "2") or tagged !!str, never a number or a
+// boolean, whatever its text.
+bool written_as_string(const YAML::Node& node);
 // `text` cut to about `max` characters with "..." (values echoed in error messages).
 std::string abbreviate(const std::string& text, size_t max = 60);
 

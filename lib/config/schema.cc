@@ -237,9 +237,9 @@ std::vector<Section> build_schema() {
 
 // --- scalars --------------------------------------------------------------------------------------
 
-// A quoted scalar ("1", '2') or one tagged !!str is a string in YAML, never a number or a boolean.
+// A scalar typed by its text (see written_as_string).
 bool plain(const YAML::Node& node) {
-  return node.IsScalar() && node.Tag() != "!" && node.Tag() != "tag:yaml.org,2002:str";
+  return node.IsScalar() && !written_as_string(node);
 }
 
 std::optional<int64_t> parse_integer(const YAML::Node& node) {

@@ -164,6 +164,11 @@ std::string read_yaml_file(const std::string& path, const std::string& what) {
   return text;
 }
 
+bool written_as_string(const YAML::Node& node) {
+  // "!" is yaml-cpp's non-specific tag of a quoted scalar.
+  return node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str";
+}
+
 std::string abbreviate(const std::string& text, size_t max) {
   if (text.size() <= max) return text;
   return cat(text.substr(0, max - 3), "...");

@@ -388,7 +388,7 @@ class Evaluator {
       return MValue(a.as_string() + b.as_string());
     }
     if (op == "+" && a.is_list() && b.is_list()) {
-      checked_size(MValue(MValue::List{a, b}));
+      if (1 + value_size(a, kMaxValueSize) + value_size(b, kMaxValueSize) > kMaxValueSize) too_big();
       MValue::List l = a.as_list();
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return MValue(std::move(l));

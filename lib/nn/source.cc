@@ -167,8 +167,7 @@ MValue to_value(const YAML::Node& n, const Env& env, const Source& src, const st
     const size_t close = s.find('}');
     if (s.rfind("${", 0) == 0 && close == s.size() - 1) return eval_expr(s.substr(2, s.size() - 3), env);
     if (s.find("${") != std::string::npos) return checked_size(MValue(interpolate(s, env)));
-    // Quoted or tagged !!str: a string as written.
-    return n.Tag() == "!" || n.Tag() == "tag:yaml.org,2002:str" ? MValue(s) : plain_scalar(s);
+    return written_as_string(n) ? MValue(s) : plain_scalar(s);
   } catch (const ExprError& e) {
     fail(src, n, path, e.what());
   }
