@@ -134,20 +134,10 @@ int run_time(const Args& a) {
 }
 
 int run_data(const Args& a) {
-  std::string out = a.out;
-  if (out.empty()) {
-    out = flowrun::default_dataset_path(a.dataset);
-  }
+  const std::string out = a.out.empty() ? flowrun::default_dataset_path(a.dataset) : a.out;
   if (a.limit > 0 && a.dataset != "fashion_mnist")
     throw flowrun::input_error(flowrun::cat("--limit: only fashion_mnist is cut to its first images, not ", a.dataset));
-  if (a.dataset == "fashion_mnist")
-    flowrun::prepare_fashion_mnist(out, "", a.limit);
-  else if (a.dataset == "fashion_mnist_3x32")
-    flowrun::prepare_fashion_mnist_3x32(out);
-  else if (a.dataset == "kjv")
-    flowrun::prepare_kjv(out);
-  else
-    flowrun::prepare_sklearn_table(a.dataset, out);
+  flowrun::prepare_dataset(a.dataset, out, a.limit);
   std::cout << "wrote " << out << "\n";
   return 0;
 }

@@ -26,7 +26,10 @@ void prepare_kjv(const std::string& out_path);
 // A CSV from sklearn's data folder (wine_data.csv, iris.csv, breast_cancer.csv) -> /train/x f32, /train/y,
 // /test/x, /test/y (last 20% of a seeded shuffle as test).
 void prepare_sklearn_table(const std::string& name, const std::string& out_path);
-// Builds `path` for a built-in dataset name when it does not exist yet (logging what it does).
+// Converts the built-in dataset `dataset` into `path` (logging what it reads); `limit` as for
+// prepare_fashion_mnist (Fashion-MNIST only).
+void prepare_dataset(const std::string& dataset, const std::string& path, int64_t limit = 0);
+// Builds `path` for a built-in dataset name when it does not exist yet (prepare_dataset).
 void ensure_dataset(const std::string& dataset, const std::string& path);
 // Fashion-MNIST shaped like CIFAR for the ResNet configs: each image zero-padded by 2 pixels to 32x32 and
 // repeated to 3 channels, /train/x (60000,3,32,32 u8) and /test/x, labels as Fashion-MNIST's. No pixel

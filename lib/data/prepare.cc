@@ -259,11 +259,10 @@ std::string default_dataset_path(const std::string& dataset) {
   return cat(data_cache_dir(), "/", dataset, ".h5");
 }
 
-void ensure_dataset(const std::string& dataset, const std::string& path) {
-  if (fs::exists(path)) return;
+void prepare_dataset(const std::string& dataset, const std::string& path, int64_t limit) {
   if (dataset == "fashion_mnist") {
     spdlog::info("preparing Fashion-MNIST -> {} (from {})", path, kFashionDir);
-    prepare_fashion_mnist(path);
+    prepare_fashion_mnist(path, "", limit);
   } else if (dataset == "fashion_mnist_3x32") {
     spdlog::info("preparing Fashion-MNIST padded to 3x32x32 -> {} (from {})", path, kFashionDir);
     prepare_fashion_mnist_3x32(path);
@@ -273,13 +272,19 @@ void ensure_dataset(const std::string& dataset, const std::string& path) {
   } else if (dataset == "wine" || dataset == "iris" || dataset == "breast_cancer") {
     spdlog::info("preparing the {} table -> {} (from {})", dataset, path, sklearn_data_dir());
     prepare_sklearn_table(dataset, path);
-  } else if (dataset == "hdf5") {
+  } else {
+    std::string names;
+    for (const std::string& n : builtin_datasets()) names += cat(n, ", ");
+    throw input_error(cat("unknown dataset '", dataset, "' (", names, "or hdf5)"));
+  }
+}
+
+void ensure_dataset(const std::string& dataset, const std::string& path) {
+  if (fs::exists(path)) return;
+  if (dataset == "hdf5")
     throw input_error(
         cat(path, ": dataset file not found (data.dataset is hdf5: data.path must name an existing file)"));
-  } else {
-    throw input_error(cat("unknown dataset '", dataset,
-                          "' (fashion_mnist, fashion_mnist_3x32, kjv, wine, iris, breast_cancer or hdf5)"));
-  }
+  prepare_dataset(dataset, path);
   spdlog::info("wrote {}", path);
 }
 
