@@ -500,7 +500,8 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
   c.cur_node = &entry;
   c.cur_path = lpath;
   if (++c.layers_built > kMaxLayers)
-    c.fail(cat("the model unrolls to more than ", kMaxLayers, " layers (counting every repeat and for iteration)"));
+    c.fail(cat("the model unrolls to more than ", kMaxLayers,
+               " layers (counting every repeat and for iteration)"));
   const Opts o(c, e.options, lpath, def);
   const std::string name = layer_name(c, o, type, anonymous);
   if (name_out) *name_out = name;
