@@ -192,16 +192,6 @@ std::string init_scheme(const ModelFile& m, const ModelConfig& cfg) {
   return s;
 }
 
-std::string with_commas(int64_t n) {
-  const std::string digits = std::to_string(n);
-  std::ostringstream os;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) os << ',';
-    os << digits[i];
-  }
-  return os.str();
-}
-
 std::string summary_row(const std::string& name, const std::string& shape, const std::string& params) {
   std::ostringstream os;
   os << name << std::string(name.size() < 24 ? 24 - name.size() : 1, ' ') << shape
@@ -227,6 +217,16 @@ ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, Val
 }
 
 }  // namespace
+
+std::string with_commas(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::ostringstream os;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) os << ',';
+    os << digits[i];
+  }
+  return os.str();
+}
 
 YAML::Node zoo_params(const ModelConfig& cfg) {
   if (cfg.zoo.empty()) throw input_error("model: an inline model has no zoo defaults");

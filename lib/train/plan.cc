@@ -172,7 +172,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
       cat("flowrun plan ", cfg.file, ": ", r.world, " process", r.world == 1 ? "" : "es", " (data ",
           cfg.parallel.data, " x tensor ", cfg.parallel.tensor, " x pipeline ", cfg.parallel.pipeline,
           ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
-          cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n");
+          cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n",
+          "model: ", with_commas(built.num_params), " parameters\n\n");
   t += "memory per device\n";
   for (const auto& [what, bytes] : std::vector<std::pair<const char*, double>>{
            {"parameters", r.param_bytes},
@@ -242,6 +243,7 @@ PlanReport plan_layout(const RunConfig& cfg) {
   r.table = t;
   JsonLine j;
   j.add("world", r.world)
+      .add("num_params", static_cast<double>(built.num_params))
       .add("param_bytes", r.param_bytes)
       .add("grad_bytes", r.grad_bytes)
       .add("optimizer_state_bytes", r.optimizer_state_bytes)

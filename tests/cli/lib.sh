@@ -38,3 +38,33 @@ max_rel() {
 }
 # within X T: X (a max_rel) is at most T.
 within() { awk -v x="$1" -v t="$2" 'BEGIN {exit !(x != "mismatch" && x + 0 <= t)}'; }
+
+# check_case name config loose layout extra-args...: trains CONFIG in one process and under LAYOUT with
+# mpirun; the per-step losses must agree within 1e-5 relative and the final checkpoints within 1e-5 (uses
+# $FLOWRUN and the caller's COMMON arguments). layout: ranks:data:tensor[:pipeline]; loose: a regex of
+# tensors allowed to differ up to 1e-3, or "". A pipeline runs 4 micro-batches, so its case's extra
+# arguments give the one-process run as many.
+check_case() {
+  local name=$1 cfg=$2 loose=$3 layout=$4; shift 4
+  local n d t p
+  IFS=: read -r n d t p <<<"$layout"
+  p=${p:-1}
+  [[ -d "$SCRATCH/$name-1" ]] || expect_exit 0 "$FLOWRUN" train "$cfg" --run-dir "$SCRATCH/$name-1" "${COMMON[@]}" "$@"
+  local run="$SCRATCH/$name-d${d}t${t}p$p" stages=()
+  ((p > 1)) && stages=(--set parallel.pipeline="$p" --set parallel.micro_batches=4)
+  expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np "$n" "$FLOWRUN" train "$cfg" --run-dir "$run" \
+    "${COMMON[@]}" --set parallel.data="$d" --set parallel.tensor="$t" "${stages[@]}" "$@"
+  local rel
+  rel=$(max_rel "$SCRATCH/$name-1/metrics.jsonl" "$run/metrics.jsonl")
+  within "$rel" 1e-5 || fail "$name: data $d x tensor $t x pipeline $p losses differ from one process by $rel"
+  local a b
+  a=$(ls "$SCRATCH/$name-1/checkpoints/"*.h5 | tail -1) b=$(ls "$run/checkpoints/"*.h5 | tail -1)
+  if ! "$FLOWRUN" inspect "$a" --diff "$b" --rtol 1e-5 >"$SCRATCH/diff.log" 2>&1; then
+    # Only the tensors named by `loose` may differ beyond 1e-5 (see below), and by less than 1e-3.
+    [[ -n "$loose" ]] && ! grep ': max |a - b|' "$SCRATCH/diff.log" | grep -vE "$loose" ||
+      { cat "$SCRATCH/diff.log" >&2; fail "$name: data $d x tensor $t x pipeline $p weights differ beyond 1e-5"; }
+    expect_exit 0 "$FLOWRUN" inspect "$a" --diff "$b" --rtol 1e-3
+  fi
+  echo "$name: data $d x tensor $t x pipeline $p losses within $rel of one process; weights: $(tail -1 "$SCRATCH/diff.log")"
+  [[ -f "$run/rank_$((n - 1)).log" ]] || fail "$name: rank $((n - 1)) kept no log"
+}

@@ -62,3 +62,11 @@ grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time4.json"
 compare "PP2 stage 0" "$SCRATCH/plan4.json" "$SCRATCH/time4.json"
 
 expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
+
+# A Llama-7B-shaped model is planned without allocating it, with the published parameter counts: Llama-2-7B
+# and, with 8 key/value heads and a 14336-wide SwiGLU, Mistral-7B.
+expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/llama2_7b.yaml"
+expect_log "6,738,415,616"
+expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/llama2_7b.yaml" --set model.n_kv_head=8 --set model.ffn=14336
+expect_log "7,241,732,096"
+echo "Llama-2-7B and Mistral-7B shapes: the published parameter counts"
