@@ -243,7 +243,7 @@ PlanReport plan_layout(const RunConfig& cfg) {
   r.table = t;
   JsonLine j;
   j.add("world", r.world)
-      .add("num_params", static_cast<double>(built.num_params))
+      .add("num_params", built.num_params)
       .add("param_bytes", r.param_bytes)
       .add("grad_bytes", r.grad_bytes)
       .add("optimizer_state_bytes", r.optimizer_state_bytes)
