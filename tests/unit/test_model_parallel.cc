@@ -629,8 +629,10 @@ TEST(PipelineParallel, LlamaViTAndBertCutBetweenBlocks) {
     for (int b = 0; b < 4; ++b) {
       const std::string blk = cat(c.block, ".", b, "/");
       int on_first = 0, on_last = 0;
-      for (const Value& v : first.graph.values()) on_first += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
-      for (const Value& v : last.graph.values()) on_last += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      for (const Value& v : first.graph.values())
+        on_first += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      for (const Value& v : last.graph.values())
+        on_last += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
       EXPECT_TRUE(on_first == 0 || on_last == 0) << blk;
     }
     EXPECT_EQ(first.graph.value(first.graph.outputs().at("pp/out")).shape(), c.activation);
