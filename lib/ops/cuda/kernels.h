@@ -68,10 +68,13 @@ void embedding_grad(const KernelCtx& c);
 // dout . out.
 void sdpa(const KernelCtx& c);
 void sdpa_grad(const KernelCtx& c);
+// The rotary position embedding (ops/cuda/attention.cc, kernel in rope.cu): f32, f16, bf16; in place or not.
+void rope(const KernelCtx& c);
 
 // Dropout (ops/cuda/random.cc): the CPU kernel's mask, element for element.
 void dropout(const KernelCtx& c);
 void dropout_grad(const KernelCtx& c);
+void mlm_mask(const KernelCtx& c);  // i64 ids
 
 // Shape ops (ops/cuda/shape.cc): strided row copies, any dtype.
 void slice(const KernelCtx& c);

@@ -179,6 +179,17 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
                const void* out, const float* lse, void* dq, void* dk, void* dv, float* rowsum,
                cudaStream_t s);
 
+// Rotary position embedding (ops/cuda/rope.cu), as the CPU kernel (ops/cpu/rope.cc): `rows` rows of d
+// (batch x heads x t, position offset + row % t), pair (i, i + d/2) rotated by the angle HF forms in float32
+// (ops/cpu/attention.h's rope_angle), cos and sin taken in double and rounded to f32; -angle if `inverse`.
+// A thread per pair, so y may be x.
+struct Rope {
+  int64_t rows, t, d, offset;
+  double theta;
+  bool inverse;
+};
+void rope(Storage st, const Rope& r, const void* x, void* y, cudaStream_t s);
+
 // Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the step's batch is
 // kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p, where
 // stream = mix_stream(step[0], node_stream) (core/rng.cc) with the step and micro-batch read on the device
@@ -195,6 +206,19 @@ void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* 
              int64_t n, cudaStream_t s);
 void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void* dx, int64_t n,
                   cudaStream_t s);
+// BERT's masking of i64 ids (ops/cuda/random.cu), drawing what the CPU kernel (ops/cpu/nn.cc) draws: element
+// e of the step's batch (numbered as dropout's: `local`, `base`, `whole`, step[1]) reads Philox block e of
+// (seed, mix_stream(fixed ? 0 : step[0], node_stream)).
+struct MlmDraw {
+  double p, mask_p, keep_above;  // keep_above = mask_p + random_p
+  int64_t vocab, mask_id;
+  bool fixed;
+  uint64_t seed, node_stream;
+  const int64_t* step;
+  int64_t base, whole;
+};
+void mlm_mask(const MlmDraw& d, const Strided& local, const int64_t* ids, int64_t* out, int64_t* labels,
+              int64_t n, cudaStream_t s);
 
 // The gradient norm's pieces (ops/cuda/optim.cu): the sum of squares of x[b * block, (b + 1) * block) in
 // double into partial[b] for each block b of x; then out = scale * sqrt(sum of partial[0, n)) as an f32, the
