@@ -497,6 +497,35 @@ TEST(SdpaKeyPadding, RowsThatSeeNoKeyGiveZeroAndZeroGradients) {
     }
 }
 
+// Split over the data axis, key_ids follow the batch (each rank its rows), and rope and mlm_mask keep the
+// batch split: no gather anywhere.
+TEST(SdpaKeyPadding, KeyIdsRopeAndMlmMaskKeepTheBatchSplit) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId ids = b.input("ids", {4, 6}, DType::i64);
+  const auto masked = b.op("mlm_mask", {ids}, {{"vocab", int64_t{9}}, {"mask_id", int64_t{8}}});
+  const ValueId q = b.op1("rope", {b.input("q", {4, 2, 6, 8})}),
+                k = b.op1("rope", {b.input("k", {4, 2, 6, 8})});
+  const ValueId att =
+      b.op("sdpa", {q, k, b.input("v", {4, 2, 6, 8}), masked[0]}, {{"pad_id", int64_t{0}}})[0];
+  g.mark_output("att", att);
+  g.mark_output("labels", masked[1]);
+  split_over_axis(g, MeshAxis::data, 2, 1);
+  int gathers = 0;
+  for (NodeId id : g.live_nodes_topological()) {
+    const Node& n = g.node(id);
+    gathers += n.op == "sbp_all_gather";
+    if (n.op == "sdpa") {
+      EXPECT_EQ(g.value(n.inputs[3]).shape(), (Shape{2, 6}));
+    }
+    if (n.op == "mlm_mask") {
+      EXPECT_EQ(n.attrs.ints("rng_start"), (std::vector<int64_t>{2, 0}));
+    }
+  }
+  EXPECT_EQ(gathers, 0);
+  EXPECT_EQ(g.value(g.find_value("ids")).shape(), (Shape{2, 6}));
+}
+
 TEST(SdpaKeyPadding, RejectsMismatchedKeyIdsAndPadId) {
   Graph g;
   GraphBuilder b(g);
