@@ -116,23 +116,88 @@ ValueId transpose12(Ctx& c, ValueId x) {
   return c.b.op1("transpose", {x}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}});
 }
 
-// Multi-head self-attention on (B, T, C): qkv projection, heads (B, H, T, D), fused sdpa, merge, output
-// projection, residual dropout.
-ValueId attention(Ctx& c, ValueId x, int64_t heads, bool causal, double p, bool bias, bool residual) {
+// What an attention layer computes (its YAML options, shared by attention and transformer_block).
+struct AttnSpec {
+  int64_t heads = 1, kv_heads = 1;
+  bool causal = true, bias = true, rope = false, separate = false;
+  double dropout = 0.0, rope_theta = 10000.0;
+  std::optional<int64_t> pad_id;
+};
+
+AttnSpec attn_spec(const Opts& o) {
+  AttnSpec a;
+  a.heads = o.integer("heads");
+  a.kv_heads = o.integer("kv_heads", a.heads);
+  if (a.heads % a.kv_heads != 0)
+    o.fail("kv_heads", cat("must divide heads ", a.heads, " (each key/value head serves a group of heads), got ",
+                           a.kv_heads));
+  a.causal = o.flag("causal", true);
+  a.dropout = o.probability("dropout", 0.0);
+  a.bias = o.flag("bias", true);
+  a.rope = o.flag("rope", false);
+  a.rope_theta = o.number("rope_theta", 10000.0);
+  if (a.rope_theta <= 1.0) o.fail("rope_theta", cat("must be > 1, got ", a.rope_theta));
+  if (o.has("rope_theta") && !a.rope) o.fail("rope_theta", "is set but rope is false");
+  a.separate = o.choice("qkv", "fused", {"fused", "separate"}) == "separate";
+  if (o.has("pad_id")) a.pad_id = o.integer("pad_id", std::nullopt, 0);
+  return a;
+}
+
+// Multi-head self-attention on (B, T, C): q, k, v projections (one fused `qkv` linear, or `q`, `k`, `v`),
+// heads (B, H, T, D), rotary positions on q and k, k/v heads shared by groups of query heads, fused sdpa
+// (with a key padding mask from the input ids), merge, output projection `proj`, residual dropout.
+ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
   need_rank(c, x, 3, "attention", "(B, T, C)");
   const Shape s = shape_of(c, x);
-  const int64_t B = s[0], T = s[1], C = s[2];
-  if (C % heads != 0) c.fail(cat("the model width ", C, " is not divisible by heads ", heads));
+  const int64_t B = s[0], T = s[1], C = s[2], H = a.heads, KV = a.kv_heads;
+  if (C % H != 0) c.fail(cat("the model width ", C, " is not divisible by heads ", H));
   if (C > std::numeric_limits<int64_t>::max() / 3) c.fail(cat("the model width ", C, " is too large"));
-  const ValueId qkv = dense_in(c, "qkv", x, 3 * C, bias, false);
-  split_in_blocks(c, qkv, 3);
-  const std::vector<ValueId> parts =
-      c.b.op("split", {qkv}, {{"axis", int64_t{-1}}, {"sizes", std::vector<int64_t>{C, C, C}}});
-  auto split_heads = [&](ValueId v) { return transpose12(c, c.b.reshape(v, {B, T, heads, C / heads})); };
-  const ValueId att = c.b.op("sdpa", {split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2])},
-                             {{"causal", causal}})[0];
+  const int64_t D = C / H, KD = KV * D;
+  if (a.rope && D % 2 != 0)
+    c.fail(cat("rope needs an even head dimension, got width ", C, " / heads ", H, " = ", D));
+  ValueId q, k, v;
+  if (a.separate) {
+    q = dense_in(c, "q", x, C, a.bias, false);
+    k = dense_in(c, "k", x, KD, a.bias, false);
+    v = dense_in(c, "v", x, KD, a.bias, false);
+  } else {
+    const ValueId qkv = dense_in(c, "qkv", x, C + 2 * KD, a.bias, false);
+    // Three equal blocks split over the tensor axis block by block; with fewer k/v heads the blocks
+    // differ and the fused weight stays whole there (`qkv: separate` splits each projection).
+    if (KV == H) split_in_blocks(c, qkv, 3);
+    const std::vector<ValueId> parts =
+        c.b.op("split", {qkv}, {{"axis", int64_t{-1}}, {"sizes", std::vector<int64_t>{C, KD, KD}}});
+    q = parts[0], k = parts[1], v = parts[2];
+  }
+  auto split_heads = [&](ValueId t, int64_t n) { return transpose12(c, c.b.reshape(t, {B, T, n, D})); };
+  q = split_heads(q, H), k = split_heads(k, KV), v = split_heads(v, KV);
+  if (a.rope) {
+    q = c.b.op1("rope", {q}, {{"theta", a.rope_theta}});
+    k = c.b.op1("rope", {k}, {{"theta", a.rope_theta}});
+  }
+  if (KV < H) {
+    // Query head h reads key/value head h / (H / KV) (Hugging Face's repeat_kv): (B, KV, T, D) ->
+    // (B, KV, 1, T, D) -> broadcast (B, KV, G, T, D) -> (B, H, T, D). The gradient of the broadcast sums
+    // over each group.
+    const int64_t G = H / KV;
+    auto expand = [&](ValueId t) {
+      const ValueId b = c.b.op1("broadcast_to", {c.b.reshape(t, {B, KV, 1, T, D})},
+                                {{"shape", Shape{B, KV, G, T, D}}});
+      return c.b.reshape(b, {B, H, T, D});
+    };
+    k = expand(k), v = expand(v);
+  }
+  std::vector<ValueId> in{q, k, v};
+  Attrs attrs{{"causal", a.causal}};
+  if (a.pad_id) {
+    if (c.ids == kNoValue || c.b.shape(c.ids) != Shape{B, T})
+      c.fail("pad_id needs the model's input token ids (B, T) (text data)");
+    in.push_back(c.ids);
+    attrs.set("pad_id", *a.pad_id);
+  }
+  const ValueId att = c.b.op("sdpa", in, attrs)[0];
   const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
-  return dropout(c, dense_in(c, "proj", merged, C, bias, residual), p);
+  return dropout(c, dense_in(c, "proj", merged, C, a.bias, residual), a.dropout);
 }
 
 // ---- layers ----
@@ -260,43 +325,58 @@ ValueId pos_embedding_layer(Ctx& c, const Opts& o, const std::string&, ValueId x
 }
 
 ValueId attention_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
-  return attention(c, x, o.integer("heads"), o.flag("causal", true), o.probability("dropout", 0.0),
-                   o.flag("bias", true), false);
+  return attention(c, x, attn_spec(o), false);
 }
 
-// GPT-2 pre-LayerNorm block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+ValueId norm_in(Ctx& c, const std::string& scope, ValueId x, bool rms, double eps) {
+  Scope s(c, scope);
+  if (rms) {
+    const ValueId g = c.param("gamma", {shape_of(c, x).back()}, ParamInfo::of(ParamInfo::gamma));
+    return c.b.op("rmsnorm", {x, g}, {{"eps", eps}})[0];
+  }
+  return layernorm(c, x, eps);
+}
+
+// A transformer block: GPT-2's pre-LN x + attn(ln1(x)), then x + mlp(ln2(x)); or BERT's post-LN
+// x = ln1(x + attn(x)), x = ln2(x + mlp(x)). mlp = fc -> GELU -> proj, or SwiGLU down(silu(gate(x)) * up(x)).
 ValueId transformer_block_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
   need_rank(c, x, 3, "transformer_block", "(B, T, C)");
-  const int64_t heads = o.integer("heads"), C = shape_of(c, x)[2];
-  const double ratio = o.number("mlp_ratio", 4.0), p = o.probability("dropout", 0.0);
-  const bool causal = o.flag("causal", true);
+  const int64_t C = shape_of(c, x)[2];
+  const AttnSpec a = attn_spec(o);
+  const double ratio = o.number("mlp_ratio", 4.0), p = a.dropout;
   if (ratio <= 0) o.fail("mlp_ratio", "must be > 0");
+  if (o.has("ffn") && o.has("mlp_ratio")) o.fail("ffn", "give either ffn or mlp_ratio, not both");
   // The hidden width must be an int64 (llround of a larger value is unspecified).
   if (ratio * static_cast<double>(C) >= 0x1p62)
     o.fail("mlp_ratio", cat("mlp_ratio x width ", C, " is too large"));
+  const int64_t hidden =
+      o.has("ffn") ? o.integer("ffn") : std::llround(ratio * static_cast<double>(C));
+  const bool rms = o.choice("norm", "layernorm", {"layernorm", "rmsnorm"}) == "rmsnorm";
+  const double eps = o.number("norm_eps", rms ? 1e-6 : 1e-5);
+  if (eps <= 0) o.fail("norm_eps", "must be > 0");
+  const std::string mlp = o.choice("mlp", "gelu_tanh", {"gelu", "gelu_tanh", "swiglu"});
+  const bool post = o.flag("post_norm", false);
   ++c.transformer_blocks;
-  ValueId a;
-  {
-    Scope s(c, "ln1");
-    a = layernorm(c, x, 1e-5);
-  }
-  {
+  auto attn = [&](ValueId h) {
     Scope s(c, "attn");
-    a = attention(c, a, heads, causal, p, true, true);
-  }
-  x = c.b.add(x, a);
-  ValueId m;
-  {
-    Scope s(c, "ln2");
-    m = layernorm(c, x, 1e-5);
-  }
-  {
+    return attention(c, h, a, true);
+  };
+  auto ffn = [&](ValueId h) {
     Scope s(c, "mlp");
-    m = activation(c, dense_in(c, "fc", m, std::llround(ratio * static_cast<double>(C)), true, false),
-                   "gelu_tanh");
-    m = dropout(c, dense_in(c, "proj", m, C, true, true), p);
+    if (mlp == "swiglu") {
+      const ValueId gate = activation(c, dense_in(c, "gate", h, hidden, a.bias, false), "silu");
+      h = c.b.mul(gate, dense_in(c, "up", h, hidden, a.bias, false));
+      return dropout(c, dense_in(c, "down", h, C, a.bias, true), p);
+    }
+    h = activation(c, dense_in(c, "fc", h, hidden, a.bias, false), mlp);
+    return dropout(c, dense_in(c, "proj", h, C, a.bias, true), p);
+  };
+  if (post) {
+    x = norm_in(c, "ln1", c.b.add(x, attn(x)), rms, eps);
+    return norm_in(c, "ln2", c.b.add(x, ffn(x)), rms, eps);
   }
-  return c.b.add(x, m);
+  x = c.b.add(x, attn(norm_in(c, "ln1", x, rms, eps)));
+  return c.b.add(x, ffn(norm_in(c, "ln2", x, rms, eps)));
 }
 
 ValueId residual_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
@@ -392,10 +472,175 @@ ValueId tied_head_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
     o.fail("to", cat("no embedding layer named '", to, "'", did_you_mean(to, names)));
   }
   need_float(c, x, "tied_head");
-  if (shape_of(c, x).back() != c.b.shape(it->second)[1])
-    c.fail(cat("the input width ", shape_of(c, x).back(), " differs from the embedding width ",
-               c.b.shape(it->second)[1]));
-  return c.b.op1("linear", {x, it->second});
+  const Shape table = c.b.shape(it->second);
+  if (shape_of(c, x).back() != table[1])
+    c.fail(cat("the input width ", shape_of(c, x).back(), " differs from the embedding width ", table[1]));
+  std::vector<ValueId> in{x, it->second};
+  // BERT's decoder: the tied weight plus a bias of vocabulary size of its own.
+  if (o.flag("bias", false)) in.push_back(c.param("b", {table[0]}, ParamInfo::of(ParamInfo::bias, table[1], table[0])));
+  return c.b.op1("linear", in);
+}
+
+ValueId mul_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const ValueId s = saved(c, o);
+  if (shape_of(c, s) != shape_of(c, x))
+    o.fail("from", cat("the saved value is ", shape_str(shape_of(c, s)), " but the input is ",
+                       shape_str(shape_of(c, x))));
+  need_float(c, x, "mul");
+  return c.b.mul(x, s);
+}
+
+// A list of integers option.
+std::vector<int64_t> int_list(const Opts& o, const std::string& key) {
+  const MValue v = o.value(key);
+  std::vector<int64_t> out;
+  if (v.is_list())
+    for (const MValue& e : v.as_list()) {
+      if (!e.is_int()) o.fail(key, cat("expected a list of integers, got ", v.repr()));
+      out.push_back(e.as_int());
+    }
+  else
+    o.fail(key, cat("expected a list of integers, got ", v.repr()));
+  return out;
+}
+
+// An axis of the input written as in the full tensor (0 = batch, which these layers do not move; negative
+// counts from the end): the normalised axis, at least 1.
+int64_t sample_axis(const Opts& o, const std::string& key, int64_t axis, size_t rank) {
+  const int64_t r = static_cast<int64_t>(rank);
+  const int64_t a = axis < 0 ? axis + r : axis;
+  if (a < 1 || a >= r)
+    o.fail(key, cat("axis ", axis, " is not a per-sample axis of an input of rank ", r,
+                    " (1..", r - 1, ", or -1..-", r - 1, "; axis 0 is the batch)"));
+  return a;
+}
+
+ValueId reshape_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const std::vector<int64_t> want = int_list(o, "shape");
+  const Shape s = shape_of(c, x);
+  const int64_t per = numel(s) / s[0];
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i] == -1 && infer < 0) {
+      infer = static_cast<int64_t>(i);
+    } else if (want[i] < 1) {
+      o.fail("shape", cat("dimensions are >= 1 with at most one -1 (the batch dim is kept, not written), got ",
+                          shape_str(want)));
+    } else {
+      if (known > kMaxElements / want[i]) o.fail("shape", cat(shape_str(want), " is too large"));
+      known *= want[i];
+    }
+  }
+  Shape out{s[0]};
+  for (int64_t d : want) out.push_back(d);
+  if (infer >= 0) {
+    if (per % known != 0)
+      o.fail("shape", cat("cannot view the ", per, " elements per sample of ", shape_str(s), " as ",
+                          shape_str(want)));
+    out[static_cast<size_t>(infer) + 1] = per / known;
+  } else if (known != per) {
+    o.fail("shape", cat("has ", known, " elements per sample but the input ", shape_str(s), " has ", per));
+  }
+  return c.b.reshape(x, out);
+}
+
+ValueId transpose_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const std::vector<int64_t> dims = int_list(o, "dims");
+  if (dims.size() != 2) o.fail("dims", cat("expected two axes [a, b], got ", dims.size()));
+  const size_t r = shape_of(c, x).size();
+  const int64_t a = sample_axis(o, "dims", dims[0], r), b = sample_axis(o, "dims", dims[1], r);
+  return c.b.op1("transpose", {x}, {{"dim0", a}, {"dim1", b}});
+}
+
+// One position along a per-sample axis, the axis dropped: (B, T, D) -> (B, D) for axis 1 (ViT's class token).
+ValueId select_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  const Shape s = shape_of(c, x);
+  const MValue av = o.value("axis");
+  if (!av.is_int()) o.fail("axis", cat("expected an integer, got ", av.repr()));
+  const int64_t axis = sample_axis(o, "axis", av.as_int(), s.size());
+  const MValue iv = o.has("index") ? o.value("index") : MValue(int64_t{0});
+  if (!iv.is_int()) o.fail("index", cat("expected an integer, got ", iv.repr()));
+  const int64_t n = s[static_cast<size_t>(axis)];
+  const int64_t index = iv.as_int() < 0 ? iv.as_int() + n : iv.as_int();
+  if (index < 0 || index >= n)
+    o.fail("index", cat(iv.as_int(), " is out of range for axis ", axis, " of length ", n));
+  const ValueId one =
+      c.b.op1("slice", {x}, {{"axis", axis}, {"start", index}, {"end", index + 1}});
+  Shape out = s;
+  out.erase(out.begin() + axis);
+  return c.b.reshape(one, out);
+}
+
+// Non-overlapping patches: conv2d with kernel = stride = patch (params w, b), then (B, dim, h, w) ->
+// (B, h * w, dim), patches in row-major order.
+ValueId patch_embed_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 4, "patch_embed", "(N, C, H, W) image");
+  need_float(c, x, "patch_embed");
+  const Shape s = shape_of(c, x);
+  const std::vector<int64_t> p = o.pair("patch", std::nullopt, 1);
+  const int64_t dim = o.integer("dim"), in = s[1];
+  if (s[2] % p[0] != 0 || s[3] % p[1] != 0)
+    o.fail("patch", cat("the image ", s[2], "x", s[3], " is not a whole number of ", p[0], "x", p[1],
+                        " patches"));
+  const int64_t fan_in = in * p[0] * p[1], fan_out = dim * p[0] * p[1];
+  const ValueId w = c.param("w", {dim, in, p[0], p[1]},
+                            ParamInfo::of(ParamInfo::weight, fan_in, fan_out, true, false, o.init()));
+  const ValueId b = c.param("b", {dim}, ParamInfo::of(ParamInfo::bias, fan_in, fan_out, true));
+  const ValueId y = c.b.op1("conv2d", {x, w, b},
+                            {{"stride", p}, {"padding", std::vector<int64_t>{0, 0}}, {"groups", int64_t{1}}});
+  const int64_t n = (s[2] / p[0]) * (s[3] / p[1]);
+  return transpose12(c, c.b.reshape(y, {s[0], dim, n}));
+}
+
+// A learnable (1, 1, dim) row `w` prepended along axis 1: (B, N, dim) -> (B, N + 1, dim).
+ValueId class_token_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 3, "class_token", "(B, N, dim)");
+  need_float(c, x, "class_token");
+  const Shape s = shape_of(c, x);
+  const int64_t dim = o.integer("dim");
+  if (s[2] != dim) o.fail("dim", cat("is ", dim, " but the input has width ", s[2]));
+  const ValueId w =
+      c.param("w", {1, 1, dim}, ParamInfo::of(ParamInfo::position, dim, 1, false, false, o.init()));
+  const ValueId rows = c.b.op1("broadcast_to", {w}, {{"shape", Shape{s[0], 1, dim}}});
+  return c.b.op1("concat", {rows, x}, {{"axis", int64_t{1}}});
+}
+
+// BERT's token-type embedding for single-segment input (every token type 0): adds row 0 of the (types, dim)
+// table `w`. The whole table is added to (B, T, 1, dim) and type 0 sliced out (row 1's gradient is zero,
+// as with type ids all 0): the add reads the parameter itself, so under data parallelism its gradient goes
+// through the bucketed all-reduce like any parameter's (slicing the parameter first would put a replicated
+// op between it and the batch-split add).
+ValueId token_type_embedding_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  need_rank(c, x, 3, "token_type_embedding", "(B, T, dim)");
+  need_float(c, x, "token_type_embedding");
+  const Shape s = shape_of(c, x);
+  const int64_t types = o.integer("types", 2), dim = o.integer("dim");
+  if (s[2] != dim) o.fail("dim", cat("is ", dim, " but the input has width ", s[2]));
+  const ValueId w = c.param("w", {types, dim},
+                            ParamInfo::of(ParamInfo::embedding, dim, types, false, false, o.init()));
+  const ValueId all = c.b.add(c.b.reshape(x, {s[0], s[1], 1, dim}), w);
+  const ValueId first =
+      types == 1 ? all : c.b.op1("slice", {all}, {{"axis", int64_t{2}}, {"start", int64_t{0}}, {"end", int64_t{1}}});
+  return c.b.reshape(first, s);
+}
+
+// BERT's masked-language-model input: masks the token ids (op mlm_mask); its labels (the original id at the
+// selected positions, -100 elsewhere) replace the data's targets in the loss. Eval programs mask with a
+// draw that ignores the step (`fixed`), so every evaluation scores the same positions.
+ValueId mlm_mask_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
+  if (c.b.dtype(x) != DType::i64 || shape_of(c, x).size() != 2)
+    c.fail(cat("mlm_mask needs the (B, T) token ids of text data (put it first), got ",
+               dtype_name(c.b.dtype(x)), " ", shape_str(shape_of(c, x))));
+  if (c.targets != kNoValue) c.fail("the model has a second mlm_mask (one per model)");
+  const int64_t vocab = o.integer("vocab"), mask_id = o.integer("mask_id", std::nullopt, 0);
+  const double p = o.probability("p", 0.15);
+  if (p == 0.0) o.fail("p", "must be > 0 (no position would be scored)");
+  const std::vector<ValueId> out =
+      c.b.op("mlm_mask", {x},
+             {{"vocab", vocab}, {"mask_id", mask_id}, {"p", p}, {"mask_p", 0.8}, {"random_p", 0.1},
+              {"fixed", !c.training}});
+  c.targets = out[1];
+  return out[0];
 }
 
 ValueId simple_activation(Ctx& c, const std::string& type, ValueId x) {
@@ -427,13 +672,14 @@ std::map<std::string, LayerDef> make_registry() {
        true,
        pos_embedding_layer},
       {"attention",
-       {"heads", "causal", "dropout", "bias"},
+       {"heads", "causal", "dropout", "bias", "kv_heads", "rope", "rope_theta", "qkv", "pad_id"},
        "multi-head self-attention",
        true,
        attention_layer},
       {"transformer_block",
-       {"heads", "mlp_ratio", "dropout", "causal"},
-       "GPT-2 pre-LN block",
+       {"heads", "mlp_ratio", "dropout", "causal", "norm", "norm_eps", "mlp", "ffn", "bias", "kv_heads",
+        "rope", "rope_theta", "qkv", "post_norm", "pad_id"},
+       "transformer block (GPT-2 pre-LN by default)",
        true,
        transformer_block_layer},
       {"residual", {"layers", "shortcut", "activation"}, "layers(x) + shortcut(x)", true, residual_layer},
@@ -443,7 +689,20 @@ std::map<std::string, LayerDef> make_registry() {
       {"save", {}, "remembers the current value", false, save_layer},
       {"add", {"from"}, "adds a saved value", true, add_layer},
       {"concat", {"from", "axis"}, "concatenates a saved value", true, concat_layer},
-      {"tied_head", {"to"}, "logits against an embedding table", true, tied_head_layer},
+      {"tied_head", {"to", "bias"}, "logits against an embedding table", true, tied_head_layer},
+      {"mul", {"from"}, "multiplies by a saved value", true, mul_layer},
+      {"reshape", {"shape"}, "new per-sample shape (batch kept)", true, reshape_layer},
+      {"transpose", {"dims"}, "swaps two per-sample axes", true, transpose_layer},
+      {"select", {"axis", "index"}, "one position of an axis, the axis dropped", true, select_layer},
+      {"patch_embed", {"patch", "dim", "init"}, "image -> (B, patches, dim)", true, patch_embed_layer},
+      {"class_token", {"dim", "init"}, "prepends a learnable row", true, class_token_layer},
+      {"token_type_embedding",
+       {"types", "dim", "init"},
+       "adds token type 0's embedding",
+       true,
+       token_type_embedding_layer},
+      {"mlm_mask", {"vocab", "mask_id", "p"}, "BERT's input masking; its labels are the targets", true,
+       mlm_mask_layer},
   };
   for (const std::string a : {"relu", "tanh", "sigmoid", "silu"})
     defs.push_back({a, {}, a, true, [a](Ctx& c, const Opts&, const std::string&, ValueId x) {

@@ -88,6 +88,8 @@ struct Ctx {
   std::set<std::string> trainable;                      // full names of trainable params
   int64_t num_params = 0;
   int transformer_blocks = 0;
+  ValueId ids = kNoValue;      // the model's input token ids (text), for attention's key padding mask
+  ValueId targets = kNoValue;  // set by mlm_mask: its labels replace the data's targets in the loss
   int64_t layers_built = 0;  // layer entries built so far, repeat/for iterations unrolled (kMaxLayers)
   // The layer being built, for errors raised by builders. A pointer: assigning to a yaml-cpp Node that
   // already refers to a node rewrites the referred node instead of rebinding.

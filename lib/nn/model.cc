@@ -100,6 +100,10 @@ void set_builtins(Env& env, const ModelInputs& in) {
   env.set("num_classes", MValue(in.num_classes));
   env.set("in_channels", MValue(in.x_shape.size() > 1 ? in.x_shape[1] : int64_t{1}));
   env.set("in_features", MValue(numel(in.x_shape) / in.x_shape[0]));
+  if (!in.text && in.x_shape.size() == 4) {  // images: patch grids (ViT) need the sides
+    env.set("in_height", MValue(in.x_shape[2]));
+    env.set("in_width", MValue(in.x_shape[3]));
+  }
   if (in.text) {
     env.set("vocab", MValue(in.num_classes));
     env.set("seq_len", MValue(in.x_shape[1]));
@@ -127,7 +131,7 @@ void bind_params(const ModelFile& m, const ModelConfig& cfg, Env& env,
     const std::string name = kv.first.Scalar(), path = cat("params.", name);
     if (std::find(builtins.begin(), builtins.end(), name) != builtins.end())
       fail(m.src, kv.first, path,
-           "is a built-in name (num_classes, vocab, seq_len, in_channels, in_features)");
+           "is a built-in name (num_classes, vocab, seq_len, in_channels, in_features, in_height, in_width)");
     MValue v = to_value(kv.second, env, m.src, path);
     (*where)[name] = cat(m.src.at(kv.second.Mark()), ": ", m.src.path_prefix, path);
     if (m.zoo && cfg.params.IsMap() && cfg.params[name]) {
@@ -257,6 +261,7 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   if (!m.layers.IsSequence()) fail(m.src, m.layers, "layers", "expected a list of layers");
   std::string summary = summary_row("layer", "output", "params");
   ValueId h = out.x;
+  if (in.text) c.ids = out.x;
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const int64_t before = c.num_params;
     std::string name;
@@ -265,7 +270,8 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   }
   out.summary = summary + summary_row("total", "", with_commas(c.num_params));
   out.logits = h;
-  out.loss = add_loss(c.b, m, in, h, out.y);
+  // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts).
+  out.loss = add_loss(c.b, m, in, h, c.targets != kNoValue ? c.targets : out.y);
   g.mark_output("logits", out.logits);
   g.mark_output("loss", out.loss);
   out.init = resolve_init(c, scheme);

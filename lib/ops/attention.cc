@@ -1,10 +1,11 @@
-// Fused scaled-dot-product attention (sdpa) and its backward (sdpa_grad); CPU kernels in
-// ops/cpu/attention.cc.
+// Fused scaled-dot-product attention (sdpa) and its backward (sdpa_grad), and the rotary position embedding
+// (rope); CPU kernels in ops/cpu/attention.cc and ops/cpu/rope.cc.
 #include "ops/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <variant>
 
 #include "graph/builder.h"
 #include "ops/registry.h"
@@ -160,9 +161,146 @@ std::vector<OpSample> sdpa_samples() {
   return s;
 }
 
+// ---- rope ----
+
+// Largest position whose float32 value is exact (2^24): HF forms the positions in float32.
+constexpr int64_t kRopeMaxPosition = int64_t{1} << 24;
+
+struct RopeAttrs {
+  double theta;
+  bool inverse;
+  int64_t offset;
+};
+
+// Validates x (B, H, T, D) and the attributes (the graph prefixes the op name).
+RopeAttrs check_rope(const TensorType& x, const Attrs& a) {
+  if (x.shape.size() != 4)
+    throw input_error(cat("x must be (batch, heads, length, dim), got ", shape_str(x.shape)));
+  if (!is_floating(x.dtype)) throw input_error(cat("x must be floating, got ", dtype_name(x.dtype)));
+  if (x.shape[3] % 2 != 0 || x.shape[3] < 2)
+    throw input_error(cat("the head dim must be even (rotated in pairs), got ", shape_str(x.shape)));
+  RopeAttrs r{10000.0, false, 0};
+  if (a.has("theta")) {
+    const Attr& t = a.all().find("theta")->second;
+    if (!std::holds_alternative<double>(t) && !std::holds_alternative<int64_t>(t))
+      throw input_error("attribute 'theta' must be a number");
+    r.theta = a.f("theta");
+    // In float32, as HF: a base that rounds to 0 or inf there has no frequencies.
+    const float tf = static_cast<float>(r.theta);
+    if (!(r.theta > 0) || !std::isfinite(tf) || tf <= 0)
+      throw input_error(cat("attribute 'theta' must be positive and finite in float32, got ", r.theta));
+  }
+  if (a.has("inverse")) {
+    if (!std::holds_alternative<bool>(a.all().find("inverse")->second))
+      throw input_error("attribute 'inverse' must be a bool");
+    r.inverse = a.b("inverse");
+  }
+  if (a.has("offset")) {
+    if (!std::holds_alternative<int64_t>(a.all().find("offset")->second))
+      throw input_error("attribute 'offset' must be an integer");
+    r.offset = a.i("offset");
+  }
+  if (r.offset < 0 || r.offset > kRopeMaxPosition - x.shape[2])
+    throw input_error(
+        cat("positions offset .. offset + T - 1 must lie in [0, 2^24) (exact in float32), got offset ",
+            r.offset, " and T = ", x.shape[2]));
+  return r;
+}
+
+// Straight from HF's formulas in f64 (cos/sin of rope_angle, rotate_half), one element at a time.
+std::vector<Tensor> rope_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const RopeAttrs r = check_rope({in[0].shape(), DType::f64}, a);
+  const Shape& sh = in[0].shape();
+  const int64_t L = sh[2], D = sh[3], half = D / 2;
+  Tensor y = Tensor::zeros(sh, DType::f64);
+  const double* x = in[0].data<double>();
+  double* o = y.data<double>();
+  for (int64_t row = 0; row < sh[0] * sh[1] * L; ++row) {
+    const int64_t t = row % L;
+    for (int64_t j = 0; j < D; ++j) {
+      const int64_t i = j % half;
+      const double angle =
+          (r.inverse ? -1.0 : 1.0) * static_cast<double>(cpu::rope_angle(r.offset + t, i, D, r.theta));
+      // rotate_half(x)[j] = -x[j + D/2] for j < D/2, x[j - D/2] after.
+      const double rot = j < half ? -x[row * D + j + half] : x[row * D + j - half];
+      o[row * D + j] = x[row * D + j] * std::cos(angle) + rot * std::sin(angle);
+    }
+  }
+  return {y};
+}
+
+std::vector<OpSample> rope_samples() {
+  struct Case {
+    std::string label;
+    Shape x;
+    Attrs attrs;
+  };
+  const std::vector<Case> cases = {
+      {"[2,3,5,4] defaults", {2, 3, 5, 4}, Attrs{}},
+      {"[1,2,7,6] theta=500 offset=3", {1, 2, 7, 6}, Attrs{{"theta", 500.0}, {"offset", int64_t{3}}}},
+      {"[2,1,4,8] inverse", {2, 1, 4, 8}, Attrs{{"inverse", true}}},
+      {"[1,1,3,2] D=2 integer theta", {1, 1, 3, 2}, Attrs{{"theta", int64_t{100}}}},
+      // A decode step far into the sequence (one position, large angles) and a Llama-sized head dim.
+      {"[2,2,1,64] offset=1000 (decode)", {2, 2, 1, 64}, Attrs{{"offset", int64_t{1000}}}},
+      {"[1,2,9,128] theta=500000 inverse offset=7",
+       {1, 2, 9, 128},
+       Attrs{{"theta", 500000.0}, {"inverse", true}, {"offset", int64_t{7}}}},
+  };
+  std::vector<OpSample> s;
+  for (const Case& c : cases) {
+    OpSample o;
+    o.label = c.label;
+    o.inputs = {{c.x, DType::f64}};
+    o.attrs = c.attrs;
+    o.reference = rope_reference;
+    s.push_back(o);
+  }
+  return s;
+}
+
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
+  {
+    OpDef d;
+    d.name = "rope";
+    d.doc =
+        "rotary position embedding (Hugging Face's rotate_half, not interleaved pairs) of x (B,H,T,D), D "
+        "even: y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin, angle = (offset + t) * "
+        "theta^(-2i/D) formed in float32 as HF does; attrs theta (default 10000), inverse (bool, default "
+        "false: rotates by -angle, the gradient), offset (int, default 0: the position of row t = 0)";
+    d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+      check_rope(in[0], a);
+      return {in[0]};
+    };
+    // A rotation's transpose is the rotation by the opposite angle.
+    d.grad = [](GradCtx& c) -> std::vector<ValueId> {
+      Attrs a = c.attrs();
+      a.set("inverse", !a.b("inverse", false));
+      return {c.b.op1("rope", {c.dout(0)}, a)};
+    };
+    d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) -> Cost {
+      // Two products and a sum per element; the T x D/2 cos/sin pairs are shared by the batch and heads.
+      return {3.0 * static_cast<double>(numel(in[0].shape)), bytes_of(in) + bytes_of(out)};
+    };
+    // The CPU kernel's cos/sin table: T x D of the kernel's type.
+    d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                     const Attrs&) -> size_t {
+      return static_cast<size_t>(in[0].shape[2] * in[0].shape[3]) * dtype_size(in[0].dtype);
+    };
+    d.inplace_input = 0;
+    // The batch (data parallel) or the heads (tensor parallel) split: rows are rotated independently, by
+    // their position along T, which stays whole.
+    d.sbp = [](const SbpQuery&) {
+      std::vector<SbpSignature> sigs;
+      for (int a : {1, 0}) sigs.push_back({{Sbp::split(a)}, {Sbp::split(a)}});
+      return sigs;
+    };
+    d.kernels = {{DeviceKind::cpu, kF, cpu::rope}};
+    d.samples = rope_samples;
+    r.add(d);
+  }
+
   OpDef d;
   d.name = "sdpa";
   d.doc =

@@ -128,6 +128,18 @@ void register_reduce_ops(OpRegistry& r) {
       throw input_error(cat("cannot broadcast ", shape_str(in[0].shape), " to ", shape_str(target)));
     return {{target, in[0].dtype}};
   };
+  // A split of the input passes to the same axis counted from the right (grouped-query attention's k/v
+  // heads, split on the tensor axis, broadcast over their groups). On the data axis a value broadcast
+  // along the batch (a class token over the batch) may come out split: each rank makes its rows, and the
+  // parameter is read by a split node, so its gradient is summed over the ranks like any other's.
+  bt.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs = elementwise_signatures(q, true);
+    const Shape& x = q.in[0].shape;
+    const bool batch_broadcast = x.size() < q.out[0].shape.size() || x[0] == 1;
+    if (q.axis == MeshAxis::data && batch_broadcast && (!q.cur[0] || q.cur[0]->kind == Sbp::B))
+      sigs.push_back({{Sbp::broadcast()}, {Sbp::split(0)}});
+    return sigs;
+  };
   bt.cost = reduce_cost;
   bt.grad = [](GradCtx& c) -> std::vector<ValueId> { return {c.b.reduce_to_shape(c.dout(0), c.b.shape(c.in(0)))}; };
   bt.kernels = {{DeviceKind::cpu, kF, cpu::broadcast_to}};

@@ -353,6 +353,14 @@ void register_slice(OpRegistry& r) {
     return {c.b.op1("slice_grad", {c.dout(0)},
                     {{"axis", int64_t{sp.axis}}, {"start", sp.start}, {"end", sp.end}, {"in_shape", xs}})};
   };
+  // A split of another axis passes through (the batch, when a ViT selects its class token).
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    if (q.cur[0] && q.cur[0]->kind == Sbp::S && q.cur[0]->axis != slice_spec(q.in[0].shape, q.attrs).axis)
+      sigs.push_back({{*q.cur[0]}, {*q.cur[0]}});
+    partial_passes(q, sigs);
+    return sigs;
+  };
   d.cost = slice_cost;
   d.kernels = {{DeviceKind::cpu, kAnyDType, cpu::slice}};
   d.samples = [] {
@@ -438,6 +446,20 @@ void register_concat(OpRegistry& r) {
       off += len;
     }
     return dx;
+  };
+  // A split of another axis, the same on every input, passes through (a class token prepended to a
+  // batch-split sequence).
+  d.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    const int axis = normalize_axis(q.attrs.i("axis"), q.in[0].shape.size());
+    for (const auto& c : q.cur)
+      if (c && c->kind == Sbp::S && c->axis != axis) {
+        SbpSignature s{std::vector<Sbp>(q.in.size(), *c), {*c}};
+        if (std::find_if(sigs.begin(), sigs.end(), [&](const SbpSignature& o) { return o.out == s.out; }) ==
+            sigs.end())
+          sigs.push_back(s);
+      }
+    return sigs;
   };
   d.cost = move_cost;
   d.kernels = {{DeviceKind::cpu, kAnyDType, cpu::concat}};

@@ -3,6 +3,7 @@
 // one process, and the pipeline's cut into stages.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -218,21 +219,27 @@ TEST(TensorParallel, ModelYamlOverridesTheLayout) {
   EXPECT_THROW(build_model(g, bad, {false, {4, 6}, 4}, true), Error);
 }
 
-// One SGD step (clipped by the global norm) of the dropout GPT on `parts` tensor ranks (threads) gives the
-// loss and the (gathered) weights of one process.
-TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
-  const ModelConfig model = zoo("gpt", kGpt);
-  auto feed = [](Executor& ex) {
-    Tensor& x = ex.tensor("x");
-    Tensor& y = ex.tensor("y");
-    for (int64_t i = 0; i < x.numel(); ++i) x.data<int64_t>()[i] = (i * 7 + 3) % 32;
-    for (int64_t i = 0; i < y.numel(); ++i) y.data<int64_t>()[i] = (i * 5 + 1) % 32;
-    ex.tensor("lr").data<float>()[0] = 0.1f;
-  };
+// The batch of the ranks-in-threads tests: token ids and targets, or images and labels.
+void feed_batch(Executor& ex, const ModelInputs& in) {
+  Tensor& x = ex.tensor("x");
+  Tensor& y = ex.tensor("y");
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (in.text)
+      x.data<int64_t>()[i] = (i * 7 + 3) % in.num_classes;
+    else
+      x.data<float>()[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  }
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<int64_t>()[i] = (i * 5 + 1) % in.num_classes;
+  ex.tensor("lr").data<float>()[0] = 0.1f;
+}
+
+// One SGD step (clipped by the global norm) of `model` on `parts` tensor ranks (threads) gives the loss and
+// the (gathered) weights of one process.
+void expect_tensor_ranks_match_one_process(const ModelConfig& model, const ModelInputs& in) {
   BuiltModel built;
-  Executor one(compile_tp(model, kText, 1, 0, &built), kCpu, 5);
+  Executor one(compile_tp(model, in, 1, 0, &built), kCpu, 5);
   init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return one.tensor(n); });
-  feed(one);
+  feed_batch(one, in);
   one.run();
   const double loss = one.output("loss").to_f64()[0];
 
@@ -243,7 +250,7 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
     std::vector<Program> programs;
     for (int r = 0; r < parts; ++r) {
       BuiltModel b;
-      programs.push_back(compile_tp(model, kText, parts, r, &b));
+      programs.push_back(compile_tp(model, in, parts, r, &b));
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < parts; ++r)
@@ -259,7 +266,7 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
           const Tensor p = take_part(w, v.placement.tensor, r, parts);
           std::memcpy(local.tensor(n).raw(), p.raw(), p.nbytes());
         }
-        feed(local);
+        feed_batch(local, in);
         local.run();
         losses[static_cast<size_t>(r)] = local.output("loss").to_f64()[0];
         for (const auto& [n, w] : whole) pieces[static_cast<size_t>(r)][n] = local.tensor(n).clone();
@@ -280,6 +287,56 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
       EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
     }
   }
+}
+
+TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
+  expect_tensor_ranks_match_one_process(zoo("gpt", kGpt), kText);
+}
+
+// The modern zoo (4 heads and 4 key/value heads, so that 4 ranks split them): Llama's separate q/k/v and
+// SwiGLU, ViT's patches and class token, BERT's masking, post-LN blocks and decoder bias.
+const std::string kLlama = "{n_layer: 2, n_head: 4, n_kv_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
+const std::string kLlamaGqa = "{n_layer: 2, n_head: 8, n_kv_head: 4, d_model: 32, ffn: 32}";
+const std::string kVit = "{patch: 4, n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
+const std::string kBert = "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5}";
+const ModelInputs kImages{false, {2, 1, 8, 8}, 4};
+
+TEST(TensorParallel, LlamaRanksInThreadsMatchOneProcess) {
+  expect_tensor_ranks_match_one_process(zoo("llama", kLlama), kText);
+  expect_tensor_ranks_match_one_process(zoo("llama", kLlamaGqa), kText);
+}
+TEST(TensorParallel, VitRanksInThreadsMatchOneProcess) {
+  expect_tensor_ranks_match_one_process(zoo("vit", kVit), kImages);
+}
+TEST(TensorParallel, BertRanksInThreadsMatchOneProcess) {
+  expect_tensor_ranks_match_one_process(zoo("bert", kBert), kText);
+}
+
+// Megatron-LM's layout for Llama by deduction alone: q, k, v and SwiGLU's gate and up column-parallel, the
+// attention output and down projections row-parallel, heads and key/value heads split alike.
+TEST(TensorParallel, LlamaGetsMegatronsLayout) {
+  BuiltModel m;
+  const Program p = compile_tp(zoo("llama", kLlamaGqa), kText, 2, 1, &m);
+  EXPECT_EQ(sbp_of(p, "embed_tokens/w"), "S(0)");
+  EXPECT_EQ(sbp_of(p, "lm_head/w"), "S(0)");  // vocabulary-parallel head
+  EXPECT_EQ(sbp_of(p, "norm/gamma"), "B");
+  for (const std::string b : {"layers.0/", "layers.1/"}) {
+    for (const std::string w : {"attn/q/w", "attn/k/w", "attn/v/w", "mlp/gate/w", "mlp/up/w"})
+      EXPECT_EQ(sbp_of(p, b + w), "S(0)") << b + w;
+    EXPECT_EQ(sbp_of(p, b + "attn/proj/w"), "S(1)");
+    EXPECT_EQ(sbp_of(p, b + "mlp/down/w"), "S(1)");
+    EXPECT_EQ(sbp_of(p, b + "ln1/gamma"), "B");
+  }
+  const Value& k = p.graph.value(p.graph.find_value("layers.0/attn/k/w"));
+  EXPECT_EQ(k.shape(), (Shape{8, 32}));  // 2 of the 4 key/value heads of width 4
+  // Forward: the embedding's partial sums and 2 row-parallel outputs per block; nothing gathered.
+  int reduces = 0, gathers = 0;
+  for (NodeId id : p.order) {
+    reduces += p.graph.node(id).op == "sbp_all_reduce";
+    gathers += p.graph.node(id).op == "sbp_all_gather";
+  }
+  EXPECT_EQ(gathers, 0);
+  EXPECT_GE(reduces, 5);
 }
 
 // The same step on `parts` data ranks (threads), each fed its rows of the global batch of 4: the SBP pass
@@ -547,6 +604,38 @@ TEST(PipelineParallel, GptCutBetweenBlocks) {
   }
 }
 
+TEST(PipelineParallel, LlamaViTAndBertCutBetweenBlocks) {
+  struct Case {
+    std::string zoo, params, block;
+    ModelInputs in;
+    Shape activation;
+  };
+  for (const Case& c : {Case{"llama", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layers", kText, {2, 8, 16}},
+                        Case{"vit", "{patch: 4, n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "blocks",
+                             {false, {2, 1, 8, 8}, 4}, {2, 5, 16}},
+                        Case{"bert", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layer", kText, {2, 8, 16}}}) {
+    SCOPED_TRACE(c.zoo);
+    const ModelConfig m = zoo(c.zoo, c.params);
+    const Program first = compile_stage(m, c.in, 2, 0), last = compile_stage(m, c.in, 2, 1);
+    auto has = [](const Program& p, const std::string& n) { return p.graph.find_value(n) != kNoValue; };
+    const std::string w0 = c.block + ".0/ln1/gamma", w3 = c.block + ".3/ln2/gamma";
+    EXPECT_TRUE(has(first, w0));
+    EXPECT_FALSE(has(last, w0));
+    EXPECT_TRUE(has(last, w3));
+    EXPECT_FALSE(has(first, w3));
+    // Exactly one block boundary: every block's parameters live on one stage.
+    for (int b = 0; b < 4; ++b) {
+      const std::string blk = cat(c.block, ".", b, "/");
+      int on_first = 0, on_last = 0;
+      for (const Value& v : first.graph.values()) on_first += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      for (const Value& v : last.graph.values()) on_last += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      EXPECT_TRUE(on_first == 0 || on_last == 0) << blk;
+    }
+    EXPECT_EQ(first.graph.value(first.graph.outputs().at("pp/out")).shape(), c.activation);
+    EXPECT_TRUE(last.graph.outputs().count("loss"));
+  }
+}
+
 TEST(PipelineParallel, TooManyStagesIsAnInputError) {
   ModelConfig c;
   c.layers = YAML::Load("[{flatten: {}}, {linear: {name: a, out: 8}}, {linear: {name: b, out: 4}}]");
@@ -576,6 +665,12 @@ TEST(DataParallel, ZooModelsSplitTheBatchThroughEveryLayer) {
       {"resnet", "{}", {false, {4, 3, 32, 32}, 10}, 1},
       {"gpt", kGpt, {true, {4, 8}, 32}, 1},
       {"gpt", kGpt, {true, {4, 8}, 32}, 2},
+      {"llama", kLlamaGqa, {true, {4, 8}, 32}, 1},
+      {"llama", kLlamaGqa, {true, {4, 8}, 32}, 2},
+      {"vit", kVit, {false, {4, 1, 8, 8}, 4}, 1},
+      {"vit", kVit, {false, {4, 1, 8, 8}, 4}, 2},
+      {"bert", kBert, {true, {4, 8}, 32}, 1},
+      {"bert", kBert, {true, {4, 8}, 32}, 2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(cat(c.zoo, " tensor ", c.tensor));
@@ -604,7 +699,7 @@ TEST(DataParallel, ZooModelsSplitTheBatchThroughEveryLayer) {
       EXPECT_EQ(pg.node(pg.value(grad).producer).op, "all_reduce_wait") << pg.value(param).name;
       EXPECT_EQ(pg.value(param).placement.data, Sbp::broadcast());
     }
-    if (c.tensor > 1) {
+    if (c.tensor > 1 && c.zoo == "gpt") {
       EXPECT_EQ(sbp_of(p, "blocks.0/attn/qkv/w"), "S(0)x3");
       EXPECT_EQ(sbp_of(p, "blocks.0/attn/proj/w"), "S(1)");
       EXPECT_EQ(sbp_of(p, "wte/w"), "S(0)");

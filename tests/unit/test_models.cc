@@ -175,13 +175,181 @@ TEST(ZooModels, TinyGptOverfitsOneBatch) {
   EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
 }
 
+// ---- the modern zoo: Llama, ViT, BERT ----
+
+int count_ops(const Graph& g, const std::string& op) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += node.op == op;
+  return n;
+}
+
+// The published counts, from shapes only (nothing is allocated): Llama-2-7B (multi-head, untied head) and
+// Mistral-7B (8 key/value heads for 32 query heads, SwiGLU 14336).
+TEST(ZooModels, Llama7BShapesHaveThePublishedCounts) {
+  {
+    Graph g;
+    const BuiltModel m = build_model(
+        g, zoo("llama", "{n_layer: 32, d_model: 4096, n_head: 32, n_kv_head: 32, ffn: 11008}"),
+        text(1, 16, 32000), true);
+    EXPECT_EQ(m.num_params, 6738415616);
+    EXPECT_EQ(g.value(g.find_value("layers.31/attn/k/w")).shape(), (Shape{4096, 4096}));
+    EXPECT_EQ(count_ops(g, "broadcast_to"), 0);  // no group to broadcast over
+  }
+  {
+    Graph g;
+    const BuiltModel m = build_model(
+        g, zoo("llama", "{n_layer: 32, d_model: 4096, n_head: 32, n_kv_head: 8, ffn: 14336}"),
+        text(1, 16, 32000), true);
+    EXPECT_EQ(m.num_params, 7241732096);
+    EXPECT_EQ(g.value(g.find_value("layers.0/attn/k/w")).shape(), (Shape{1024, 4096}));
+    EXPECT_EQ(g.value(g.find_value("layers.0/mlp/gate/w")).shape(), (Shape{14336, 4096}));
+    EXPECT_EQ(g.value(g.find_value("lm_head/w")).shape(), (Shape{32000, 4096}));
+    EXPECT_EQ(count_ops(g, "broadcast_to"), 64);  // k and v of each block
+    EXPECT_EQ(count_ops(g, "rope"), 64);          // q and k of each block
+  }
+}
+
+TEST(ZooModels, LlamaNamesNoBiasesTiedHeadAndFirstStep) {
+  Trainer t(zoo("llama", "{n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 32, ffn: 64}"), text(2, 16, 64), 6,
+            0.1);
+  const Graph& g = t.ex->program().graph;
+  for (const std::string n : {"embed_tokens/w", "layers.1/ln1/gamma", "layers.1/attn/q/w", "layers.1/attn/k/w",
+                              "layers.1/attn/v/w", "layers.1/attn/proj/w", "layers.1/ln2/gamma",
+                              "layers.1/mlp/gate/w", "layers.1/mlp/up/w", "layers.1/mlp/down/w", "norm/gamma",
+                              "lm_head/w"})
+    EXPECT_NE(g.find_value(n), kNoValue) << n;
+  for (const std::string n : {"layers.0/attn/q/b", "layers.0/mlp/down/b", "layers.0/ln1/beta", "lm_head/b"})
+    EXPECT_EQ(g.find_value(n), kNoValue) << n;
+  // embed 64*32, per block q 32*32, k and v 16*32, proj 32*32, gate and up 64*32, down 32*64, norms 2*32;
+  // final norm 32, head 64*32.
+  const int64_t block = 1024 + 512 + 512 + 1024 + 3 * 2048 + 64;
+  EXPECT_EQ(t.model.num_params, 2048 + 2 * block + 32 + 2048);
+  EXPECT_EQ(t.model.init.at("layers.0/mlp/down/w").b, 0.02 / std::sqrt(2.0 * 2));  // a residual projection
+  const double loss = t.step();
+  EXPECT_NEAR(loss, std::log(64.0), 0.1);
+  Graph tied;
+  const BuiltModel m = build_model(tied, zoo("llama", "{n_layer: 1, d_model: 32, tie_head: true}"), text(2, 8, 64), true);
+  EXPECT_EQ(tied.find_value("lm_head/w"), kNoValue);
+  EXPECT_EQ(g.value(m.logits).shape(), (Shape{2, 16, 64}));
+}
+
+TEST(ZooModels, TinyLlamaOverfitsOneBatch) {
+  Trainer t(zoo("llama", "{n_layer: 2, d_model: 32, n_head: 4, n_kv_head: 2, ffn: 64}"), text(4, 16, 32), 5, 0.5,
+            0.9);
+  const auto [first, last] = overfit(t, 30);
+  EXPECT_NEAR(first, std::log(32.0), 0.1);
+  EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
+}
+
+// Grouped-query attention is multi-head attention whose key/value heads repeat within each group: a GQA
+// layer (4 heads, 2 kv heads) gives the loss of an MHA layer whose k and v weights repeat the GQA ones' head
+// rows (query head h reads kv head h / 2), and its k/v gradients are the sums of the MHA ones over groups.
+TEST(ModelLayers, GroupedQueryAttentionIsMultiHeadWithRepeatedHeads) {
+  auto build = [](int64_t kv) {
+    ModelConfig c = inline_layers(cat("[{embedding: {name: e, vocab: 16, dim: 16}}, {attention: {name: a, heads: 4, "
+                                      "kv_heads: ",
+                                      kv, ", qkv: separate}}, {tied_head: {to: e}}]"));
+    return Trainer(c, text(2, 6, 16), 3, 0.0);
+  };
+  Trainer gqa = build(2), mha = build(4);
+  for (const std::string n : {"e/w", "a/q/w", "a/q/b", "a/proj/w", "a/proj/b"})
+    mha.ex->tensor(n).fill_from(gqa.ex->tensor(n).to_f64());
+  for (const std::string n : {"a/k", "a/v"}) {
+    const Tensor& w = gqa.ex->tensor(n + "/w");  // (2 heads * 4, 16)
+    const Tensor& b = gqa.ex->tensor(n + "/b");
+    const std::vector<double> wv = w.to_f64(), bv = b.to_f64();
+    std::vector<double> w4, b4;
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t d = 0; d < 4; ++d) {
+        const int64_t row = (h / 2) * 4 + d;
+        w4.insert(w4.end(), wv.begin() + row * 16, wv.begin() + (row + 1) * 16);
+        b4.push_back(bv[static_cast<size_t>(row)]);
+      }
+    mha.ex->tensor(n + "/w").fill_from(w4);
+    mha.ex->tensor(n + "/b").fill_from(b4);
+  }
+  mha.ex->tensor("x").fill_from(gqa.ex->tensor("x").to_f64());
+  mha.ex->tensor("y").fill_from(gqa.ex->tensor("y").to_f64());
+  const double a = gqa.step(), b = mha.step();
+  EXPECT_NEAR(a, b, 1e-5 * std::abs(b));
+  const std::vector<double> g2 = gqa.ex->tensor("grad/a/k/w").to_f64(), g4 = mha.ex->tensor("grad/a/k/w").to_f64();
+  for (int64_t row = 0; row < 8; ++row)
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t h = row / 4, d = row % 4;
+      const double sum = g4[static_cast<size_t>(((2 * h) * 4 + d) * 16 + i)] +
+                         g4[static_cast<size_t>(((2 * h + 1) * 4 + d) * 16 + i)];
+      EXPECT_NEAR(g2[static_cast<size_t>(row * 16 + i)], sum, 1e-5) << row << "," << i;
+    }
+}
+
+TEST(ZooModels, VitCountsAndOverfitsOneBatch) {
+  Graph g;
+  const BuiltModel m = build_model(g, zoo("vit", "{patch: 7, d_model: 128, ffn: 512}"), images(2, 1, 28, 28, 10), true);
+  // patches 128*49 + 128, class token 128, positions 17*128; per block norms 4*128, qkv 128*384 + 384,
+  // proj 128*128 + 128, fc 128*512 + 512, proj 512*128 + 128; final norm 256, head 1290.
+  EXPECT_EQ(m.num_params, 6400 + 128 + 2176 + 4 * 198272 + 256 + 1290);
+  EXPECT_EQ(g.value(g.find_value("pos_embed/w")).shape(), (Shape{17, 128}));
+  for (const Node& n : g.nodes())
+    if (n.op == "sdpa") EXPECT_FALSE(n.attrs.b("causal"));
+  Trainer t(zoo("vit", "{patch: 4, n_layer: 2, d_model: 32, ffn: 64}"), images(8, 1, 28, 28, 10), 2, 0.05, 0.9);
+  EXPECT_EQ(t.ex->program().graph.value(t.ex->program().graph.find_value("pos_embed/w")).shape(), (Shape{50, 32}));
+  const auto [first, last] = overfit(t, 30);
+  EXPECT_NEAR(first, std::log(10.0), 0.3);
+  EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
+  ModelConfig bad = zoo("vit", "{patch: 5}");
+  bad.origins["patch"] = Origin{"run.yaml", 3, 10, ""};
+  try {
+    Graph b;
+    build_model(b, bad, images(2, 1, 28, 28, 10), true);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "run.yaml:3:10: model.patch: must divide the image sides 28x28, got 5");
+  }
+}
+
+// BERT-base's shapes give BertForMaskedLM's count: BertModel's 109,482,240 without the pooler (590,592),
+// plus the MLM head's transform (590,592 + 1,536) and decoder bias (30,522).
+TEST(ZooModels, BertBaseShapesHaveTheMaskedLmCount) {
+  Graph g;
+  const BuiltModel m = build_model(g,
+                                   zoo("bert", "{n_layer: 12, n_head: 12, d_model: 768, ffn: 3072, max_len: 512, "
+                                               "vocab_size: 30522, mask_id: 103}"),
+                                   text(1, 16, 30522), true);
+  EXPECT_EQ(m.num_params, 109482240 - 590592 + 590592 + 1536 + 30522);
+  EXPECT_NE(g.find_value("layer.11/attn/q/w"), kNoValue);
+  EXPECT_EQ(g.value(g.find_value("decoder/b")).shape(), (Shape{30522}));
+  EXPECT_EQ(g.value(g.find_value("token_type_embeddings/w")).shape(), (Shape{2, 768}));
+}
+
+// The mlm_mask layer's labels are the loss's targets (the data's y is not read), in training and in eval
+// programs, where the draw is fixed.
+TEST(ZooModels, BertMlmLabelsReplaceTheTargets) {
+  for (bool training : {true, false}) {
+    Graph g;
+    const BuiltModel m = build_model(g, zoo("bert", "{n_layer: 1, d_model: 32, n_head: 2, ffn: 64}"), text(2, 16, 64),
+                                     training);
+    const Node& loss = g.node(g.value(m.loss).producer);
+    const Node& mask = g.node(g.value(loss.inputs[1]).producer);
+    EXPECT_EQ(mask.op, "mlm_mask");
+    EXPECT_EQ(mask.inputs[0], m.x);
+    EXPECT_EQ(loss.inputs[1], mask.outputs[1]);
+    EXPECT_EQ(mask.attrs.i("vocab"), 64);
+    EXPECT_EQ(mask.attrs.i("mask_id"), 64);
+    EXPECT_EQ(mask.attrs.b("fixed"), !training);
+    EXPECT_EQ(g.value(m.logits).shape(), (Shape{2, 16, 65}));  // the data's bytes and [MASK]
+    for (const Node& n : g.nodes()) EXPECT_NE(n.op == "sdpa" && n.attrs.b("causal"), true);
+  }
+  Trainer t(zoo("bert", "{n_layer: 2, d_model: 32, n_head: 2, ffn: 64, mask_p: 0.5}"), text(4, 16, 32), 5, 0.3, 0.9);
+  const auto [first, last] = overfit(t, 40);
+  EXPECT_NEAR(first, std::log(33.0), 0.3);
+  EXPECT_LT(last, 0.7 * first) << first << " -> " << last;
+}
+
 TEST(ZooModels, ListsEveryModelWithItsDoc) {
   const auto models = list_zoo(kZoo);
-  ASSERT_EQ(models.size(), 4u);
-  EXPECT_EQ(models[0].first, "cnn");
-  EXPECT_EQ(models[1].first, "gpt");
-  EXPECT_EQ(models[2].first, "mlp");
-  EXPECT_EQ(models[3].first, "resnet");
+  std::vector<std::string> names;
+  for (const auto& [name, doc] : models) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"bert", "cnn", "gpt", "llama", "mlp", "resnet", "vit"}));
   for (const auto& [name, doc] : models) EXPECT_FALSE(doc.empty()) << name;
 }
 
@@ -322,6 +490,63 @@ TEST(ModelLayers, ForIfAndRepeatScopes) {
   EXPECT_EQ(relu, 1);
   EXPECT_EQ(tanh, 1);
   EXPECT_EQ(m.num_params, (4 * 12 + 12) + (12 * 10 + 10) + (10 * 6 + 6) + (6 * 6 + 6) + (6 * 3 + 3));
+}
+
+TEST(ModelLayers, ReshapeTransposeSelectMulAndPatches) {
+  Graph g;
+  const BuiltModel m = build_model(g, inline_layers(R"([
+      {patch_embed: {name: p, patch: [2, 4], dim: 6}},
+      {class_token: {name: cls, dim: 6}},
+      {save: {name: s}},
+      {mul: {from: s}},
+      {transpose: {dims: [1, -1]}},
+      {reshape: {shape: [3, -1]}},
+      {transpose: {dims: [2, 1]}},
+      {select: {axis: -1, index: -1}},
+      {linear: {out: 5}}])"),
+                                   images(2, 3, 8, 8, 5), true);
+  // 4x2 patches of 2x4: (2, 8, 6); the class token: (2, 9, 6); (2, 6, 9) -> (2, 3, 18) -> (2, 18, 3) ->
+  // (2, 18).
+  EXPECT_EQ(g.value(g.find_value("p/w")).shape(), (Shape{6, 3, 2, 4}));
+  EXPECT_EQ(g.value(g.find_value("cls/w")).shape(), (Shape{1, 1, 6}));
+  EXPECT_EQ(g.value(m.logits).shape(), (Shape{2, 5}));
+  EXPECT_EQ(m.num_params, 6 * 3 * 8 + 6 + 6 + 18 * 5 + 5);
+}
+
+// BERT's post-LN block and the options of a Llama block, by their parameters and ops.
+TEST(ModelLayers, TransformerBlockOptions) {
+  auto built = [](const std::string& block, std::map<std::string, int>* ops) {
+    Graph g;
+    build_model(g, inline_layers(cat("[{embedding: {name: e, vocab: 16, dim: 16}}, {transformer_block: {name: t, ", block,
+                                     "}}, {tied_head: {to: e}}]")),
+                text(2, 8, 16), true);
+    for (const Node& n : g.nodes()) ++(*ops)[n.op];
+    std::vector<std::string> names;
+    for (const Value& v : g.values())
+      if (v.kind == ValueKind::param) names.push_back(v.name);
+    return names;
+  };
+  std::map<std::string, int> ops;
+  EXPECT_EQ(built("heads: 2", &ops),
+            (std::vector<std::string>{"e/w", "t/ln1/gamma", "t/ln1/beta", "t/attn/qkv/w", "t/attn/qkv/b",
+                                      "t/attn/proj/w", "t/attn/proj/b", "t/ln2/gamma", "t/ln2/beta",
+                                      "t/mlp/fc/w", "t/mlp/fc/b", "t/mlp/proj/w", "t/mlp/proj/b"}));
+  ops.clear();
+  EXPECT_EQ(built("heads: 4, kv_heads: 2, norm: rmsnorm, mlp: swiglu, ffn: 24, bias: false, rope: true, qkv: "
+                  "separate",
+                  &ops),
+            (std::vector<std::string>{"e/w", "t/ln1/gamma", "t/attn/q/w", "t/attn/k/w", "t/attn/v/w",
+                                      "t/attn/proj/w", "t/ln2/gamma", "t/mlp/gate/w", "t/mlp/up/w",
+                                      "t/mlp/down/w"}));
+  EXPECT_EQ(ops["rmsnorm"], 2);
+  EXPECT_EQ(ops["rope"], 2);
+  EXPECT_EQ(ops["silu"], 1);
+  EXPECT_EQ(ops["mul"], 1);
+  EXPECT_EQ(ops["broadcast_to"], 2);
+  ops.clear();
+  built("heads: 2, post_norm: true, causal: false, mlp: gelu, norm_eps: 1e-12", &ops);
+  EXPECT_EQ(ops["layernorm"], 2);
+  EXPECT_EQ(ops["gelu"], 1);
 }
 
 // ---- expressions ----
@@ -485,7 +710,7 @@ TEST_F(ModelErrors, ResnetDepthNamesDepth) {
 TEST_F(ModelErrors, MissingZooModelListsTheAvailableOnes) {
   EXPECT_EQ(message(zoo("gtp"), text(1, 4, 16)),
             cat("model.zoo: unknown zoo model 'gtp' (did you mean 'gpt'?) in ", kZoo,
-                "; available: cnn, gpt, mlp, resnet"));
+                "; available: bert, cnn, gpt, llama, mlp, resnet, vit"));
 }
 
 TEST_F(ModelErrors, ShapeProblemsNameTheLayer) {
@@ -503,6 +728,34 @@ TEST_F(ModelErrors, ShapeProblemsNameTheLayer) {
   EXPECT_EQ(build("m", "params: {k: 3}\nlayers:\n  - maxpool: {kernel: ${k * 9}}\n")
                 .rfind(file("m") + ":3:5: layers[0].maxpool: ", 0),
             0u);
+}
+
+TEST_F(ModelErrors, NewLayersNameTheOption) {
+  const ModelInputs t = text(2, 8, 16);
+  const std::string emb = "layers:\n  - embedding: {vocab: 16, dim: 8}\n";
+  EXPECT_EQ(build("m", emb + "  - attention: {heads: 4, kv_heads: 3}\n", "{}", t),
+            file("m") + ":3:35: layers[1].attention.kv_heads: must divide heads 4 (each key/value head serves a "
+                        "group of heads), got 3");
+  EXPECT_EQ(build("m", emb + "  - attention: {heads: 8, rope: true}\n", "{}", t),
+            file("m") + ":3:5: layers[1].attention: rope needs an even head dimension, got width 8 / heads 8 = 1");
+  EXPECT_EQ(build("m", emb + "  - attention: {heads: 2, qkv: split}\n", "{}", t),
+            file("m") + ":3:31: layers[1].attention.qkv: expected one of fused, separate, got 'split'");
+  EXPECT_EQ(build("m", emb + "  - transformer_block: {heads: 2, ffn: 8, mlp_ratio: 2}\n", "{}", t),
+            file("m") + ":3:36: layers[1].transformer_block.ffn: give either ffn or mlp_ratio, not both");
+  EXPECT_EQ(build("m", emb + "  - reshape: {shape: [3, -1]}\n", "{}", t),
+            file("m") + ":3:21: layers[1].reshape.shape: cannot view the 64 elements per sample of [2,8,8] as [3,-1]");
+  EXPECT_EQ(build("m", emb + "  - select: {axis: 0}\n", "{}", t),
+            file("m") + ":3:19: layers[1].select.axis: axis 0 is not a per-sample axis of an input of rank 3 (1..2, "
+                        "or -1..-2; axis 0 is the batch)");
+  EXPECT_EQ(build("m", emb + "  - select: {axis: 1, index: 8}\n", "{}", t),
+            file("m") + ":3:35: layers[1].select.index: 8 is out of range for axis 1 of length 8");
+  EXPECT_EQ(build("m", "layers:\n  - patch_embed: {patch: 3, dim: 4}\n"),
+            file("m") + ":2:26: layers[0].patch_embed.patch: the image 8x8 is not a whole number of 3x3 patches");
+  EXPECT_EQ(build("m", emb + "  - mlm_mask: {vocab: 16, mask_id: 16}\n", "{}", t),
+            file("m") + ":3:5: layers[1].mlm_mask: mlm_mask needs the (B, T) token ids of text data (put it first), "
+                        "got f32 [2,8,8]");
+  EXPECT_EQ(build("m", emb + "  - mul: {from: x}\n", "{}", t),
+            file("m") + ":3:16: layers[1].mul.from: no saved value 'x'; save one with `- save: {name: ...}`");
 }
 
 TEST_F(ModelErrors, ExpressionColumnsAfterEarlierExpressionsOnTheLine) {

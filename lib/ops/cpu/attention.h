@@ -1,5 +1,8 @@
-// CPU kernels of fused scaled-dot-product attention (ops/attention.cc): flash-attention forward and backward.
+// CPU kernels of the attention ops (ops/attention.cc): flash-attention forward and backward, rotary
+// position embedding.
 #pragma once
+
+#include <cmath>
 
 #include "ops/registry.h"
 
@@ -9,5 +12,24 @@ namespace flowrun::cpu {
 void sdpa(const KernelCtx& c);
 // (dout, q, k, v, out, lse) -> (dq, dk, dv): FlashAttention-2 backward, probabilities recomputed from lse.
 void sdpa_grad(const KernelCtx& c);
+
+// Rotary position embedding (ops/cpu/rope.cc): x (B, H, T, D) -> y, pairs (i, i + D/2) rotated by the angle
+// of (position, i); may run in place.
+void rope(const KernelCtx& c);
+
+// The rotation angle of pair i of a row at `position` with head dim d, as Hugging Face computes it in float32
+// (transformers' default RoPE): inv_freq = 1 / theta^(fl(2i) / d) in f32, angle = fl32(position * inv_freq).
+// The power is taken in double and rounded once (glibc's powf is correctly rounded, so this is its value
+// but for double-rounding ties), so that the CUDA kernel (ops/cuda/rope.cu) computes the same bits. The
+// kernels then take cos and sin of this f32 angle in double and round them once to the kernel's type: within
+// an ulp of PyTorch's float32 cos/sin at every position, where an angle formed in double would drift from
+// HF's by up to |angle| * 2^-24 (6e-5 at position 1000).
+inline float rope_angle(int64_t position, int64_t i, int64_t d, double theta) {
+  const float e = static_cast<float>(2 * i) / static_cast<float>(d);
+  const float p =
+      static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(e)));
+  const float inv_freq = 1.0f / p;
+  return static_cast<float>(position) * inv_freq;
+}
 
 }  // namespace flowrun::cpu

@@ -1,4 +1,4 @@
-// KernelCtx adapters of the CUDA attention (ops/cuda/attention.cu).
+// KernelCtx adapters of the CUDA attention (ops/cuda/attention.cu) and rotary embedding (ops/cuda/rope.cu).
 #include <cmath>
 
 #include "ops/cuda/kernels.h"
@@ -39,6 +39,17 @@ void sdpa_grad(const KernelCtx& c) {
            ": the workspace holds no row sums");
   sdpa_grad(storage_of(q.dtype), a, c.in[0].data, q.data, k.data, v.data, c.in[4].data, c.in[5].as<float>(),
             c.out[0].data, c.out[1].data, c.out[2].data, static_cast<float*>(c.workspace), stream_of(c));
+}
+
+void rope(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  const Rope r{x.dim(0) * x.dim(1) * x.dim(2),
+               x.dim(2),
+               x.dim(3),
+               c.attrs().i("offset", 0),
+               c.attrs().f("theta", 10000.0),
+               c.attrs().b("inverse", false)};
+  rope(storage_of(x.dtype), r, x.data, c.out[0].data, stream_of(c));
 }
 
 }  // namespace flowrun::cuda

@@ -68,6 +68,8 @@ void embedding_grad(const KernelCtx& c);
 // dout . out.
 void sdpa(const KernelCtx& c);
 void sdpa_grad(const KernelCtx& c);
+// The rotary position embedding (ops/cuda/attention.cc, kernel in rope.cu): f32, f16, bf16; in place or not.
+void rope(const KernelCtx& c);
 
 // Dropout (ops/cuda/random.cc): the CPU kernel's mask, element for element.
 void dropout(const KernelCtx& c);

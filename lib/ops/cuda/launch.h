@@ -179,6 +179,17 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
                const void* out, const float* lse, void* dq, void* dk, void* dv, float* rowsum,
                cudaStream_t s);
 
+// Rotary position embedding (ops/cuda/rope.cu), as the CPU kernel (ops/cpu/rope.cc): `rows` rows of d
+// (batch x heads x t, position offset + row % t), pair (i, i + d/2) rotated by the angle HF forms in float32
+// (ops/cpu/attention.h's rope_angle), cos and sin taken in double and rounded to f32; -angle if `inverse`.
+// A thread per pair, so y may be x.
+struct Rope {
+  int64_t rows, t, d, offset;
+  double theta;
+  bool inverse;
+};
+void rope(Storage st, const Rope& r, const void* x, void* y, cudaStream_t s);
+
 // Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the step's batch is
 // kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p, where
 // stream = mix_stream(step[0], node_stream) (core/rng.cc) with the step and micro-batch read on the device

@@ -62,6 +62,11 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("embedding_grad", {DeviceKind::cuda, floats, cuda::embedding_grad});
   r.add_kernel("sdpa", {DeviceKind::cuda, floats, cuda::sdpa});
   r.add_kernel("sdpa_grad", {DeviceKind::cuda, floats, cuda::sdpa_grad});
+  // The CPU's cos/sin table is not needed: a thread computes its pair's angle.
+  r.add_kernel("rope", {DeviceKind::cuda, floats, cuda::rope, nullptr,
+                        [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {
+                          return size_t{0};
+                        }});
   r.add_kernel("dropout", {DeviceKind::cuda, floats, cuda::dropout});
   r.add_kernel("dropout_grad", {DeviceKind::cuda, floats, cuda::dropout_grad});
   r.add_kernel("global_norm", {DeviceKind::cuda, floats, cuda::global_norm});
