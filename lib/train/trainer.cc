@@ -237,7 +237,8 @@ void Run::setup() {
   TrainProgram t = make_train_program(cfg_, [&](const Mesh& mesh) {
     // Every rank refuses alike, before anything is compiled: the dump is one process's whole step.
     if (!opts_.dump_step.empty() && mesh.world->size() > 1)
-      throw input_error(cat("--dump-step: records one process's step, but this run has ", mesh.world->size(),
+      throw input_error(cat(cfg_.where("parallel.data"),
+                            "--dump-step records one process's step, but this run has ", mesh.world->size(),
                             " processes (parallel.data x tensor x pipeline); dump it without mpirun/srun"));
     std::exception_ptr refused;
     int64_t code = 0;
@@ -548,8 +549,9 @@ void check_dump_step(const RunConfig& cfg, const TrainOptions& opts) {
     throw input_error("--dump-step and --detect-anomaly exclude each other (each runs the step its own way)");
   if (cfg.precision.dtype == "fp16")
     throw input_error(
-        "--dump-step: precision.dtype fp16 scales the gradients by the loss scale and may skip the step; "
-        "dump an fp32 or bf16 run");
+        cat(cfg.where("precision.dtype"),
+            "fp16 scales the gradients by the loss scale and may skip the step: --dump-step records "
+            "fp32 or bf16 runs"));
   const fs::path dir = fs::path(opts.dump_step).parent_path();
   if (!dir.empty() && !fs::is_directory(dir))
     throw input_error(

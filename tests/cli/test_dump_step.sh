@@ -68,7 +68,7 @@ values "$SCRATCH/gpt.h5" /micro_loss | awk -v l="$(attr "$SCRATCH/gpt.h5" loss)"
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r1" --dump-step "$SCRATCH/no/such/dir/d.h5"
 expect_log "the directory $SCRATCH/no/such/dir does not exist"
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r2" --dump-step "$SCRATCH/r2.h5" --set precision.dtype=fp16
-expect_log "precision.dtype fp16"
+expect_log "precision.dtype: fp16 scales the gradients"
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r3" --dump-step "$SCRATCH/r3.h5" --detect-anomaly
 expect_log "--detect-anomaly"
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/mlp" --resume auto --dump-step "$SCRATCH/r4.h5"
@@ -76,7 +76,7 @@ expect_log "no step left to dump"
 if command -v mpirun >/dev/null; then
   expect_exit 2 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "${MLP[@]}" \
     --set parallel.data=2 --run-dir "$SCRATCH/r5" --dump-step "$SCRATCH/r5.h5"
-  expect_log "this run has 2 processes"
+  expect_log "parallel.data: --dump-step records one process's step, but this run has 2 processes"
 fi
 for r in r1 r2 r3 r4 r5; do [[ -e "$SCRATCH/$r.h5" ]] && fail "a refused run wrote $r.h5"; done
 ls "$SCRATCH" | grep -q '\.tmp\.' && fail "a temporary file was left behind"
