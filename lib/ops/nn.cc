@@ -1,5 +1,5 @@
-// Neural-network ops: softmax, log_softmax, cross_entropy, nll_loss, mse_loss, dropout, embedding and their
-// backward ops. CPU kernels are in ops/cpu/nn.cc.
+// Neural-network ops: softmax, log_softmax, cross_entropy, nll_loss, mse_loss, dropout, BERT's mlm_mask,
+// embedding and their backward ops. CPU kernels are in ops/cpu/nn.cc.
 #include "ops/cpu/nn.h"
 
 #include <algorithm>
@@ -297,6 +297,67 @@ std::vector<OpSample> dropout_samples() {
   return s;
 }
 
+struct MlmAttrs {
+  int64_t vocab, mask_id;
+  double p, mask_p, random_p;
+  bool fixed;
+};
+
+MlmAttrs mlm_attrs(const Attrs& a) {
+  const std::string op = "mlm_mask";
+  for (const char* k : {"vocab", "mask_id"})
+    if (!a.has(k)) throw input_error(cat(op, ": attribute '", k, "' is required"));
+  MlmAttrs m{int_attr(op, a, "vocab", 0),    int_attr(op, a, "mask_id", 0),    num_attr(op, a, "p", 0.15),
+             num_attr(op, a, "mask_p", 0.8), num_attr(op, a, "random_p", 0.1), false};
+  if (m.vocab < 1) throw input_error(cat(op, ": vocab must be at least 1, got ", m.vocab));
+  for (const auto& [k, v] : {std::pair{"p", m.p}, {"mask_p", m.mask_p}, {"random_p", m.random_p}})
+    if (!(v >= 0.0 && v <= 1.0)) throw input_error(cat(op, ": ", k, " must be in [0, 1], got ", v));
+  // 0.9 + 0.1 is 1 in doubles, but a sum of decimal fractions may land an ulp above it.
+  if (m.mask_p + m.random_p > 1.0 + 1e-12)
+    throw input_error(cat(op, ": mask_p + random_p must be at most 1, got ", m.mask_p, " + ", m.random_p));
+  if (a.has("fixed")) {
+    if (!std::holds_alternative<bool>(a.all().find("fixed")->second))
+      throw input_error(cat(op, ": attribute 'fixed' must be a bool"));
+    m.fixed = a.b("fixed");
+  }
+  return m;
+}
+
+// Samples whose draws decide nothing (p = 0, or p = 1 with one outcome certain) have exact references; the
+// random ones are checked by the unit tests (MlmMask.*) and, on a GPU, against the CPU's draws.
+std::vector<OpSample> mlm_mask_samples() {
+  std::vector<OpSample> s;
+  auto add = [&](const std::string& label, const Shape& sh, Attrs a, bool all_selected, bool masked,
+                 bool with_reference) {
+    OpSample o;
+    o.label = label;
+    o.inputs = {{sh, DType::i64}};
+    a.set("vocab", int64_t{11});
+    a.set("mask_id", int64_t{10});
+    o.attrs = a;
+    if (with_reference)
+      o.reference = [all_selected, masked](const std::vector<Tensor>& in, const Attrs& at) {
+        Tensor ids = in[0].clone(), labels = in[0].clone();
+        for (int64_t k = 0; k < ids.numel(); ++k) {
+          if (!all_selected) labels.data<int64_t>()[k] = kDefaultIgnore;
+          if (masked) ids.data<int64_t>()[k] = at.i("mask_id");
+        }
+        return std::vector<Tensor>{ids, labels};
+      };
+    s.push_back(o);
+  };
+  add("[3,7] p=0 (nothing selected)", {3, 7}, Attrs{{"p", 0.0}}, false, false, true);
+  add("[2,5] p=1 mask_p=1 (all masked)", {2, 5}, Attrs{{"p", 1.0}, {"mask_p", 1.0}, {"random_p", 0.0}}, true,
+      true, true);
+  add("[4,3] p=1 mask_p=0 random_p=0 (all selected, kept)", {4, 3},
+      Attrs{{"p", 1.0}, {"mask_p", 0.0}, {"random_p", 0.0}}, true, false, true);
+  add("[4,16] defaults", {4, 16}, Attrs{}, false, false, false);
+  add("[3,5] p=0.5 random_p=0.5 fixed", {3, 5},
+      Attrs{{"p", 0.5}, {"random_p", 0.5}, {"mask_p", 0.5}, {"fixed", true}}, false, false, false);
+  add("[9] p=0.3 (one axis)", {9}, Attrs{{"p", 0.3}}, false, false, false);
+  return s;
+}
+
 std::vector<OpSample> embedding_samples() {
   std::vector<OpSample> s;
   struct Case {
@@ -579,6 +640,38 @@ void register_nn_ops(OpRegistry& r) {
   drg.kernels = {{DeviceKind::cpu, kF, cpu::dropout_grad}};
   drg.covered_by = {"dropout"};
   r.add(drg);
+
+  OpDef mlm;
+  mlm.name = "mlm_mask";
+  mlm.doc =
+      "BERT's masked-language-model masking of ids (B, T) i64 -> (masked ids, labels) i64: each position is "
+      "selected with probability p (default 0.15); a selected one becomes mask_id with probability mask_p "
+      "(0.8), a token drawn uniformly from [0, vocab) with probability random_p (0.1), else stays; labels "
+      "hold the original id where selected, -100 elsewhere. Attrs vocab and mask_id (required), p, mask_p, "
+      "random_p, fixed (bool, default false: draw step 0's numbers at every step, so that every evaluation "
+      "masks alike). Draws are keyed and numbered as dropout's (Philox block e for element e of the step's "
+      "whole batch)";
+  mlm.num_outputs = [](const Attrs&) { return 2; };
+  mlm.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in[0].dtype != DType::i64 || in[0].shape.empty())
+      throw input_error(cat("mlm_mask: ids must be i64 with at least one axis, got ", shape_str(in[0].shape),
+                            ":", dtype_name(in[0].dtype)));
+    mlm_attrs(a);
+    return {in[0], in[0]};
+  };
+  mlm.cost = cost_per_elem(4.0, 0);
+  mlm.nondiff_inputs = {0};
+  mlm.random = true;
+  // Every element draws by its index in the whole tensor, so a batch (or sequence) split draws the same.
+  mlm.sbp = [](const SbpQuery& q) {
+    std::vector<SbpSignature> sigs;
+    for (int a = 0; a < static_cast<int>(q.in[0].shape.size()); ++a)
+      sigs.push_back({{Sbp::split(a)}, {Sbp::split(a), Sbp::split(a)}});
+    return sigs;
+  };
+  mlm.kernels = {{DeviceKind::cpu, {DType::i64}, cpu::mlm_mask}};
+  mlm.samples = mlm_mask_samples;
+  r.add(mlm);
 
   OpDef emb;
   emb.name = "embedding";

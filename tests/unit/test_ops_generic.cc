@@ -289,5 +289,133 @@ TEST(Rope, RejectsBadShapesAndAttributes) {
   EXPECT_THROW(b.op("rope", {b.input("r3", {2, 2, 4})}, {}), Error);
 }
 
+Tensor ids_tensor(const Shape& shape, int64_t vocab, uint64_t seed) {
+  Tensor x = Tensor::empty(shape, DType::i64);
+  const RngStream r{seed, 4};
+  for (int64_t k = 0; k < x.numel(); ++k)
+    x.data<int64_t>()[k] =
+        static_cast<int64_t>(r.block(static_cast<uint64_t>(k))[0] % static_cast<uint64_t>(vocab));
+  return x;
+}
+
+std::vector<int64_t> ints_of(const Tensor& t) {
+  return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+}
+
+// Rows [r0, r1) and columns [c0, c1) of a row-major (rows x cols) list.
+std::vector<int64_t> block_of(const std::vector<int64_t>& v, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
+                              int64_t c1) {
+  std::vector<int64_t> out;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) out.push_back(v[static_cast<size_t>(r * cols + c)]);
+  return out;
+}
+
+// On 64 x 512 ids every one of one value: the share selected is p, of those mask_p become mask_id, random_p a
+// token of [0, vocab) other than the id (but for 1 in vocab draws) and the rest stay; labels are the id where
+// selected, -100 elsewhere, and unselected positions keep their id.
+TEST(MlmMask, SelectsPAndSplitsEightyTenTen) {
+  const int64_t vocab = 1000, mask_id = 999, id = 7;
+  Tensor ids = Tensor::empty({64, 512}, DType::i64);
+  std::fill_n(ids.data<int64_t>(), ids.numel(), id);
+  const auto out = run_op("mlm_mask", {ids}, {{"vocab", vocab}, {"mask_id", mask_id}}, 5);
+  const auto masked = ints_of(out[0]), labels = ints_of(out[1]);
+  int64_t selected = 0, to_mask = 0, to_random = 0, kept = 0;
+  double random_sum = 0;
+  for (size_t k = 0; k < masked.size(); ++k) {
+    if (labels[k] == -100) {
+      ASSERT_EQ(masked[k], id) << k;
+      continue;
+    }
+    ASSERT_EQ(labels[k], id) << k;
+    ++selected;
+    ASSERT_GE(masked[k], 0);
+    ASSERT_LT(masked[k], vocab);
+    if (masked[k] == mask_id) {
+      ++to_mask;
+    } else if (masked[k] == id) {
+      ++kept;
+    } else {
+      ++to_random;
+      random_sum += static_cast<double>(masked[k]);
+    }
+  }
+  const double n = static_cast<double>(masked.size()), sel = static_cast<double>(selected);
+  // Binomial standard deviations: 0.002 of the total, 0.006 / 0.004 of the selected; 5 of them allowed.
+  EXPECT_NEAR(sel / n, 0.15, 0.01);
+  EXPECT_NEAR(static_cast<double>(to_mask) / sel, 0.8, 0.03);
+  EXPECT_NEAR(static_cast<double>(to_random) / sel, 0.1, 0.02);
+  EXPECT_NEAR(static_cast<double>(kept) / sel, 0.1, 0.02);
+  EXPECT_NEAR(random_sum / static_cast<double>(to_random), (vocab - 1) / 2.0, 40.0);  // uniform tokens
+}
+
+// Micro-batch m of 4 rows draws rows 4m.. of the step's batch of 8, and so do a data rank's rows and a
+// tensor rank's columns of it (rng_whole/rng_start, as the SBP pass sets them): accumulation, pipelines and
+// parallel layouts mask as one process masks the whole batch.
+TEST(MlmMask, SplitsOfTheBatchDrawWhatTheWholeDraws) {
+  const Attrs a{{"vocab", int64_t{50}}, {"mask_id", int64_t{49}}, {"p", 0.4}};
+  const Tensor all = ids_tensor({8, 6}, 49, 1);
+  const auto whole = run_op("mlm_mask", {all}, a, 3);
+  const auto ids = ints_of(all), w0 = ints_of(whole[0]), w1 = ints_of(whole[1]);
+  auto piece = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const std::vector<int64_t> v = block_of(ids, 6, r0, r1, c0, c1);
+    Tensor t = Tensor::empty({r1 - r0, c1 - c0}, DType::i64);
+    std::copy(v.begin(), v.end(), t.data<int64_t>());
+    return t;
+  };
+  int64_t selected = 0;
+  for (int64_t l : w1) selected += l != -100;
+  EXPECT_GT(selected, 5);  // the comparisons below see masking, not only copies
+  for (int64_t m : {0, 1}) {
+    SCOPED_TRACE(cat("micro-batch ", m));
+    const auto mb = run_op("mlm_mask", {piece(4 * m, 4 * m + 4, 0, 6)}, a, 3, m);
+    EXPECT_EQ(ints_of(mb[0]), block_of(w0, 6, 4 * m, 4 * m + 4, 0, 6));
+    EXPECT_EQ(ints_of(mb[1]), block_of(w1, 6, 4 * m, 4 * m + 4, 0, 6));
+    Attrs data_rank = a;  // rows 2..3 of the micro-batch of 4
+    data_rank.set("rng_whole", std::vector<int64_t>{4, 6});
+    data_rank.set("rng_start", std::vector<int64_t>{2, 0});
+    const auto dr = run_op("mlm_mask", {piece(4 * m + 2, 4 * m + 4, 0, 6)}, data_rank, 3, m);
+    EXPECT_EQ(ints_of(dr[0]), block_of(w0, 6, 4 * m + 2, 4 * m + 4, 0, 6));
+    EXPECT_EQ(ints_of(dr[1]), block_of(w1, 6, 4 * m + 2, 4 * m + 4, 0, 6));
+    Attrs tensor_rank = a;  // columns 3..5
+    tensor_rank.set("rng_whole", std::vector<int64_t>{4, 6});
+    tensor_rank.set("rng_start", std::vector<int64_t>{0, 3});
+    const auto tr = run_op("mlm_mask", {piece(4 * m, 4 * m + 4, 3, 6)}, tensor_rank, 3, m);
+    EXPECT_EQ(ints_of(tr[0]), block_of(w0, 6, 4 * m, 4 * m + 4, 3, 6));
+    EXPECT_EQ(ints_of(tr[1]), block_of(w1, 6, 4 * m, 4 * m + 4, 3, 6));
+  }
+}
+
+// Each step draws anew (and resuming at a step redraws it exactly); `fixed` draws the same at every step.
+TEST(MlmMask, StepsDrawAnewUnlessFixed) {
+  const Tensor ids = ids_tensor({8, 32}, 30, 2);
+  Attrs a{{"vocab", int64_t{30}}, {"mask_id", int64_t{29}}};
+  const auto s3 = ints_of(run_op("mlm_mask", {ids}, a, 3)[1]),
+             s4 = ints_of(run_op("mlm_mask", {ids}, a, 4)[1]);
+  EXPECT_NE(s3, s4);
+  EXPECT_EQ(s3, ints_of(run_op("mlm_mask", {ids}, a, 3)[1]));
+  a.set("fixed", true);
+  const auto f3 = run_op("mlm_mask", {ids}, a, 3), f9 = run_op("mlm_mask", {ids}, a, 9);
+  EXPECT_EQ(ints_of(f3[0]), ints_of(f9[0]));
+  EXPECT_EQ(ints_of(f3[1]), ints_of(f9[1]));
+  EXPECT_NE(ints_of(f3[1]), s3);  // fixed draws step 0's numbers, not step 3's
+}
+
+TEST(MlmMask, RejectsBadAttributes) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId ids = b.input("ids", {2, 3}, DType::i64);
+  const Attrs ok{{"vocab", int64_t{10}}, {"mask_id", int64_t{9}}};
+  EXPECT_NO_THROW(b.op("mlm_mask", {ids}, ok));
+  EXPECT_THROW(b.op("mlm_mask", {ids}, {{"vocab", int64_t{10}}}), Error);  // no mask_id
+  EXPECT_THROW(b.op("mlm_mask", {b.input("x", {2, 3})}, ok), Error);       // f32 ids
+  for (const auto& [k, v] : std::vector<std::pair<std::string, Attr>>{
+           {"p", 1.5}, {"mask_p", -0.1}, {"random_p", 0.3}, {"vocab", int64_t{0}}, {"fixed", int64_t{1}}}) {
+    Attrs bad = ok;
+    bad.set(k, v);
+    EXPECT_THROW(b.op("mlm_mask", {ids}, bad), Error) << k;
+  }
+}
+
 }  // namespace
 }  // namespace flowrun::testing

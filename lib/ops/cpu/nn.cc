@@ -452,6 +452,54 @@ void dropout_grad(const KernelCtx& c) {
   });
 }
 
+// BERT's masking. Element e of the step's whole batch (numbered as dropout numbers it: micro-batch m after m
+// whole micro-batches, a piece of a split tensor by its index in the whole) reads the four words of Philox
+// block e: word 0 selects it (uniform < p), word 1 picks the outcome (< mask_p: mask_id, < mask_p + random_p:
+// a random token, else kept), words 2 and 3 the random token (their 64 bits mod vocab). `fixed` keys the
+// stream on step 0 whatever the step is. The CUDA kernel (ops/cuda/random.cu) draws the same.
+void mlm_mask(const KernelCtx& c) {
+  const Attrs& a = c.attrs();
+  const double p = a.f("p", 0.15), mask_p = a.f("mask_p", 0.8), keep_above = mask_p + a.f("random_p", 0.1);
+  const int64_t vocab = a.i("vocab"), mask_id = a.i("mask_id");
+  const RngStream rng = a.b("fixed", false) ? RngStream{c.rng.seed, mix_stream(0, c.node_stream)} : c.rng;
+  const int64_t* ids = c.in[0].as<int64_t>();
+  int64_t* out = c.out[0].as<int64_t>();
+  int64_t* labels = c.out[1].as<int64_t>();
+  const Shape& local = *c.in[0].shape;
+  const size_t rank = local.size();
+  const std::vector<int64_t> whole = a.has("rng_whole") ? a.ints("rng_whole") : local;
+  const std::vector<int64_t> start = a.has("rng_start") ? a.ints("rng_start") : std::vector<int64_t>(rank, 0);
+  int64_t whole_n = 1;
+  for (int64_t d : whole) whole_n *= d;
+  const int64_t base = c.micro * whole_n;
+  auto uniform = [](uint32_t w) {
+    return static_cast<double>(static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
+  };
+  parallel_for(c.in[0].numel(), kGrain / 8, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      int64_t g = base, stride = 1, rem = i;
+      for (size_t ax = rank; ax-- > 0;) {
+        g += (start[ax] + rem % local[ax]) * stride;
+        rem /= local[ax];
+        stride *= whole[ax];
+      }
+      const std::array<uint32_t, 4> w = rng.block(static_cast<uint64_t>(g));
+      const int64_t id = ids[i];
+      if (uniform(w[0]) >= p) {
+        out[i] = id;
+        labels[i] = -100;
+        continue;
+      }
+      labels[i] = id;
+      const double u = uniform(w[1]);
+      const uint64_t bits = (static_cast<uint64_t>(w[3]) << 32) | w[2];
+      out[i] = u < mask_p       ? mask_id
+               : u < keep_above ? static_cast<int64_t>(bits % static_cast<uint64_t>(vocab))
+                                : id;
+    }
+  });
+}
+
 // Ids outside [offset, offset + V) read nothing: their rows of the output are zeros (attr offset: the first
 // row of a vocabulary split over the tensor axis).
 void embedding(const KernelCtx& c) {

@@ -18,6 +18,7 @@ void nll_loss_grad(const KernelCtx& c);
 void mse_loss(const KernelCtx& c);
 void dropout(const KernelCtx& c);
 void dropout_grad(const KernelCtx& c);
+void mlm_mask(const KernelCtx& c);
 void embedding(const KernelCtx& c);
 void embedding_grad(const KernelCtx& c);
 

@@ -74,6 +74,7 @@ void rope(const KernelCtx& c);
 // Dropout (ops/cuda/random.cc): the CPU kernel's mask, element for element.
 void dropout(const KernelCtx& c);
 void dropout_grad(const KernelCtx& c);
+void mlm_mask(const KernelCtx& c);  // i64 ids
 
 // Shape ops (ops/cuda/shape.cc): strided row copies, any dtype.
 void slice(const KernelCtx& c);

@@ -206,6 +206,19 @@ void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* 
              int64_t n, cudaStream_t s);
 void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void* dx, int64_t n,
                   cudaStream_t s);
+// BERT's masking of i64 ids (ops/cuda/random.cu), drawing what the CPU kernel (ops/cpu/nn.cc) draws: element
+// e of the step's batch (numbered as dropout's: `local`, `base`, `whole`, step[1]) reads Philox block e of
+// (seed, mix_stream(fixed ? 0 : step[0], node_stream)).
+struct MlmDraw {
+  double p, mask_p, keep_above;  // keep_above = mask_p + random_p
+  int64_t vocab, mask_id;
+  bool fixed;
+  uint64_t seed, node_stream;
+  const int64_t* step;
+  int64_t base, whole;
+};
+void mlm_mask(const MlmDraw& d, const Strided& local, const int64_t* ids, int64_t* out, int64_t* labels,
+              int64_t n, cudaStream_t s);
 
 // The gradient norm's pieces (ops/cuda/optim.cu): the sum of squares of x[b * block, (b + 1) * block) in
 // double into partial[b] for each block b of x; then out = scale * sqrt(sum of partial[0, n)) as an f32, the

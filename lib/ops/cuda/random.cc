@@ -1,4 +1,4 @@
-// KernelCtx adapters of the CUDA dropout (ops/cuda/random.cu).
+// KernelCtx adapters of the CUDA dropout and mlm_mask (ops/cuda/random.cu).
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -31,6 +31,42 @@ void dropout(const KernelCtx& c) {
 void dropout_grad(const KernelCtx& c) {
   dropout_grad(storage_of(c.in[0].dtype), c.attrs().f("p", 0.5), c.in[0].data, c.in[1].as<uint8_t>(),
                c.out[0].data, c.in[0].numel(), stream_of(c));
+}
+
+// Numbered as dropout (above); the masking's attributes as the CPU kernel reads them.
+void mlm_mask(const KernelCtx& c) {
+  const TensorView& ids = c.in[0];
+  const Shape& local = *ids.shape;
+  FR_CHECK(local.size() <= 8, "the CUDA mlm_mask takes at most 8 axes");
+  const Attrs& a = c.attrs();
+  const Shape whole = a.has("rng_whole") ? Shape(a.ints("rng_whole")) : local;
+  const std::vector<int64_t> start =
+      a.has("rng_start") ? a.ints("rng_start") : std::vector<int64_t>(local.size(), 0);
+  FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA mlm_mask needs the step in device memory");
+  const double mask_p = a.f("mask_p", 0.8);
+  MlmDraw d{a.f("p", 0.15),
+            mask_p,
+            mask_p + a.f("random_p", 0.1),
+            a.i("vocab"),
+            a.i("mask_id"),
+            a.b("fixed", false),
+            c.rng.seed,
+            c.node_stream,
+            c.device_step,
+            0,
+            0};
+  Strided s;
+  s.rank = static_cast<int>(local.size());
+  int64_t stride = 1;
+  for (size_t ax = local.size(); ax-- > 0;) {
+    s.dims[ax] = local[ax];
+    s.stride[ax] = stride;
+    d.base += start[ax] * stride;
+    stride *= whole[ax];
+  }
+  d.whole = stride;
+  mlm_mask(d, s, ids.as<int64_t>(), c.out[0].as<int64_t>(), c.out[1].as<int64_t>(), ids.numel(),
+           stream_of(c));
 }
 
 }  // namespace flowrun::cuda

@@ -1,6 +1,6 @@
-// Dropout on the device, bit-identical in its mask to the CPU kernel: each thread runs Philox4x32-10 for its
-// element's block (core/rng.cc, the same rounds and constants) and maps its local index to the whole
-// tensor's.
+// Dropout and BERT's masking on the device, bit-identical in their draws to the CPU kernels: each thread runs
+// Philox4x32-10 for its element's block (core/rng.cc, the same rounds and constants) and maps its local index
+// to the whole tensor's.
 
 #include "ops/cuda/device.cuh"
 
@@ -65,6 +65,42 @@ __global__ void dropout_grad_kernel(float scale, const T* dy, const uint8_t* mas
     store(dx, i, mask[i] ? load(dy, i) * scale : 0.0f);
 }
 
+__device__ double uniform24(uint32_t w) {
+  return static_cast<double>(static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
+}
+
+__global__ void mlm_mask_kernel(MlmDraw d, Strided local, const int64_t* ids, int64_t* out, int64_t* labels,
+                                int64_t n) {
+  const uint64_t stream = mix_stream(d.fixed ? 0 : static_cast<uint64_t>(d.step[0]), d.node_stream);
+  const int64_t base = d.base + d.step[1] * d.whole;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t rem = i, g = base;
+    for (int k = local.rank - 1; k >= 0; --k) {
+      g += (rem % local.dims[k]) * local.stride[k];
+      rem /= local.dims[k];
+    }
+    const uint64_t block = static_cast<uint64_t>(g);
+    const int64_t id = ids[i];
+    if (uniform24(philox_word(block, d.seed, stream, 0)) >= d.p) {
+      out[i] = id;
+      labels[i] = -100;
+      continue;
+    }
+    labels[i] = id;
+    const double u = uniform24(philox_word(block, d.seed, stream, 1));
+    if (u < d.mask_p) {
+      out[i] = d.mask_id;
+    } else if (u < d.keep_above) {
+      const uint64_t bits = (static_cast<uint64_t>(philox_word(block, d.seed, stream, 3)) << 32) |
+                            philox_word(block, d.seed, stream, 2);
+      out[i] = static_cast<int64_t>(bits % static_cast<uint64_t>(d.vocab));
+    } else {
+      out[i] = id;
+    }
+  }
+}
+
 }  // namespace
 
 void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,
@@ -88,6 +124,13 @@ void dropout_grad(Storage t, double p, const void* dy, const uint8_t* mask, void
                                                            static_cast<T*>(dx), n);
   });
   check(cudaGetLastError(), "dropout gradient kernel launch");
+}
+
+void mlm_mask(const MlmDraw& d, const Strided& local, const int64_t* ids, int64_t* out, int64_t* labels,
+              int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  mlm_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, local, ids, out, labels, n);
+  check(cudaGetLastError(), "mlm_mask kernel launch");
 }
 
 }  // namespace flowrun::cuda
