@@ -590,12 +590,22 @@ def make_optimizer(cfg, model, names, lr):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=o["eps"])
 
 
-def rel(a, b):
-    """max|a - b| / max|b| over a tensor (max|a - b| where b is all zeros)."""
+FLOOR = 1e-6
+
+
+def rel(a, b, floor):
+    """max|a - b| / max(max|b|, floor) over a tensor. The floor is FLOOR times the model's largest value of
+    the kind (gradient, weight): a tensor that is zero in exact arithmetic (BERT's key bias gets no gradient:
+    softmax ignores a shift shared by every key) holds rounding noise on both sides, which the floor
+    measures against the model's scale rather than against itself."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d = np.max(np.abs(a - b)) if a.size else 0.0
-    s = np.max(np.abs(b)) if b.size else 0.0
+    s = max(np.max(np.abs(b)) if b.size else 0.0, floor)
     return d / s if s > 0 else d
+
+
+def floor_of(tensors):
+    return FLOOR * max((np.max(np.abs(t)) for t in tensors.values() if t.size), default=0.0)
 
 
 def torch_step(name, cfg, dump, dtype, flowrun_grads=False):
@@ -666,16 +676,20 @@ def check_model(name, flowrun, work):
     loss64, g64, own64 = torch_step(name, cfg, dump, torch.float64)
     loss32, g32, _ = torch_step(name, cfg, dump, torch.float32)
     _, _, step64 = torch_step(name, cfg, dump, torch.float64, flowrun_grads=True)
-    e64 = {n: rel(dump["grads"][n], g) for n, g in g64.items()}
-    e32 = {n: rel(dump["grads"][n], g) for n, g in g32.items()}
+    gfloor, wfloor = floor_of(g64), floor_of(own64)
+    e64 = {n: rel(dump["grads"][n], g, gfloor) for n, g in g64.items()}
+    e32 = {n: rel(dump["grads"][n], g, gfloor) for n, g in g32.items()}
     best = {n: min(e64[n], e32[n]) for n in e64}
     r = {"model": name, "params": sum(v.size for v in dump["params"].values()), "loss": dump["loss"],
          "loss_err": abs(dump["loss"] - loss64) / abs(loss64), "loss_err32": abs(dump["loss"] - loss32) / abs(loss32)}
     r["grad64"], r["grad64_at"] = worst(e64)
     r["grad32"], r["grad32_at"] = worst(e32)
     r["grad"], r["grad_at"] = worst(best)
-    r["update"], r["update_at"] = worst({n: rel(flow_after[n], a) for n, a in step64.items()})
-    r["e2e"], r["e2e_at"] = worst({n: rel(flow_after[n], a) for n, a in own64.items()})
+    r["update"], r["update_at"] = worst({n: rel(flow_after[n], a, wfloor) for n, a in step64.items()})
+    r["e2e"], r["e2e_at"] = worst({n: rel(flow_after[n], a, wfloor) for n, a in own64.items()})
+    # Gradients that vanish in exact arithmetic, and flowrun's largest value in them.
+    r["zero_grads"] = {n: float(np.max(np.abs(dump["grads"][n]))) for n, g in g64.items()
+                       if g.size and np.max(np.abs(g)) < gfloor}
     return r
 
 
@@ -731,6 +745,11 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(table(rows))
+    for r in rows:
+        if r["zero_grads"]:
+            print(f"\n{r['model']}: gradients below {FLOOR:g} of the model's largest in float64 (zero in exact "
+                  "arithmetic), flowrun's largest value in each: " +
+                  ", ".join(f"`{n}` {v:.1e}" for n, v in r["zero_grads"].items()))
     if failed:
         print(f"\nnot checked (errors above): {', '.join(failed)}")
     return 0 if not failed and all(passed(r) for r in rows) else 1
