@@ -583,6 +583,11 @@ TrainResult Run::go() {
     init_from(opts_.init_from);
   }
 
+  // Before the run directory's files are touched.
+  if (!opts_.dump_step.empty() && step_ >= cfg_.train.steps)
+    throw input_error(cat(cfg_.where("train.steps"),
+                          "--dump-step: the run has no step left to dump (resumed at step ", step_, " of ",
+                          cfg_.train.steps, ")"));
   const std::string metrics_path = (fs::path(run_dir_) / "metrics.jsonl").string();
   if (lead_) {
     if (step_ > 0)
@@ -607,12 +612,7 @@ TrainResult Run::go() {
   const StopRequests stop;
   double loss = std::nan("");
   std::unique_ptr<StepRecorder> dump;
-  if (!opts_.dump_step.empty()) {
-    if (step_ >= total)
-      throw input_error(cat("--dump-step: the run has no step left to dump (resumed at step ", step_,
-                            " of train.steps ", total, ")"));
-    dump = std::make_unique<StepRecorder>(*ex_, params_, state_);
-  }
+  if (!opts_.dump_step.empty()) dump = std::make_unique<StepRecorder>(*ex_, params_, state_);
   while (step_ < total) {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);

@@ -71,8 +71,10 @@ expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r2" --dump-step "
 expect_log "precision.dtype: fp16 scales the gradients"
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r3" --dump-step "$SCRATCH/r3.h5" --detect-anomaly
 expect_log "--detect-anomaly"
+before=$(md5sum <"$SCRATCH/mlp/metrics.jsonl")
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/mlp" --resume auto --dump-step "$SCRATCH/r4.h5"
-expect_log "no step left to dump"
+expect_log "train.steps: --dump-step: the run has no step left to dump (resumed at step 1 of 1)"
+[[ $(md5sum <"$SCRATCH/mlp/metrics.jsonl") == "$before" ]] || fail "the refused resume rewrote metrics.jsonl"
 if command -v mpirun >/dev/null; then
   expect_exit 2 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "${MLP[@]}" \
     --set parallel.data=2 --run-dir "$SCRATCH/r5" --dump-step "$SCRATCH/r5.h5"
