@@ -28,7 +28,6 @@ Needs torch, numpy and h5py (the bench venv of scripts/bench_vs_torch.sh has the
 """
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -277,7 +276,8 @@ class Block(nn.Module):
                  bias=True, rope=False, theta=10000.0, qkv="fused", causal=True, post_norm=False):
         super().__init__()
         self.heads, self.kv = heads, kv_heads or heads
-        self.rope, self.theta, self.causal, self.post, self.mlp, self.fused = rope, theta, causal, post_norm, mlp, qkv == "fused"
+        self.rope, self.theta, self.causal, self.post = rope, theta, causal, post_norm
+        self.mlp, self.fused = mlp, qkv == "fused"
         self.rms = norm == "rmsnorm"
         make_norm = (lambda: RMSNorm(d, eps)) if self.rms else (lambda: nn.LayerNorm(d, eps=eps))
         self.ln1, self.ln2 = make_norm(), make_norm()
@@ -285,7 +285,8 @@ class Block(nn.Module):
         if self.fused:
             self.qkv = nn.Linear(d, d + 2 * kd, bias=bias)
         else:
-            self.q, self.k, self.v = nn.Linear(d, d, bias=bias), nn.Linear(d, kd, bias=bias), nn.Linear(d, kd, bias=bias)
+            self.q = nn.Linear(d, d, bias=bias)
+            self.k, self.v = nn.Linear(d, kd, bias=bias), nn.Linear(d, kd, bias=bias)
         self.proj = nn.Linear(d, d, bias=bias)
         if mlp == "swiglu":
             self.gate, self.up, self.down = (nn.Linear(d, hidden, bias=bias), nn.Linear(d, hidden, bias=bias),
@@ -570,8 +571,10 @@ def run_flowrun(flowrun, name, cfg, work):
 
 
 def num_classes(cfg, dump):
-    """The width of the head: the data's classes (10 for Fashion-MNIST) or the text vocabulary (bytes)."""
-    return 256 if dump["x"].dtype == np.int64 else 10
+    """The data's classes: the image models' `head` rows, or for text the vocabulary of flowrun's byte-level
+    text datasets (256)."""
+    head = dump["params"].get("head/w")
+    return head.shape[0] if head is not None else 256
 
 
 def make_optimizer(cfg, model, names, lr):
@@ -702,7 +705,8 @@ def table(rows):
            "vs f32 (tensor) | worst step err (tensor) | end-to-end update err (tensor) | |",
            "|---|---:|---:|---:|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['model']} | {r['params']:,} | {r['loss']:.6f} | {r['loss_err']:.1e} / {r['loss_err32']:.1e} | "
+        out.append(f"| {r['model']} | {r['params']:,} | {r['loss']:.6f} | "
+                   f"{r['loss_err']:.1e} / {r['loss_err32']:.1e} | "
                    f"{r['grad64']:.1e} (`{r['grad64_at']}`) | {r['grad32']:.1e} (`{r['grad32_at']}`) | "
                    f"{r['update']:.1e} (`{r['update_at']}`) | {r['e2e']:.1e} (`{r['e2e_at']}`) | "
                    f"{'pass' if passed(r) else 'FAIL'} |")
