@@ -196,7 +196,8 @@ class SbpAxisPass {
     Attrs a = node.attrs;
     const Value& out0 = g_.value(node.outputs.at(0));
     const Sbp& s0 = sig.out.at(0);
-    if (node.op == "reshape" || node.op == "broadcast_to") a.set("shape", local_shape(out0.shape(), s0, parts_));
+    if (node.op == "reshape" || node.op == "broadcast_to")
+      a.set("shape", local_shape(out0.shape(), s0, parts_));
     if (node.op == "split" && s0.kind == Sbp::S && sig.in[0].kind == Sbp::S && sig.in[0].groups > 1) {
       std::vector<int64_t> sizes = a.ints("sizes");
       for (int64_t& v : sizes) v /= parts_;

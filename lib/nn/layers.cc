@@ -129,8 +129,8 @@ AttnSpec attn_spec(const Opts& o) {
   a.heads = o.integer("heads");
   a.kv_heads = o.integer("kv_heads", a.heads);
   if (a.heads % a.kv_heads != 0)
-    o.fail("kv_heads", cat("must divide heads ", a.heads, " (each key/value head serves a group of heads), got ",
-                           a.kv_heads));
+    o.fail("kv_heads", cat("must divide heads ", a.heads,
+                           " (each key/value head serves a group of heads), got ", a.kv_heads));
   a.causal = o.flag("causal", true);
   a.dropout = o.probability("dropout", 0.0);
   a.bias = o.flag("bias", true);
@@ -181,8 +181,8 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
     // over each group.
     const int64_t G = H / KV;
     auto expand = [&](ValueId t) {
-      const ValueId b = c.b.op1("broadcast_to", {c.b.reshape(t, {B, KV, 1, T, D})},
-                                {{"shape", Shape{B, KV, G, T, D}}});
+      const ValueId b =
+          c.b.op1("broadcast_to", {c.b.reshape(t, {B, KV, 1, T, D})}, {{"shape", Shape{B, KV, G, T, D}}});
       return c.b.reshape(b, {B, H, T, D});
     };
     k = expand(k), v = expand(v);
@@ -349,8 +349,7 @@ ValueId transformer_block_layer(Ctx& c, const Opts& o, const std::string&, Value
   // The hidden width must be an int64 (llround of a larger value is unspecified).
   if (ratio * static_cast<double>(C) >= 0x1p62)
     o.fail("mlp_ratio", cat("mlp_ratio x width ", C, " is too large"));
-  const int64_t hidden =
-      o.has("ffn") ? o.integer("ffn") : std::llround(ratio * static_cast<double>(C));
+  const int64_t hidden = o.has("ffn") ? o.integer("ffn") : std::llround(ratio * static_cast<double>(C));
   const bool rms = o.choice("norm", "layernorm", {"layernorm", "rmsnorm"}) == "rmsnorm";
   const double eps = o.number("norm_eps", rms ? 1e-6 : 1e-5);
   if (eps <= 0) o.fail("norm_eps", "must be > 0");
@@ -477,7 +476,8 @@ ValueId tied_head_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
     c.fail(cat("the input width ", shape_of(c, x).back(), " differs from the embedding width ", table[1]));
   std::vector<ValueId> in{x, it->second};
   // BERT's decoder: the tied weight plus a bias of vocabulary size of its own.
-  if (o.flag("bias", false)) in.push_back(c.param("b", {table[0]}, ParamInfo::of(ParamInfo::bias, table[1], table[0])));
+  if (o.flag("bias", false))
+    in.push_back(c.param("b", {table[0]}, ParamInfo::of(ParamInfo::bias, table[1], table[0])));
   return c.b.op1("linear", in);
 }
 
@@ -510,8 +510,8 @@ int64_t sample_axis(const Opts& o, const std::string& key, int64_t axis, size_t 
   const int64_t r = static_cast<int64_t>(rank);
   const int64_t a = axis < 0 ? axis + r : axis;
   if (a < 1 || a >= r)
-    o.fail(key, cat("axis ", axis, " is not a per-sample axis of an input of rank ", r,
-                    " (1..", r - 1, ", or -1..-", r - 1, "; axis 0 is the batch)"));
+    o.fail(key, cat("axis ", axis, " is not a per-sample axis of an input of rank ", r, " (1..", r - 1,
+                    ", or -1..-", r - 1, "; axis 0 is the batch)"));
   return a;
 }
 
@@ -524,8 +524,9 @@ ValueId reshape_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
     if (want[i] == -1 && infer < 0) {
       infer = static_cast<int64_t>(i);
     } else if (want[i] < 1) {
-      o.fail("shape", cat("dimensions are >= 1 with at most one -1 (the batch dim is kept, not written), got ",
-                          shape_str(want)));
+      o.fail("shape",
+             cat("dimensions are >= 1 with at most one -1 (the batch dim is kept, not written), got ",
+                 shape_str(want)));
     } else {
       if (known > kMaxElements / want[i]) o.fail("shape", cat(shape_str(want), " is too large"));
       known *= want[i];
@@ -535,8 +536,8 @@ ValueId reshape_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
   for (int64_t d : want) out.push_back(d);
   if (infer >= 0) {
     if (per % known != 0)
-      o.fail("shape", cat("cannot view the ", per, " elements per sample of ", shape_str(s), " as ",
-                          shape_str(want)));
+      o.fail("shape",
+             cat("cannot view the ", per, " elements per sample of ", shape_str(s), " as ", shape_str(want)));
     out[static_cast<size_t>(infer) + 1] = per / known;
   } else if (known != per) {
     o.fail("shape", cat("has ", known, " elements per sample but the input ", shape_str(s), " has ", per));
@@ -564,8 +565,7 @@ ValueId select_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
   const int64_t index = iv.as_int() < 0 ? iv.as_int() + n : iv.as_int();
   if (index < 0 || index >= n)
     o.fail("index", cat(iv.as_int(), " is out of range for axis ", axis, " of length ", n));
-  const ValueId one =
-      c.b.op1("slice", {x}, {{"axis", axis}, {"start", index}, {"end", index + 1}});
+  const ValueId one = c.b.op1("slice", {x}, {{"axis", axis}, {"start", index}, {"end", index + 1}});
   Shape out = s;
   out.erase(out.begin() + axis);
   return c.b.reshape(one, out);
@@ -580,8 +580,8 @@ ValueId patch_embed_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) 
   const std::vector<int64_t> p = o.pair("patch", std::nullopt, 1);
   const int64_t dim = o.integer("dim"), in = s[1];
   if (s[2] % p[0] != 0 || s[3] % p[1] != 0)
-    o.fail("patch", cat("the image ", s[2], "x", s[3], " is not a whole number of ", p[0], "x", p[1],
-                        " patches"));
+    o.fail("patch",
+           cat("the image ", s[2], "x", s[3], " is not a whole number of ", p[0], "x", p[1], " patches"));
   const int64_t fan_in = in * p[0] * p[1], fan_out = dim * p[0] * p[1];
   const ValueId w = c.param("w", {dim, in, p[0], p[1]},
                             ParamInfo::of(ParamInfo::weight, fan_in, fan_out, true, false, o.init()));
@@ -616,11 +616,13 @@ ValueId token_type_embedding_layer(Ctx& c, const Opts& o, const std::string&, Va
   const Shape s = shape_of(c, x);
   const int64_t types = o.integer("types", 2), dim = o.integer("dim");
   if (s[2] != dim) o.fail("dim", cat("is ", dim, " but the input has width ", s[2]));
-  const ValueId w = c.param("w", {types, dim},
-                            ParamInfo::of(ParamInfo::embedding, dim, types, false, false, o.init()));
+  const ValueId w =
+      c.param("w", {types, dim}, ParamInfo::of(ParamInfo::embedding, dim, types, false, false, o.init()));
   const ValueId all = c.b.add(c.b.reshape(x, {s[0], s[1], 1, dim}), w);
   const ValueId first =
-      types == 1 ? all : c.b.op1("slice", {all}, {{"axis", int64_t{2}}, {"start", int64_t{0}}, {"end", int64_t{1}}});
+      types == 1
+          ? all
+          : c.b.op1("slice", {all}, {{"axis", int64_t{2}}, {"start", int64_t{0}}, {"end", int64_t{1}}});
   return c.b.reshape(first, s);
 }
 
@@ -635,10 +637,13 @@ ValueId mlm_mask_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
   const int64_t vocab = o.integer("vocab"), mask_id = o.integer("mask_id", std::nullopt, 0);
   const double p = o.probability("p", 0.15);
   if (p == 0.0) o.fail("p", "must be > 0 (no position would be scored)");
-  const std::vector<ValueId> out =
-      c.b.op("mlm_mask", {x},
-             {{"vocab", vocab}, {"mask_id", mask_id}, {"p", p}, {"mask_p", 0.8}, {"random_p", 0.1},
-              {"fixed", !c.training}});
+  const std::vector<ValueId> out = c.b.op("mlm_mask", {x},
+                                          {{"vocab", vocab},
+                                           {"mask_id", mask_id},
+                                           {"p", p},
+                                           {"mask_p", 0.8},
+                                           {"random_p", 0.1},
+                                           {"fixed", !c.training}});
   c.targets = out[1];
   return out[0];
 }
@@ -701,7 +706,10 @@ std::map<std::string, LayerDef> make_registry() {
        "adds token type 0's embedding",
        true,
        token_type_embedding_layer},
-      {"mlm_mask", {"vocab", "mask_id", "p"}, "BERT's input masking; its labels are the targets", true,
+      {"mlm_mask",
+       {"vocab", "mask_id", "p"},
+       "BERT's input masking; its labels are the targets",
+       true,
        mlm_mask_layer},
   };
   for (const std::string a : {"relu", "tanh", "sigmoid", "silu"})

@@ -54,6 +54,11 @@ std::vector<SbpSignature> elementwise_signatures(const SbpQuery& q, bool linear_
 
 std::vector<SbpSignature> row_wise_signatures(const SbpQuery& q, size_t split_inputs) {
   std::vector<SbpSignature> sigs;
+  // Partial sums in (a vocabulary-parallel embedding's output read by Llama's first RMSNorm) are reduced to
+  // B, not reduce-scattered into a split of the batch or sequence: that split, cheaper here, would make
+  // every later linear run on replicated weights (the deduction is greedy and never returns to B), and lose
+  // Megatron's column- and row-parallel layout.
+  if (q.axis == MeshAxis::tensor && q.cur[0] && q.cur[0]->kind == Sbp::P) return sigs;
   for (int a = 0; a + 1 < rank_of(q.in[0]); ++a) {
     SbpSignature s;
     for (size_t i = 0; i < q.in.size(); ++i)

@@ -284,7 +284,9 @@ void expect_tensor_ranks_match_one_process(const ModelConfig& model, const Model
         scale = std::max(scale, std::abs(a[i]));
         diff = std::max(diff, std::abs(a[i] - b[i]));
       }
-      EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
+      // An attention key bias has an exactly zero gradient (softmax ignores a shift shared by all keys), so
+      // its update is rounding noise: judged against the weights' scale, not its own.
+      EXPECT_LE(diff, 1e-5 * scale + 1e-8) << n << " on " << parts << " ranks";
     }
   }
 }
@@ -298,7 +300,12 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
 const std::string kLlama = "{n_layer: 2, n_head: 4, n_kv_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
 const std::string kLlamaGqa = "{n_layer: 2, n_head: 8, n_kv_head: 4, d_model: 32, ffn: 32}";
 const std::string kVit = "{patch: 4, n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
-const std::string kBert = "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5}";
+// A vocabulary the ranks divide (the data's 32 ids, [MASK] and 3 unused rows, as Megatron pads it), so
+// that the tied decoder and its cross-entropy are vocabulary-parallel: split by rows instead, each rank's
+// mean over its masked positions would be averaged, which is not the mean over all of them (their counts
+// differ).
+const std::string kBert =
+    "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5, vocab_size: 36}";
 const ModelInputs kImages{false, {2, 1, 8, 8}, 4};
 
 TEST(TensorParallel, LlamaRanksInThreadsMatchOneProcess) {
@@ -610,10 +617,12 @@ TEST(PipelineParallel, LlamaViTAndBertCutBetweenBlocks) {
     ModelInputs in;
     Shape activation;
   };
-  for (const Case& c : {Case{"llama", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layers", kText, {2, 8, 16}},
-                        Case{"vit", "{patch: 4, n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "blocks",
-                             {false, {2, 1, 8, 8}, 4}, {2, 5, 16}},
-                        Case{"bert", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layer", kText, {2, 8, 16}}}) {
+  const std::vector<Case> cases = {
+      {"llama", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layers", kText, {2, 8, 16}},
+      {"vit", "{patch: 4, n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "blocks", kImages, {2, 5, 16}},
+      {"bert", "{n_layer: 4, n_head: 2, d_model: 16, ffn: 32}", "layer", kText, {2, 8, 16}},
+  };
+  for (const Case& c : cases) {
     SCOPED_TRACE(c.zoo);
     const ModelConfig m = zoo(c.zoo, c.params);
     const Program first = compile_stage(m, c.in, 2, 0), last = compile_stage(m, c.in, 2, 1);
@@ -627,8 +636,10 @@ TEST(PipelineParallel, LlamaViTAndBertCutBetweenBlocks) {
     for (int b = 0; b < 4; ++b) {
       const std::string blk = cat(c.block, ".", b, "/");
       int on_first = 0, on_last = 0;
-      for (const Value& v : first.graph.values()) on_first += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
-      for (const Value& v : last.graph.values()) on_last += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      for (const Value& v : first.graph.values())
+        on_first += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
+      for (const Value& v : last.graph.values())
+        on_last += v.kind == ValueKind::param && v.name.rfind(blk, 0) == 0;
       EXPECT_TRUE(on_first == 0 || on_last == 0) << blk;
     }
     EXPECT_EQ(first.graph.value(first.graph.outputs().at("pp/out")).shape(), c.activation);
