@@ -60,6 +60,16 @@ StepRecorder::StepRecorder(Executor& ex, const std::vector<std::string>& params,
     else
       grad_of_[grad] = name;
   }
+  // BERT's masking: the masked ids the model reads and the labels its loss reads. They may come from two
+  // nodes of one name (the labels drawn again beside the loss, lib/nn/model.cc): the outputs read count.
+  const std::vector<std::vector<NodeId>> readers = g.consumers();
+  for (NodeId id : g.live_nodes_topological()) {
+    const Node& n = g.node(id);
+    if (n.op != "mlm_mask") continue;
+    for (size_t k = 0; k < n.outputs.size() && k < 2; ++k)
+      if (!readers[static_cast<size_t>(n.outputs[k])].empty())
+        mlm_of_[n.outputs[k]] = cat(n.name, k == 0 ? "/ids" : "/labels");
+  }
   const ValueId loss = g.outputs().count("loss") ? g.outputs().at("loss") : kNoValue;
   on_batch_ = [this](const Batch& b) {
     x_.push_back(b.x.clone());
@@ -69,10 +79,7 @@ StepRecorder::StepRecorder(Executor& ex, const std::vector<std::string>& params,
     for (ValueId v : n.outputs) {
       if (v == loss) micro_loss_.push_back(static_cast<double>(ex_.value(v).data<float>()[0]));
       if (auto it = grad_of_.find(v); it != grad_of_.end()) grads_[it->second] = ex_.value(v);
-    }
-    if (n.op == "mlm_mask" && n.outputs.size() >= 2) {
-      mlm_ids_[n.name].push_back(ex_.value(n.outputs[0]));
-      mlm_labels_[n.name].push_back(ex_.value(n.outputs[1]));
+      if (auto it = mlm_of_.find(v); it != mlm_of_.end()) mlm_[it->second].push_back(ex_.value(v));
     }
   };
 }
@@ -101,10 +108,7 @@ void StepRecorder::write(const std::string& path, const std::string& config_yaml
     for (const auto& [name, t] : params_) f.write("params/" + name, t);
     for (const auto& [name, t] : grads_) f.write("grads/" + name, t);
     for (const auto& [name, t] : state_) f.write("state/" + name, t);
-    for (const auto& [node, parts] : mlm_ids_) {
-      f.write(cat("mlm/", node, "/ids"), stack_rows(parts));
-      f.write(cat("mlm/", node, "/labels"), stack_rows(mlm_labels_.at(node)));
-    }
+    for (const auto& [name, parts] : mlm_) f.write("mlm/" + name, stack_rows(parts));
     f.write("micro_loss", Tensor::from<double>({static_cast<int64_t>(micro_loss_.size())}, micro_loss_));
     f.set_attr("", "format", std::string("flowrun-step-dump"));
     f.set_attr("", "format_version", int64_t{1});

@@ -6,8 +6,8 @@
 //                             (after accumulation, before clipping, which scales it inside the update)
 //   /state/<name>             running statistics and optimizer state before the step (gradient
 //                             accumulators left out)
-//   /mlm/<node>/ids, labels   for each mlm_mask node (BERT's masking): the masked ids the model read and
-//                             the labels its loss used, every micro-batch along dim 0
+//   /mlm/<node>/ids, labels   BERT's masking (op mlm_mask, by node name): the masked ids the model read
+//                             and the labels its loss used, every micro-batch along dim 0
 //   /micro_loss               f64, the loss of each micro-batch (one unless accumulating)
 //   root attributes           format ("flowrun-step-dump"), format_version (1), step (the optimizer step,
 //                             1-based), loss (f64: the mean of the micro-batches' losses), lr,
@@ -49,7 +49,9 @@ class StepRecorder {
   std::map<std::string, std::string> acc_of_;  // parameter name -> its accumulator state (accumulation)
   std::vector<Tensor> x_, y_;
   std::vector<double> micro_loss_;
-  std::map<std::string, std::vector<Tensor>> mlm_ids_, mlm_labels_;  // by mlm_mask node name
+  std::map<ValueId, std::string>
+      mlm_of_;  // a masking node's output that is read -> "<node>/ids" or "/labels"
+  std::map<std::string, std::vector<Tensor>> mlm_;  // each micro-batch's, by that name
   std::function<void(const Batch&)> on_batch_;
   std::function<void(const Node&, double)> on_node_;
 };

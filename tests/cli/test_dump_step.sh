@@ -64,6 +64,20 @@ values "$SCRATCH/gpt.h5" /micro_loss | awk -v l="$(attr "$SCRATCH/gpt.h5" loss)"
   '{s += $1; n++} END {d = s / n - l; if (d < 0) d = -d; exit !(n == 2 && d <= 1e-12 * l)}' ||
   fail "the loss is not the mean of the micro-batches' losses"
 
+# BERT (the tiny GPT's sizes, 2 micro-batches): the masked ids the model read and the labels its loss used,
+# the step's 8 rows each; some positions are scored, each with its original byte as the label, some of them
+# read as [MASK] (256), and the unscored ones read unchanged.
+expect_exit 0 "$FLOWRUN" train "${GPT[@]}" --set model.zoo=bert --run-dir "$SCRATCH/bert" --dump-step "$SCRATCH/bert.h5"
+h5ls -r "$SCRATCH/bert.h5" | tr -s ' ' >"$SCRATCH/list"
+ids=$(grep -o '^/mlm/.*/ids Dataset {8, 32}$' "$SCRATCH/list" | cut -d' ' -f1)
+labels=$(grep -o '^/mlm/.*/labels Dataset {8, 32}$' "$SCRATCH/list" | cut -d' ' -f1)
+[[ $(wc -w <<<"$ids") == 1 && $(wc -w <<<"$labels") == 1 ]] || { cat "$SCRATCH/list" >&2; fail "no single masked ids and labels"; }
+paste <(values "$SCRATCH/bert.h5" /x) <(values "$SCRATCH/bert.h5" "$labels") <(values "$SCRATCH/bert.h5" "$ids") |
+  awk '$2 != -100 {n++; if ($2 != $1) bad++; if ($3 == 256) masked++}
+       $2 == -100 && $3 != $1 {bad++}
+       END {exit !(n > 0 && masked > 0 && bad == 0)}' ||
+  fail "the labels are not the original bytes at the scored positions, or the ids are not masked there alone"
+
 # Refused before training, exit 2, no file.
 expect_exit 2 "$FLOWRUN" train "${MLP[@]}" --run-dir "$SCRATCH/r1" --dump-step "$SCRATCH/no/such/dir/d.h5"
 expect_log "the directory $SCRATCH/no/such/dir does not exist"
