@@ -26,7 +26,7 @@
 namespace {
 
 struct Args {
-  std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter, diff;
+  std::string config, resume, init_from, run_dir, checkpoint, dataset, out, filter, diff, dump_step;
   double rtol = 1e-5;
   int64_t world_size = 0;
   std::vector<std::string> set;
@@ -51,6 +51,7 @@ int run_train(const Args& a) {
   o.exit_at_step = a.exit_at_step;
   o.progress = a.progress ? 1 : a.no_progress ? 0 : -1;
   o.detect_anomaly = a.detect_anomaly;
+  o.dump_step = a.dump_step;
   const flowrun::TrainResult r = flowrun::train(load(a), o);
   return static_cast<int>(r.interrupted ? flowrun::ExitCode::stopped : flowrun::ExitCode::ok);
 }
@@ -177,6 +178,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   train->add_flag("--detect-anomaly", a.detect_anomaly,
                   "Check every op's outputs each step (slower) and stop at the first inf/NaN, naming the op");
+  train->add_option(
+      "--dump-step", a.dump_step,
+      "Write the run's first optimizer step to this HDF5 file: the batch (x, y), the loss, every "
+      "parameter before the step and its gradient (the batch mean, before clipping); the "
+      "checkpoint after the step holds the updated weights (scripts/check_parity.py compares "
+      "them with PyTorch). One process, fp32 or bf16");
   train->add_flag("--progress", a.progress, "Always draw the live progress line");
   train->add_flag("--no-progress", a.no_progress, "Plain log lines instead of the live progress line");
 

@@ -110,7 +110,9 @@ void pipeline_stage(Graph& g, int64_t stages, int64_t stage) {
                        : v.kind == ValueKind::param ? ng.add_param(v.name, v.shape(), v.dtype())
                                                     : ng.add_state(v.name, v.shape(), v.dtype());
     ng.value(nv).placement = v.placement;
-    if (it->second.size() > 1) {
+    // Every stage loads the batch (train/program.cc feeds each its micro-batch), so a graph input read by
+    // several stages (BERT's token ids, masked again next to the loss) is an input of each.
+    if (it->second.size() > 1 && v.kind != ValueKind::input) {
       if (v.kind != ValueKind::param || it->second != std::set<int64_t>{0, stages - 1})
         throw input_error(cat("parallel.pipeline: '", v.name,
                               "' is read by stages other than the first and the "

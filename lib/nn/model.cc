@@ -270,8 +270,19 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   }
   out.summary = summary + summary_row("total", "", with_commas(c.num_params));
   out.logits = h;
-  // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts).
-  out.loss = add_loss(c.b, m, in, h, c.targets != kNoValue ? c.targets : out.y);
+  // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts). They
+  // are drawn again next to the loss by a second mlm_mask node of the same name and attributes on the same
+  // ids (a node's Philox stream is keyed by its name, so the draw is the same), so that a pipeline cut
+  // between blocks has only the hidden state to hand on, not labels made at the model's input.
+  ValueId targets = out.y;
+  if (c.targets != kNoValue) {
+    const Node& first = g.node(g.value(c.targets).producer);
+    const std::string name = first.name;
+    const Attrs attrs = first.attrs;
+    const ValueId ids = first.inputs.at(0);
+    targets = g.add_node("mlm_mask", {ids}, attrs, name).at(1);
+  }
+  out.loss = add_loss(c.b, m, in, h, targets);
   g.mark_output("logits", out.logits);
   g.mark_output("loss", out.loss);
   out.init = resolve_init(c, scheme);

@@ -447,14 +447,17 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh) {
 }
 
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
-                  const std::function<void(const Node&, double)>* timer, const Node** anomaly) {
+                  const std::function<void(const Node&, double)>* timer, const Node** anomaly,
+                  const std::function<void(const Batch&)>* on_batch) {
   const int64_t accum = cfg.train.grad_accumulation;
   set_scalar<float>(ex, "lr",
                     static_cast<float>(scheduled_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.train.steps)));
   set_scalar<int64_t>(ex, "opt/step", step + 1);
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    feed(ex, loader.next());
+    const Batch& batch = loader.next();
+    if (on_batch) (*on_batch)(batch);
+    feed(ex, batch);
     set_scalar<int64_t>(ex, "opt/micro", micro);
     // Dropout keyed by the optimizer step, micro-batch `micro` numbered as rows of the step's whole batch:
     // the masks of the unsplit batch, however it is split.

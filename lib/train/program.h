@@ -103,8 +103,10 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh);
 // With `anomaly` (--detect-anomaly) every kernel's outputs are checked; the first node to produce an inf or
 // NaN is stored there and the step stops (the caller reports it). Under fp16 loss scaling the backward pass
 // is exempt: its overflows are expected and skip the step.
+// `on_batch`, when given, sees each micro-batch as it is fed (--dump-step records them).
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
                   const std::function<void(const Node&, double)>* timer = nullptr,
-                  const Node** anomaly = nullptr);
+                  const Node** anomaly = nullptr,
+                  const std::function<void(const Batch&)>* on_batch = nullptr);
 
 }  // namespace flowrun

@@ -26,6 +26,7 @@
 #include "train/metrics.h"
 #include "train/program.h"
 #include "train/run_dir.h"
+#include "train/step_dump.h"
 #include "train/stop.h"
 
 namespace flowrun {
@@ -234,6 +235,11 @@ void Run::setup() {
   // Rank 0 locks the run directory as soon as the world is joined, before anything is compiled, allocated
   // or written; the other ranks learn the outcome from it, so that every rank stops together.
   TrainProgram t = make_train_program(cfg_, [&](const Mesh& mesh) {
+    // Every rank refuses alike, before anything is compiled: the dump is one process's whole step.
+    if (!opts_.dump_step.empty() && mesh.world->size() > 1)
+      throw input_error(cat(cfg_.where("parallel.data"),
+                            "--dump-step records one process's step, but this run has ", mesh.world->size(),
+                            " processes (parallel.data x tensor x pipeline); dump it without mpirun/srun"));
     std::exception_ptr refused;
     int64_t code = 0;
     if (mesh.world->rank() == 0) {
@@ -536,7 +542,26 @@ void Run::log_eval(int64_t step, const EvalResult& e) {
   std::fflush(stdout);
 }
 
+// --dump-step's checks that need no compiled program: they fail before the run starts.
+void check_dump_step(const RunConfig& cfg, const TrainOptions& opts) {
+  if (opts.dump_step.empty()) return;
+  if (opts.detect_anomaly)
+    throw input_error("--dump-step and --detect-anomaly exclude each other (each runs the step its own way)");
+  if (cfg.precision.dtype == "fp16")
+    throw input_error(
+        cat(cfg.where("precision.dtype"),
+            "fp16 scales the gradients by the loss scale and may skip the step: --dump-step records "
+            "fp32 or bf16 runs"));
+  const fs::path dir = fs::path(opts.dump_step).parent_path();
+  if (!dir.empty() && !fs::is_directory(dir))
+    throw input_error(
+        cat("--dump-step ", opts.dump_step, ": the directory ", dir.string(), " does not exist"));
+  if (fs::is_directory(opts.dump_step))
+    throw input_error(cat("--dump-step ", opts.dump_step, ": is a directory, not a file name"));
+}
+
 TrainResult Run::go() {
+  check_dump_step(cfg_, opts_);
   setup();
   if (!opts_.resume.empty() && !opts_.init_from.empty())
     throw input_error(
@@ -558,6 +583,11 @@ TrainResult Run::go() {
     init_from(opts_.init_from);
   }
 
+  // Before the run directory's files are touched.
+  if (!opts_.dump_step.empty() && step_ >= cfg_.train.steps)
+    throw input_error(cat(cfg_.where("train.steps"),
+                          "--dump-step: the run has no step left to dump (resumed at step ", step_, " of ",
+                          cfg_.train.steps, ")"));
   const std::string metrics_path = (fs::path(run_dir_) / "metrics.jsonl").string();
   if (lead_) {
     if (step_ > 0)
@@ -581,13 +611,24 @@ TrainResult Run::go() {
   std::fflush(stdout);
   const StopRequests stop;
   double loss = std::nan("");
+  std::unique_ptr<StepRecorder> dump;
+  if (!opts_.dump_step.empty()) dump = std::make_unique<StepRecorder>(*ex_, params_, state_);
   while (step_ < total) {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
     const Node* anomaly = nullptr;
-    loss = mesh_.stages() > 1
-               ? pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_)
-               : train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    if (mesh_.stages() > 1)
+      loss = pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_);
+    else if (dump)
+      loss = train_step(*ex_, loader, cfg_, step_, &dump->timer(), nullptr, &dump->batch());
+    else
+      loss = train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    if (dump) {
+      dump->write(opts_.dump_step, dump_config(cfg_), step_ + 1, lr, loss, cfg_.train.grad_accumulation,
+                  cfg_.train.seed);
+      spdlog::info("--dump-step: wrote step {} to {}", step_ + 1, opts_.dump_step);
+      dump.reset();
+    }
     if (anomaly) {
       finish_checkpoints();
       throw runtime_error(cat("step ", step_ + 1, ": ", anomaly->name, " (op ", anomaly->op,

@@ -17,6 +17,9 @@ struct TrainOptions {
   int64_t exit_at_step = 0;  // > 0: save a checkpoint after this many steps and return (schedule unchanged)
   int progress = -1;         // 1: live progress line, 0: plain log lines, -1: live when stderr is a terminal
   bool detect_anomaly = false;  // check every kernel's outputs; name the first op to produce an inf/NaN
+  // Non-empty: write the run's first optimizer step (batch, loss, parameters before it, gradients) to this
+  // HDF5 file (train/step_dump.h); one process only.
+  std::string dump_step;
 };
 
 struct EvalResult {

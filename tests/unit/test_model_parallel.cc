@@ -284,7 +284,9 @@ void expect_tensor_ranks_match_one_process(const ModelConfig& model, const Model
         scale = std::max(scale, std::abs(a[i]));
         diff = std::max(diff, std::abs(a[i] - b[i]));
       }
-      EXPECT_LE(diff, 1e-5 * scale) << n << " on " << parts << " ranks";
+      // An attention key bias has an exactly zero gradient (softmax ignores a shift shared by all keys), so
+      // its update is rounding noise: judged against the weights' scale, not its own.
+      EXPECT_LE(diff, 1e-5 * scale + 1e-8) << n << " on " << parts << " ranks";
     }
   }
 }
@@ -298,7 +300,12 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
 const std::string kLlama = "{n_layer: 2, n_head: 4, n_kv_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
 const std::string kLlamaGqa = "{n_layer: 2, n_head: 8, n_kv_head: 4, d_model: 32, ffn: 32}";
 const std::string kVit = "{patch: 4, n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
-const std::string kBert = "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5}";
+// A vocabulary the ranks divide (the data's 32 ids, [MASK] and 3 unused rows, as Megatron pads it), so
+// that the tied decoder and its cross-entropy are vocabulary-parallel: split by rows instead, each rank's
+// mean over its masked positions would be averaged, which is not the mean over all of them (their counts
+// differ).
+const std::string kBert =
+    "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5, vocab_size: 36}";
 const ModelInputs kImages{false, {2, 1, 8, 8}, 4};
 
 TEST(TensorParallel, LlamaRanksInThreadsMatchOneProcess) {

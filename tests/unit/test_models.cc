@@ -346,6 +346,17 @@ TEST(ZooModels, BertMlmLabelsReplaceTheTargets) {
     EXPECT_EQ(mask.op, "mlm_mask");
     EXPECT_EQ(mask.inputs[0], m.x);
     EXPECT_EQ(loss.inputs[1], mask.outputs[1]);
+    // The masked ids come from the first node, the labels from its twin next to the loss: the same name
+    // (the same random stream), attributes and ids.
+    int masks = 0;
+    for (const Node& n : g.nodes())
+      if (n.op == "mlm_mask") {
+        ++masks;
+        EXPECT_EQ(n.name, mask.name);
+        EXPECT_EQ(n.attrs.str(), mask.attrs.str());
+        EXPECT_EQ(n.inputs, mask.inputs);
+      }
+    EXPECT_EQ(masks, 2);
     EXPECT_EQ(mask.attrs.i("vocab"), 64);
     EXPECT_EQ(mask.attrs.i("mask_id"), 64);
     EXPECT_EQ(mask.attrs.b("fixed"), !training);
