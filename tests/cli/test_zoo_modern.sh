@@ -2,7 +2,7 @@
 # The modern zoo (Llama, ViT, BERT; tests/configs/tiny_*.yaml, dropout on) in every layout and precision:
 # DP2, TP2 and PP2 (4 micro-batches) log the per-step losses of one process within 1e-5 relative and end with
 # the same weights (SGD with momentum, so that every tensor is held to 1e-5); bf16 and fp16 track fp32 (the
-# mean loss of the last 50 of 200 steps within 2%); and a run stopped at step 10 and resumed is bitwise the
+# mean loss of the last 50 of 200 steps of batch 32 within 2%); and a run stopped at step 10 and resumed is bitwise the
 # uninterrupted one.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
@@ -20,7 +20,7 @@ for model in llama vit bert; do
 
   for dtype in fp32 bf16 fp16; do
     expect_exit 0 "$FLOWRUN" train "$cfg" --run-dir "$SCRATCH/$model-$dtype" "${COMMON[@]}" \
-      --set train.steps=200 --set train.checkpoint_every=0 --set precision.dtype=$dtype
+      --set train.steps=200 --set train.batch_size=32 --set train.checkpoint_every=0 --set precision.dtype=$dtype
   done
   ref=$(tail_mean "$SCRATCH/$model-fp32/metrics.jsonl")
   for dtype in bf16 fp16; do
