@@ -364,10 +364,10 @@ TEST(ZooModels, BertMlmLabelsReplaceTheTargets) {
     for (const Node& n : g.nodes()) EXPECT_NE(n.op == "sdpa" && n.attrs.b("causal"), true);
   }
   Trainer t(zoo("bert", "{n_layer: 2, d_model: 32, n_head: 2, ffn: 64, mask_p: 0.5}"), text(4, 16, 32), 5,
-            0.3, 0.9);
-  const auto [first, last] = overfit(t, 40);
+            0.1, 0.9);
+  const auto [first, last] = overfit(t, 60);  // the executor's step stays 0: the same positions every step
   EXPECT_NEAR(first, std::log(33.0), 0.3);
-  EXPECT_LT(last, 0.7 * first) << first << " -> " << last;
+  EXPECT_LT(last, 0.6 * first) << first << " -> " << last;
 }
 
 TEST(ZooModels, ListsEveryModelWithItsDoc) {
