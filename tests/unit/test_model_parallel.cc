@@ -300,12 +300,11 @@ TEST(TensorParallel, RanksInThreadsMatchOneProcess) {
 const std::string kLlama = "{n_layer: 2, n_head: 4, n_kv_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
 const std::string kLlamaGqa = "{n_layer: 2, n_head: 8, n_kv_head: 4, d_model: 32, ffn: 32}";
 const std::string kVit = "{patch: 4, n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1}";
-// A vocabulary the ranks divide (the data's 32 ids, [MASK] and 3 unused rows, as Megatron pads it), so
-// that the tied decoder and its cross-entropy are vocabulary-parallel: split by rows instead, each rank's
-// mean over its masked positions would be averaged, which is not the mean over all of them (their counts
+// bert's default vocabulary (the data's 32 ids and [MASK], padded to 40) is one the ranks divide, so that
+// the tied decoder and its cross-entropy are vocabulary-parallel: split by rows instead, each rank's mean
+// over its masked positions would be averaged, which is not the mean over all of them (their counts
 // differ).
-const std::string kBert =
-    "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5, vocab_size: 36}";
+const std::string kBert = "{n_layer: 2, n_head: 4, d_model: 16, ffn: 32, dropout: 0.1, mask_p: 0.5}";
 const ModelInputs kImages{false, {2, 1, 8, 8}, 4};
 
 TEST(TensorParallel, LlamaRanksInThreadsMatchOneProcess) {
