@@ -67,6 +67,26 @@ SdpaDims check_qkv(const TensorType& q, const TensorType& k, const TensorType& v
   return d;
 }
 
+// The optional key padding mask: key_ids (B, S) i64 at input `at` (sdpa: 3, sdpa_grad: 6) with attr pad_id;
+// true when it is there (the graph prefixes the op name).
+bool check_key_ids(const std::vector<TensorType>& in, size_t at, const SdpaDims& d, const Attrs& a) {
+  if (in.size() != at && in.size() != at + 1)
+    throw input_error(cat("takes ", at, " inputs, or ", at + 1, " with key_ids, got ", in.size()));
+  const bool masked = in.size() == at + 1;
+  if (!masked) {
+    if (a.has("pad_id")) throw input_error("attribute 'pad_id' needs the key_ids input");
+    return false;
+  }
+  const TensorType& ids = in[at];
+  if (ids.dtype != DType::i64 || ids.shape != Shape{d.b, d.s})
+    throw input_error(cat("key_ids must be i64 (batch, keys) = ", shape_str(Shape{d.b, d.s}), ", got ",
+                          shape_str(ids.shape), ":", dtype_name(ids.dtype)));
+  if (!a.has("pad_id")) throw input_error("key_ids needs the attribute 'pad_id'");
+  if (!std::holds_alternative<int64_t>(a.all().find("pad_id")->second))
+    throw input_error("attribute 'pad_id' must be an integer");
+  return true;
+}
+
 // Query-key pairs the softmax covers: all T*S, or under the causal mask sum_i min(S, i + S - T + 1).
 double attended_pairs(const SdpaDims& d, bool causal) {
   const double t = static_cast<double>(d.t), s = static_cast<double>(d.s);
@@ -86,6 +106,8 @@ std::vector<Tensor> sdpa_reference(const std::vector<Tensor>& in, const Attrs& a
   const Shape &qs = in[0].shape(), &ks = in[1].shape(), &vs = in[2].shape();
   const int64_t B = qs[0], H = qs[1], T = qs[2], D = qs[3], S = ks[2], Dv = vs[3];
   const bool causal = causal_of(a);
+  const int64_t* key_ids = in.size() > 3 ? in[3].data<int64_t>() : nullptr;
+  const int64_t pad = a.i("pad_id", 0);
   const double scale = a.f("scale", 1.0 / std::sqrt(static_cast<double>(D)));
   Tensor out = Tensor::zeros({B, H, T, Dv}, DType::f64), lse = Tensor::zeros({B, H, T}, DType::f64);
   const double *q = in[0].data<double>(), *k = in[1].data<double>(), *v = in[2].data<double>();
@@ -95,12 +117,15 @@ std::vector<Tensor> sdpa_reference(const std::vector<Tensor>& in, const Attrs& a
     for (int64_t i = 0; i < T; ++i) {
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < S; ++j) {
-        const bool visible = !causal || j <= i + (S - T);
+        const bool visible = (!causal || j <= i + (S - T)) && (!key_ids || key_ids[bh / H * S + j] != pad);
         double s = 0;
         for (int64_t p = 0; p < D; ++p) s += q[(bh * T + i) * D + p] * k[(bh * S + j) * D + p];
         w[static_cast<size_t>(j)] = visible ? s * scale : -std::numeric_limits<double>::infinity();
         mx = std::max(mx, w[static_cast<size_t>(j)]);
       }
+      // A query that sees no key (all its keys padding): output 0, and lse 0 (finite, so that comparisons
+      // and the backward's exp(s - lse) stay NaN-free; the backward skips every masked pair anyway).
+      if (mx == -std::numeric_limits<double>::infinity()) continue;
       double sum = 0;
       for (double& x : w) sum += (x = std::exp(x - mx));
       for (int64_t j = 0; j < S; ++j)
@@ -155,6 +180,67 @@ std::vector<OpSample> sdpa_samples() {
     o.label = c.label;
     o.inputs = {{c.q, DType::f64}, {c.k, DType::f64}, {c.v, DType::f64}};
     o.attrs = c.attrs;
+    o.reference = sdpa_reference;
+    s.push_back(o);
+  }
+  // Key padding (key_ids == pad_id hides a key from every query): a batch whose keys are all padding (its
+  // rows 0, gradients 0), left padding under the causal mask (the first queries see nothing), right padding
+  // and holes across the CPU's 64-key blocks and the CUDA tiles. `padded(b, j)` says which keys are padding.
+  struct PadCase {
+    std::string label;
+    Shape q, k, v;
+    Attrs attrs;
+    std::function<bool(int64_t b, int64_t j)> padded;
+  };
+  const int64_t pad = 3;
+  const std::vector<PadCase> pad_cases = {
+      {"full key padding, batch 1 all padding",
+       {2, 2, 5, 3},
+       {2, 2, 6, 3},
+       {2, 2, 6, 4},
+       Attrs{{"causal", false}},
+       [](int64_t b, int64_t j) { return b == 1 || j == 2 || j == 5; }},
+      {"causal left padding (first rows see nothing), right padding",
+       {2, 1, 7, 4},
+       {2, 1, 7, 4},
+       {2, 1, 7, 4},
+       Attrs{{"causal", true}},
+       [](int64_t b, int64_t j) { return b == 0 ? j < 3 : j >= 5; }},
+      {"causal multi-block T=70 S=75 padding in both blocks",
+       {1, 2, 70, 8},
+       {1, 2, 75, 8},
+       {1, 2, 75, 6},
+       Attrs{},
+       [](int64_t, int64_t j) { return j < 10 || j % 7 == 3 || j >= 70; }},
+      {"full multi-tile T=S=150 D=24 right padding and holes",
+       {2, 1, 150, 24},
+       {2, 1, 150, 24},
+       {2, 1, 150, 20},
+       Attrs{{"causal", false}, {"scale", 0.5}},
+       [](int64_t b, int64_t j) { return j >= 100 + 20 * b || (j >= 40 && j < 64 + 16 * b); }},
+  };
+  for (const PadCase& c : pad_cases) {
+    OpSample o;
+    o.label = c.label;
+    o.inputs = {{c.q, DType::f64}, {c.k, DType::f64}, {c.v, DType::f64}, {{c.k[0], c.k[2]}, DType::i64}};
+    o.attrs = c.attrs;
+    o.attrs.set("pad_id", pad);
+    const auto padded = c.padded;
+    o.fill = [padded, pad](int i, Tensor& t, uint64_t seed) {
+      std::vector<double> v(static_cast<size_t>(t.numel()));
+      if (i < 3) {
+        const RngStream r{seed, 1000 + static_cast<uint64_t>(i)};
+        for (size_t e = 0; e < v.size(); ++e) v[e] = 2.0 * r.uniform(e) - 1.0;
+      } else {
+        const int64_t S = t.shape()[1];
+        // Other ids around the pad id, so that only equality masks.
+        for (size_t e = 0; e < v.size(); ++e) {
+          const int64_t b = static_cast<int64_t>(e) / S, j = static_cast<int64_t>(e) % S;
+          v[e] = static_cast<double>(padded(b, j) ? pad : (j % 2 ? pad + 1 : pad - 1));
+        }
+      }
+      t.fill_from(v);
+    };
     o.reference = sdpa_reference;
     s.push_back(o);
   }
@@ -307,17 +393,26 @@ void register_attention_ops(OpRegistry& r) {
       "scaled-dot-product attention softmax(scale * q k^T [+ causal mask]) v over q (B,H,T,D), k (B,H,S,D), "
       "v (B,H,S,Dv) -> out (B,H,T,Dv), lse (B,H,T) (log-sum-exp of each scaled score row, saved for the "
       "backward); attrs causal (bool, default true; query i sees keys j <= i + S - T), scale (default "
-      "1/sqrt(D))";
-  d.num_inputs = 3;
+      "1/sqrt(D)); optional 4th input key_ids (B,S) i64 with attr pad_id: key j of batch b is hidden from "
+      "every query where key_ids[b,j] == pad_id (a query that sees no key gives 0, with lse 0)";
+  d.num_inputs = -1;  // 3, or 4 with key_ids
   d.num_outputs = [](const Attrs&) { return 2; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() < 3) throw input_error(cat("takes q, k, v [, key_ids], got ", in.size(), " inputs"));
     const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
+    check_key_ids(in, 3, s, a);
     return {{{s.b, s.h, s.t, s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
   };
   d.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    const auto g = c.b.op("sdpa_grad", {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)}, c.attrs());
-    return {g[0], g[1], g[2]};
+    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
+    const bool masked = c.node.inputs.size() == 4;
+    if (masked) ins.push_back(c.in(3));
+    const auto g = c.b.op("sdpa_grad", ins, c.attrs());
+    std::vector<ValueId> grads = {g[0], g[1], g[2]};
+    if (masked) grads.push_back(kNoValue);
+    return grads;
   };
+  d.nondiff_inputs = {3};
   d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {
     const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
     const double pairs = attended_pairs(s, causal_of(a));
@@ -330,11 +425,15 @@ void register_attention_ops(OpRegistry& r) {
     return static_cast<size_t>(numel(in[1].shape)) * dtype_size(in[1].dtype);
   };
   d.nondiff_outputs = {1};
-  // Heads (tensor parallel) or the batch (data parallel) split: each rank attends over its own.
-  d.sbp = [](const SbpQuery&) {
+  // Heads (tensor parallel) or the batch (data parallel) split: each rank attends over its own; key_ids
+  // (per batch row, for every head) whole under the first, split with the batch under the second.
+  d.sbp = [](const SbpQuery& q) {
     std::vector<SbpSignature> sigs;
-    for (int a : {1, 0})
-      sigs.push_back({{Sbp::split(a), Sbp::split(a), Sbp::split(a)}, {Sbp::split(a), Sbp::split(a)}});
+    for (int a : {1, 0}) {
+      SbpSignature sig{{Sbp::split(a), Sbp::split(a), Sbp::split(a)}, {Sbp::split(a), Sbp::split(a)}};
+      if (q.in.size() == 4) sig.in.push_back(a == 0 ? Sbp::split(0) : Sbp::broadcast());
+      sigs.push_back(sig);
+    }
     return sigs;
   };
   d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa}};
@@ -345,11 +444,14 @@ void register_attention_ops(OpRegistry& r) {
   g.name = "sdpa_grad";
   g.doc =
       "gradient of sdpa: (dout, q, k, v, out, lse) -> (dq, dk, dv), probabilities recomputed from lse "
-      "(FlashAttention-2 backward); attrs as sdpa";
-  g.num_inputs = 6;
+      "(FlashAttention-2 backward); attrs as sdpa, and its key_ids as an optional 7th input";
+  g.num_inputs = -1;  // 6, or 7 with key_ids
   g.num_outputs = [](const Attrs&) { return 3; };
   g.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() < 6)
+      throw input_error(cat("takes dout, q, k, v, out, lse [, key_ids], got ", in.size(), " inputs"));
     const SdpaDims s = check_qkv(in[1], in[2], in[3], a);
+    check_key_ids(in, 6, s, a);
     const Shape out_shape{s.b, s.h, s.t, s.dv}, lse_shape{s.b, s.h, s.t};
     if (in[0].shape != out_shape || in[4].shape != out_shape)
       throw input_error(cat("dout ", shape_str(in[0].shape), " and out ", shape_str(in[4].shape),
@@ -376,6 +478,7 @@ void register_attention_ops(OpRegistry& r) {
     return std::max(static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype),
                     static_cast<size_t>(numel(in[5].shape)) * sizeof(float));
   };
+  g.nondiff_inputs = {6};
   g.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_grad}};
   g.covered_by = {"sdpa"};
   r.add(g);

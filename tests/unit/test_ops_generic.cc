@@ -417,5 +417,130 @@ TEST(MlmMask, RejectsBadAttributes) {
   }
 }
 
+// Padded keys are as good as absent: sdpa with key_ids equals sdpa over the visible keys alone (non-causal,
+// where dropping keys shifts no mask), on the CPU kernel in f64 and f32.
+TEST(SdpaKeyPadding, EqualsAttentionOverTheVisibleKeysOnly) {
+  for (DType t : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor q = uniform_tensor({1, 2, 5, 4}, t, 1), k = uniform_tensor({1, 2, 7, 4}, t, 2),
+                 v = uniform_tensor({1, 2, 7, 3}, t, 3);
+    const Tensor ids = Tensor::from<int64_t>({1, 7}, {5, 0, 5, 5, 0, 5, 5});  // pad_id 0: keys 1 and 4
+    const Attrs a{{"causal", false}, {"pad_id", int64_t{0}}};
+    const auto masked = run_op("sdpa", {q, k, v, ids}, a)[0].to_f64();
+    auto keep = [](const Tensor& x, int64_t d) {  // keys 0, 2, 3, 5, 6 of both heads
+      const auto all = x.to_f64();
+      std::vector<double> out;
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t j : {0, 2, 3, 5, 6})
+          for (int64_t c = 0; c < d; ++c) out.push_back(all[static_cast<size_t>((h * 7 + j) * d + c)]);
+      Tensor r = Tensor::empty({1, 2, 5, d}, x.dtype());
+      r.fill_from(out);
+      return r;
+    };
+    const auto plain = run_op("sdpa", {q, keep(k, 4), keep(v, 3)}, {{"causal", false}})[0].to_f64();
+    ASSERT_EQ(masked.size(), plain.size());
+    for (size_t e = 0; e < plain.size(); ++e)
+      EXPECT_NEAR(masked[e], plain[e], t == DType::f64 ? 1e-14 : 1e-6);
+  }
+}
+
+// A batch whose keys are all padding, and causal rows whose visible keys are all padding: output 0 and every
+// gradient 0 there (dk, dv of padded keys too), nothing NaN, in f64 and in f32 (the kernel's own exp).
+TEST(SdpaKeyPadding, RowsThatSeeNoKeyGiveZeroAndZeroGradients) {
+  const OpDef& def = OpRegistry::get().at("sdpa");
+  for (const std::string label : {"full key padding, batch 1 all padding",
+                                  "causal left padding (first rows see nothing), right padding"})
+    for (DType t : {DType::f64, DType::f32}) {
+      SCOPED_TRACE(cat(label, " ", dtype_name(t)));
+      const auto samples = def.samples();
+      const auto it =
+          std::find_if(samples.begin(), samples.end(), [&](const OpSample& x) { return x.label == label; });
+      ASSERT_NE(it, samples.end());
+      SampleProgram sp = build_sample(def, *it, /*with_grad=*/true, t);
+      fill_all(*it, sp, 3);
+      run_loss(sp);
+      const Shape qs = it->inputs[0].shape, ks = it->inputs[1].shape;
+      const int64_t H = qs[1], T = qs[2], S = ks[2];
+      const auto ids = sp.exec->tensor("x3").to_f64();
+      const int64_t pad = it->attrs.i("pad_id");
+      const bool causal = it->attrs.b("causal", true);
+      auto sees_nothing = [&](int64_t b, int64_t i) {
+        for (int64_t j = 0; j < S; ++j)
+          if ((!causal || j <= i + S - T) && ids[static_cast<size_t>(b * S + j)] != static_cast<double>(pad))
+            return false;
+        return true;
+      };
+      const auto out = sp.exec->output("out0").to_f64(), dq = sp.exec->output("grad/x0").to_f64(),
+                 dk = sp.exec->output("grad/x1").to_f64(), dv = sp.exec->output("grad/x2").to_f64();
+      for (double x : out) ASSERT_TRUE(std::isfinite(x));
+      for (const auto* g : {&dq, &dk, &dv})
+        for (double x : *g) ASSERT_TRUE(std::isfinite(x));
+      int empty_rows = 0;
+      for (int64_t bh = 0; bh < qs[0] * H; ++bh)
+        for (int64_t i = 0; i < T; ++i) {
+          if (!sees_nothing(bh / H, i)) continue;
+          ++empty_rows;
+          for (int64_t c = 0; c < it->inputs[2].shape[3]; ++c)
+            EXPECT_EQ(out[static_cast<size_t>((bh * T + i) * it->inputs[2].shape[3] + c)], 0.0);
+          for (int64_t c = 0; c < qs[3]; ++c)
+            EXPECT_EQ(dq[static_cast<size_t>((bh * T + i) * qs[3] + c)], 0.0);
+        }
+      EXPECT_GT(empty_rows, 0);
+      for (int64_t bh = 0; bh < qs[0] * H; ++bh)
+        for (int64_t j = 0; j < S; ++j) {
+          if (ids[static_cast<size_t>(bh / H * S + j)] != static_cast<double>(pad)) continue;
+          for (int64_t c = 0; c < ks[3]; ++c)
+            EXPECT_EQ(dk[static_cast<size_t>((bh * S + j) * ks[3] + c)], 0.0);
+          for (int64_t c = 0; c < it->inputs[2].shape[3]; ++c)
+            EXPECT_EQ(dv[static_cast<size_t>((bh * S + j) * it->inputs[2].shape[3] + c)], 0.0);
+        }
+    }
+}
+
+// Split over the data axis, key_ids follow the batch (each rank its rows), and rope and mlm_mask keep the
+// batch split: no gather anywhere.
+TEST(SdpaKeyPadding, KeyIdsRopeAndMlmMaskKeepTheBatchSplit) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId ids = b.input("ids", {4, 6}, DType::i64);
+  const auto masked = b.op("mlm_mask", {ids}, {{"vocab", int64_t{9}}, {"mask_id", int64_t{8}}});
+  const ValueId q = b.op1("rope", {b.input("q", {4, 2, 6, 8})}),
+                k = b.op1("rope", {b.input("k", {4, 2, 6, 8})});
+  const ValueId att =
+      b.op("sdpa", {q, k, b.input("v", {4, 2, 6, 8}), masked[0]}, {{"pad_id", int64_t{0}}})[0];
+  g.mark_output("att", att);
+  g.mark_output("labels", masked[1]);
+  split_over_axis(g, MeshAxis::data, 2, 1);
+  int gathers = 0;
+  for (NodeId id : g.live_nodes_topological()) {
+    const Node& n = g.node(id);
+    gathers += n.op == "sbp_all_gather";
+    if (n.op == "sdpa") {
+      EXPECT_EQ(g.value(n.inputs[3]).shape(), (Shape{2, 6}));
+    }
+    if (n.op == "mlm_mask") {
+      EXPECT_EQ(n.attrs.ints("rng_start"), (std::vector<int64_t>{2, 0}));
+    }
+  }
+  EXPECT_EQ(gathers, 0);
+  EXPECT_EQ(g.value(g.find_value("ids")).shape(), (Shape{2, 6}));
+}
+
+TEST(SdpaKeyPadding, RejectsMismatchedKeyIdsAndPadId) {
+  Graph g;
+  GraphBuilder b(g);
+  const ValueId q = b.input("q", {2, 1, 3, 4}), k = b.input("k", {2, 1, 5, 4}),
+                v = b.input("v", {2, 1, 5, 4});
+  const ValueId ids = b.input("ids", {2, 5}, DType::i64);
+  const Attrs a{{"causal", false}, {"pad_id", int64_t{0}}};
+  EXPECT_NO_THROW(b.op("sdpa", {q, k, v, ids}, a));
+  EXPECT_THROW(b.op("sdpa", {q, k, v, ids}, {{"causal", false}}), Error);  // no pad_id
+  EXPECT_THROW(b.op("sdpa", {q, k, v}, a), Error);                         // pad_id without key_ids
+  EXPECT_THROW(b.op("sdpa", {q, k, v, b.input("short", {2, 4}, DType::i64)}, a), Error);
+  EXPECT_THROW(b.op("sdpa", {q, k, v, b.input("f", {2, 5})}, a), Error);
+  EXPECT_THROW(b.op("sdpa", {q, k, v, ids, ids}, a), Error);
+  EXPECT_THROW(b.op("sdpa", {q, k, v, ids}, {{"causal", false}, {"pad_id", 0.5}}), Error);
+}
+
 }  // namespace
 }  // namespace flowrun::testing

@@ -1,4 +1,5 @@
-// CPU flash attention: sdpa forward (online softmax over key blocks) and its FlashAttention-2 backward.
+// CPU flash attention: sdpa forward (online softmax over key blocks) and its FlashAttention-2 backward, with
+// an optional key padding mask (key_ids == pad_id: the key's scores set to -inf after each score block).
 //
 // Scratch: the OpDef workspace holds a transposed copy of K (pre-multiplied by the scale) and, in the
 // backward, of V: one (D x S) slice per (batch, head), sized from the shapes alone, so score products read
@@ -234,6 +235,11 @@ struct Geometry {
   int64_t off;  // S - T: query i sees keys j <= i + off under the causal mask (bottom-right aligned)
   bool causal;
   double scale;
+  // Key padding (sdpa's optional key_ids, B x S): key j of batch b is hidden where key_ids[b * s + j] == pad.
+  const int64_t* key_ids = nullptr;
+  int64_t heads = 1, pad = 0;
+  // Head h's batch row of key_ids, or null without padding.
+  const int64_t* keys_of(int64_t h) const { return key_ids ? key_ids + h / heads * s : nullptr; }
   // One past the last key that query row i attends to.
   int64_t kv_end(int64_t i) const { return causal ? std::min(s, i + off + 1) : s; }
   // Keys of block [kb, kb + n) that each of the m rows from i0 attends to (non-decreasing down the rows).
@@ -242,8 +248,15 @@ struct Geometry {
   }
 };
 
-Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v) {
+// key_ids: input `ids_at` when the node has it.
+Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v,
+                  int ids_at) {
   Geometry g;
+  if (c.num_in > ids_at) {
+    g.key_ids = c.in[ids_at].as<int64_t>();
+    g.heads = q.dim(1);
+    g.pad = c.attrs().i("pad_id");
+  }
   g.bh = q.dim(0) * q.dim(1);
   g.t = q.dim(2);
   g.d = q.dim(3);
@@ -258,9 +271,12 @@ Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, 
 // Rows [i0, i0 + m) of one (batch, head): q (T x D), kt = scale * k^T (D x S), v (S x Dv), o (T x Dv),
 // lse (T) of that head. The output rows accumulate unnormalised in place, rescaled whenever a row's running
 // maximum grows.
+// With key padding (`kid`: the head's batch row of key_ids, else null) a padded key's score becomes -inf, and
+// a row that has seen no visible key yet keeps max -inf, sum 0 and zero outputs (its probabilities are not
+// formed: exp(-inf - -inf) would be NaN); a row that sees none at all ends with out 0 and lse 0.
 template <typename T>
 void forward_block(const Geometry& g, const T* q, const T* kt, const T* v, T* o, T* lse, int64_t i0,
-                   int64_t m) {
+                   int64_t m, const int64_t* kid) {
   alignas(64) T st[kBQ * kBK];  // scores, then probabilities
   T mrow[kBQ], lrow[kBQ];
   int64_t lim[kBQ];
@@ -274,13 +290,18 @@ void forward_block(const Geometry& g, const T* q, const T* kt, const T* v, T* o,
     gemm_nn(m, n, d, qb, d, 1, kt + kb, g.s, st, kBK, false, lim);
     for (int64_t r = 0; r < m; ++r) {
       T* srow = st + r * kBK;
-      // Every row sees key 0 (off >= 0), so the first block leaves each running maximum finite.
+      if (kid)
+        for (int64_t j = 0; j < lim[r]; ++j)
+          if (kid[kb + j] == g.pad) srow[j] = -std::numeric_limits<T>::infinity();
+      // Without padding every row sees key 0 (off >= 0), so the first block leaves each running maximum
+      // finite; with it, a row may have seen nothing yet (mx = -inf).
       const T mprev = kb > 0 ? mrow[r] : -std::numeric_limits<T>::infinity();
       const T mx = row_max(srow, lim[r], mprev);
-      const T sum = exp_sum(srow, lim[r], mx);
-      std::fill(srow + lim[r], srow + n, T(0));
+      const bool none = mx == -std::numeric_limits<T>::infinity();
+      const T sum = none ? T(0) : exp_sum(srow, lim[r], mx);
+      std::fill(srow + (none ? 0 : lim[r]), srow + n, T(0));
       if (kb > 0) {
-        const T alpha = std::exp(mprev - mx);
+        const T alpha = none ? T(1) : std::exp(mprev - mx);
         lrow[r] = lrow[r] * alpha + sum;
         if (alpha != T(1)) {
           T* orow = ob + r * dv;
@@ -295,18 +316,21 @@ void forward_block(const Geometry& g, const T* q, const T* kt, const T* v, T* o,
     gemm_nn(m, dv, n, st, kBK, 1, v + kb * dv, dv, ob, dv, /*acc=*/kb > 0, nullptr, nullptr, lim);
   }
   for (int64_t r = 0; r < m; ++r) {
-    const T inv = T(1) / lrow[r];
+    const bool none = lrow[r] == T(0);  // only under key padding: every key it would see is padding
+    const T inv = none ? T(0) : T(1) / lrow[r];
     T* orow = ob + r * dv;
 #pragma omp simd
     for (int64_t j = 0; j < dv; ++j) orow[j] *= inv;
-    lse[i0 + r] = mrow[r] + std::log(lrow[r]);
+    lse[i0 + r] = none ? T(0) : mrow[r] + std::log(lrow[r]);
   }
 }
 
 // Gradients of one (batch, head); the calling thread owns its dq, dk, dv slices and its kt, vt scratch.
+// `kid` as in forward_block: a padded key's score becomes -inf, so its probability and dS are exactly 0
+// (lse is finite on every row, 0 where the forward saw no key).
 template <typename T>
 void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, const T* v, const T* o,
-                   const T* lse, T* dq, T* dk, T* dv, T* kt, T* vt) {
+                   const T* lse, T* dq, T* dk, T* dv, T* kt, T* vt, const int64_t* kid) {
   alignas(64) T pt[kBQ * kBK];  // scores, then P
   alignas(64) T ds[kBQ * kBK];  // dP, then dS
   T di[kBQ];
@@ -340,6 +364,9 @@ void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, con
       gemm_nn(m, n, dvn, dob, dvn, 1, vt + kb, g.s, ds, kBK, false, lim);  // dP = dout v^T
       for (int64_t r = 0; r < m; ++r) {
         T *prow = pt + r * kBK, *dsrow = ds + r * kBK;
+        if (kid)
+          for (int64_t j = 0; j < lim[r]; ++j)
+            if (kid[kb + j] == g.pad) prow[j] = -std::numeric_limits<T>::infinity();
         probs_and_ds(prow, dsrow, lim[r], lb[r], di[r], sc);
         std::fill(prow + lim[r], prow + n, T(0));
         std::fill(dsrow + lim[r], dsrow + n, T(0));
@@ -355,7 +382,7 @@ void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, con
 }  // namespace
 
 void sdpa(const KernelCtx& c) {
-  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2]);
+  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
@@ -372,14 +399,14 @@ void sdpa(const KernelCtx& c) {
       for (int64_t task = s; task < e; ++task) {
         const int64_t h = task / nqb, i0 = (task % nqb) * kBQ;
         forward_block(g, q + h * g.t * g.d, kt + h * g.s * g.d, v + h * g.s * g.dv, o + h * g.t * g.dv,
-                      lse + h * g.t, i0, std::min(kBQ, g.t - i0));
+                      lse + h * g.t, i0, std::min(kBQ, g.t - i0), g.keys_of(h));
       }
     });
   });
 }
 
 void sdpa_grad(const KernelCtx& c) {
-  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3]);
+  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3], 6);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
@@ -393,7 +420,7 @@ void sdpa_grad(const KernelCtx& c) {
       for (int64_t h = s; h < e; ++h) {
         const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
         backward_head(g, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo,
-                      kt + ko, vt + vo);
+                      kt + ko, vt + vo, g.keys_of(h));
       }
     });
   });

@@ -8,9 +8,16 @@ namespace flowrun::cuda {
 
 namespace {
 
-Attention geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v) {
+// key_ids: input `ids_at` when the node has it.
+Attention geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v,
+                   int ids_at) {
   const int64_t d = q.dim(3);
   Attention a{};
+  if (c.num_in > ids_at) {
+    a.key_ids = c.in[ids_at].as<int64_t>();
+    a.heads = q.dim(1);
+    a.pad_id = c.attrs().i("pad_id");
+  }
   a.bh = q.dim(0) * q.dim(1);
   a.t = q.dim(2);
   a.s = k.dim(2);
@@ -28,13 +35,13 @@ Attention geometry(const KernelCtx& c, const TensorView& q, const TensorView& k,
 
 void sdpa(const KernelCtx& c) {
   const TensorView &q = c.in[0], &k = c.in[1], &v = c.in[2];
-  sdpa(storage_of(q.dtype), geometry(c, q, k, v), q.data, k.data, v.data, c.out[0].data, c.out[1].as<float>(),
-       stream_of(c));
+  sdpa(storage_of(q.dtype), geometry(c, q, k, v, 3), q.data, k.data, v.data, c.out[0].data,
+       c.out[1].as<float>(), stream_of(c));
 }
 
 void sdpa_grad(const KernelCtx& c) {
   const TensorView &q = c.in[1], &k = c.in[2], &v = c.in[3];
-  const Attention a = geometry(c, q, k, v);
+  const Attention a = geometry(c, q, k, v, 6);
   FR_CHECK(c.workspace_bytes >= static_cast<size_t>(a.bh * a.t) * sizeof(float), c.node->name,
            ": the workspace holds no row sums");
   sdpa_grad(storage_of(q.dtype), a, c.in[0].data, q.data, k.data, v.data, c.in[4].data, c.in[5].as<float>(),

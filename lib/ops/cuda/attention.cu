@@ -121,6 +121,11 @@ __device__ __forceinline__ int64_t keys_seen(const Attention& a, int64_t i) {
   return e < a.s ? e : a.s;
 }
 
+// Whether key j of head h is visible as far as the key padding goes.
+__device__ __forceinline__ bool key_visible(const Attention& a, int64_t h, int64_t j) {
+  return a.key_ids == nullptr || a.key_ids[h / a.heads * a.s + j] != a.pad_id;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -217,13 +222,14 @@ __global__ void __launch_bounds__(kThreads)
     block_gemm<T, false, true, false>(qs, L.ldd, ks, L.ldd, ss, L.lds, b, b, tl.dp);
     __syncthreads();
     // Online softmax, a warp per row (two keys a lane): the row's new max, its probabilities, the sum and
-    // out rescaled by exp(old max - new max). Padded rows (past t) see no key and keep max -inf.
+    // out rescaled by exp(old max - new max). Padded rows (past t) see no key and keep max -inf, as do rows
+    // whose keys so far are all key padding (their probabilities 0, sum 0).
     for (int r = warp; r < b; r += kWarps) {
       const int64_t end = r < qr ? keys_seen(a, q0 + r) : 0;
       float x[2], mx = -INFINITY;
       for (int u = 0; u < 2; ++u) {
         const int c = lane + 32 * u;
-        x[u] = c < b && k0 + c < end ? a.scale * ss[r * L.lds + c] : -INFINITY;
+        x[u] = c < b && k0 + c < end && key_visible(a, h, k0 + c) ? a.scale * ss[r * L.lds + c] : -INFINITY;
         mx = fmaxf(mx, x[u]);
       }
       const float m_old = ms[r], m_new = fmaxf(m_old, warp_max(mx));
@@ -246,12 +252,14 @@ __global__ void __launch_bounds__(kThreads)
     block_gemm<T, false, false, true>(ps, L.ldp, vs, L.ldv, os, L.ldo, b, tl.dvp, b);
   }
   __syncthreads();
-  // Every row up to t sees key 0, so its sum is positive.
+  // Every row up to t sees key 0, so its sum is positive, unless key padding hides every key it would see:
+  // then out 0 and lse 0 (finite, as the CPU's).
   for (int e = threadIdx.x; e < qr * a.dv; e += kThreads) {
     const int r = e / a.dv, c = e % a.dv;
-    store(out, (h * a.t + q0 + r) * a.dv + c, os[r * L.ldo + c] / ls[r]);
+    store(out, (h * a.t + q0 + r) * a.dv + c, ls[r] > 0.0f ? os[r * L.ldo + c] / ls[r] : 0.0f);
   }
-  for (int r = threadIdx.x; r < qr; r += kThreads) lse[h * a.t + q0 + r] = ms[r] + logf(ls[r]);
+  for (int r = threadIdx.x; r < qr; r += kThreads)
+    lse[h * a.t + q0 + r] = ls[r] > 0.0f ? ms[r] + logf(ls[r]) : 0.0f;
 }
 
 // rowsum_i = dout_i . out_i (FlashAttention-2's D_i), a warp per query row.
@@ -281,11 +289,11 @@ __device__ void load_query_side(const Attention& a, const Tiles& tl, const Backw
 }
 
 // The (query tile q0, key tile k0) part of the backward once q, dout, k, v, lse and rowsum are in shared
-// memory: scores and dP, then p_ij = exp(scale s_ij - lse_i) (0 where masked or padded) and
+// memory: scores and dP, then p_ij = exp(scale s_ij - lse_i) (0 where masked, padded or key padding) and
 // ds_ij = p_ij (dP_ij - rowsum_i), rounded to T into L.p (when !kDq) and L.ds. Ends synchronised.
 template <typename T, bool kDq>
 __device__ void probabilities(const Attention& a, const Tiles& tl, const BackwardSmem<T, kDq>& L,
-                              unsigned char* smem, int64_t q0, int64_t k0) {
+                              unsigned char* smem, int64_t h, int64_t q0, int64_t k0) {
   const T* qs = reinterpret_cast<const T*>(smem + L.q);
   const T* dos = reinterpret_cast<const T*>(smem + L.dout);
   const T* ks = reinterpret_cast<const T*>(smem + L.k);
@@ -301,7 +309,7 @@ __device__ void probabilities(const Attention& a, const Tiles& tl, const Backwar
   for (int e = threadIdx.x; e < b * b; e += kThreads) {
     const int r = e / b, c = e % b;
     const int64_t i = q0 + r, j = k0 + c;
-    const bool seen = i < a.t && j < keys_seen(a, i);
+    const bool seen = i < a.t && j < keys_seen(a, i) && key_visible(a, h, j);
     const float p = seen ? expf(a.scale * ss[r * L.lds + c] - lses[r]) : 0.0f;
     if constexpr (!kDq) store(reinterpret_cast<T*>(smem + L.p), r * L.ldp + c, p);
     store(reinterpret_cast<T*>(smem + L.ds), r * L.ldp + c, p * (dps[r * L.lds + c] - rss[r]));
@@ -333,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous tile's products are done with q, dout, p and ds
     load_query_side(a, tl, L, smem, h, q0, qr, q, dout, lse, rowsum);
     __syncthreads();
-    probabilities(a, tl, L, smem, q0, k0);
+    probabilities(a, tl, L, smem, h, q0, k0);
     // dv += p^T dout and dk += ds^T q (keys x queries times queries x dims).
     block_gemm<T, true, false, true>(reinterpret_cast<const T*>(smem + L.p), L.ldp,
                                      reinterpret_cast<const T*>(smem + L.dout), L.ldv, dvs, L.ldvacc, b,
@@ -374,7 +382,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile(reinterpret_cast<T*>(smem + L.k), L.ldd, k + (h * a.s + k0) * a.d, a.d, kr, b, tl.dp);
     load_tile(reinterpret_cast<T*>(smem + L.v), L.ldv, v + (h * a.s + k0) * a.dv, a.dv, kr, b, tl.dvp);
     __syncthreads();
-    probabilities(a, tl, L, smem, q0, k0);
+    probabilities(a, tl, L, smem, h, q0, k0);
     // dq += ds k (queries x keys times keys x dims).
     block_gemm<T, false, false, true>(reinterpret_cast<const T*>(smem + L.ds), L.ldp,
                                       reinterpret_cast<const T*>(smem + L.k), L.ldd, dqs, L.ldk, b, tl.dp, b);

@@ -168,10 +168,15 @@ void embedding_grad(Storage t, const void* dy, const int64_t* ids, void* dtable,
 // floats of scratch. A block per key tile (dk, dv) and per query tile (dq): no atomics, fixed summation
 // orders. Head dims d and dv up to kAttentionMaxHeadDim: tiles of 16 rows of them fit in shared memory.
 constexpr int64_t kAttentionMaxHeadDim = 256;
+// Key padding (sdpa's optional key_ids, batch x s i64 on the device; null: none): key j of head h is hidden
+// from every query where key_ids[(h / heads) * s + j] == pad_id. A query that sees no key gets out 0 and lse
+// 0, and adds nothing to any gradient.
 struct Attention {
   int64_t bh, t, s, d, dv;
   bool causal;
   float scale;
+  const int64_t* key_ids = nullptr;
+  int64_t heads = 1, pad_id = 0;
 };
 void sdpa(Storage st, const Attention& a, const void* q, const void* k, const void* v, void* out, float* lse,
           cudaStream_t s);
