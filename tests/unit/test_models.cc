@@ -289,6 +289,37 @@ TEST(ModelLayers, GroupedQueryAttentionIsMultiHeadWithRepeatedHeads) {
     }
 }
 
+// pad_id: keys whose input id is the pad are invisible, so the unpadded positions of a bidirectional layer
+// give what the sequence without its padding gives.
+TEST(ModelLayers, AttentionPadIdHidesPaddedKeys) {
+  const std::string layers =
+      "[{embedding: {name: e, vocab: 16, dim: 16}}, {attention: {name: a, heads: 2, causal: false, pad_id: 0}}, "
+      "{tied_head: {to: e}}]";
+  Trainer padded(inline_layers(layers), text(1, 8, 16), 3, 0.0), plain(inline_layers(layers), text(1, 5, 16), 3, 0.0);
+  const std::vector<double> ids = {3, 7, 1, 9, 4, 0, 0, 0};
+  padded.ex->tensor("x").fill_from(ids);
+  plain.ex->tensor("x").fill_from(std::vector<double>(ids.begin(), ids.begin() + 5));
+  padded.step();
+  plain.step();
+  const std::vector<double> a = padded.ex->output("logits").to_f64(), b = plain.ex->output("logits").to_f64();
+  ASSERT_EQ(a.size(), 8u * 16u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << i;
+  bool differs = false;  // without the mask the padded keys change the outputs
+  Trainer unmasked(inline_layers("[{embedding: {name: e, vocab: 16, dim: 16}}, {attention: {name: a, heads: 2, causal: "
+                                 "false}}, {tied_head: {to: e}}]"),
+                   text(1, 8, 16), 3, 0.0);
+  unmasked.ex->tensor("x").fill_from(ids);
+  unmasked.step();
+  const std::vector<double> c = unmasked.ex->output("logits").to_f64();
+  for (size_t i = 0; i < b.size(); ++i) differs = differs || std::abs(c[i] - b[i]) > 1e-4;
+  EXPECT_TRUE(differs);
+  Graph g;
+  EXPECT_THROW(build_model(g, inline_layers("[flatten, {linear: {out: 8}}, {reshape: {shape: [2, 4]}}, {attention: "
+                                            "{heads: 2, pad_id: 0}}, flatten, {linear: {out: 3}}]"),
+                           images(2, 1, 2, 2, 3), true),
+               Error);
+}
+
 TEST(ZooModels, VitCountsAndOverfitsOneBatch) {
   Graph g;
   const BuiltModel m =
