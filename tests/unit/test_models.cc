@@ -569,6 +569,25 @@ TEST(ModelLayers, ReshapeTransposeSelectMulAndPatches) {
   EXPECT_EQ(m.num_params, 6 * 3 * 8 + 6 + 6 + 18 * 5 + 5);
 }
 
+// A gated MLP written inline: silu(gate(x)) * up(x), then down, the up branch built on the saved input.
+TEST(ModelLayers, InlineSwiGluMultipliesTwoBranches) {
+  Graph g;
+  const BuiltModel m = build_model(g, inline_layers(R"([
+      flatten,
+      {save: {name: x0}},
+      {linear: {name: gate, out: 12, bias: false}},
+      silu,
+      {mul: {name: gated, from: x0, layers: [{linear: {name: up, out: 12, bias: false}}]}},
+      {linear: {name: down, out: ${num_classes}, bias: false}}])"),
+                                   images(2, 1, 2, 4, 3), true);
+  EXPECT_EQ(g.value(g.find_value("gated/up/w")).shape(), (Shape{12, 8}));
+  EXPECT_EQ(m.num_params, 8 * 12 + 8 * 12 + 12 * 3);
+  const Node& mul = g.node(g.value(g.node(g.value(m.logits).producer).inputs[0]).producer);
+  EXPECT_EQ(mul.op, "mul");
+  EXPECT_EQ(g.node(g.value(mul.inputs[0]).producer).op, "silu");
+  EXPECT_EQ(g.node(g.value(mul.inputs[1]).producer).op, "linear");
+}
+
 // BERT's post-LN block and the options of a Llama block, by their parameters and ops.
 TEST(ModelLayers, TransformerBlockOptions) {
   auto built = [](const std::string& block, std::map<std::string, int>* ops) {
