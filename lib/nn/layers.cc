@@ -481,8 +481,11 @@ ValueId tied_head_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
   return c.b.op1("linear", in);
 }
 
+// x * saved, or with `layers` x * layers(saved): two branches of one input multiplied (a gated MLP written
+// inline: save the input, build the gate, then `mul: {from: input, layers: [up projection]}`).
 ValueId mul_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
-  const ValueId s = saved(c, o);
+  ValueId s = saved(c, o);
+  if (o.has("layers")) s = build_layers(c, o.layers("layers"), o.path("layers"), s, false);
   if (shape_of(c, s) != shape_of(c, x))
     o.fail("from", cat("the saved value is ", shape_str(shape_of(c, s)), " but the input is ",
                        shape_str(shape_of(c, x))));
@@ -695,7 +698,7 @@ std::map<std::string, LayerDef> make_registry() {
       {"add", {"from"}, "adds a saved value", true, add_layer},
       {"concat", {"from", "axis"}, "concatenates a saved value", true, concat_layer},
       {"tied_head", {"to", "bias"}, "logits against an embedding table", true, tied_head_layer},
-      {"mul", {"from"}, "multiplies by a saved value", true, mul_layer},
+      {"mul", {"from", "layers"}, "multiplies by a saved value (or by layers of it)", true, mul_layer},
       {"reshape", {"shape"}, "new per-sample shape (batch kept)", true, reshape_layer},
       {"transpose", {"dims"}, "swaps two per-sample axes", true, transpose_layer},
       {"select", {"axis", "index"}, "one position of an axis, the axis dropped", true, select_layer},

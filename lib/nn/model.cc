@@ -283,6 +283,9 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
     targets = g.add_node("mlm_mask", {ids}, attrs, name).at(1);
   }
   out.loss = add_loss(c.b, m, in, h, targets);
+  // Eval programs also hand out the labels the loss scored (-100 where not masked), for an accuracy over
+  // the masked positions rather than against the data's next tokens.
+  if (c.targets != kNoValue && !training) g.mark_output("targets", targets);
   g.mark_output("logits", out.logits);
   g.mark_output("loss", out.loss);
   out.init = resolve_init(c, scheme);
