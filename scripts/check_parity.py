@@ -99,11 +99,12 @@ CONFIGS = {
         "optimizer": {"type": "adamw", "lr": 1e-3, "weight_decay": 0.05, "decay_1d": True},
     },
     # Masked bytes (15%, 80/10/10, flowrun's draw: the dump's masked ids and labels), post-LN encoder, MLM
-    # head tied to the word embedding with its own bias; SGD with momentum.
+    # head tied to the word embedding with its own bias; SGD with momentum; 2 micro-batches of 4 (the loss
+    # is the mean over every masked position of the step, whichever micro-batch holds it).
     "bert": {
         "model": {"zoo": "bert", "n_layer": 2, "n_head": 2, "d_model": 32, "ffn": 64},
         "data": {"dataset": "kjv", "seq_len": 32, "eval_batches": 1},
-        "train": {"batch_size": 8},
+        "train": {"batch_size": 8, "micro_batch_size": 4},
         "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.9},
     },
 }
@@ -483,7 +484,8 @@ class Bert(nn.Module):
     def __init__(self, cfg, spec):
         super().__init__()
         d, eps = param(cfg, "d_model", 256), param(cfg, "norm_eps", 1e-12)
-        vocab = param(cfg, "vocab_size", spec["classes"] + 1)
+        # models/bert.yaml's default: the data's tokens and [MASK], padded to a multiple of 8.
+        vocab = param(cfg, "vocab_size", (spec["classes"] + 1 + 7) // 8 * 8)
         self.word_embeddings = nn.Embedding(vocab, d)
         self.position_embeddings = nn.Embedding(param(cfg, "max_len", spec["seq_len"]), d)
         self.token_type_embeddings = nn.Embedding(2, d)
@@ -642,12 +644,16 @@ def torch_step(name, cfg, dump, dtype, flowrun_grads=False):
         y = torch.from_numpy(dump["mlm"][nodes[0] + "/labels"]).long()
     acc = dump["accumulation"]
     # Under accumulation flowrun's loss is the mean of the micro-batches' mean losses (and BatchNorm sees
-    # each micro-batch alone): the same here, one micro-batch after the other.
+    # each micro-batch alone): the same here, one micro-batch after the other. BERT's micro-batches divide
+    # their sums by the whole step's count of masked positions (mlm_mask's count), so its loss is the mean
+    # over every masked position of the step, as one batch's would be.
     loss = 0
+    reduction = "sum" if dump["mlm"] else "mean"
     for xs, ys in zip(x.chunk(acc), y.chunk(acc)):
         logits = model(xs)
-        loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=-100)
-    loss = loss / acc
+        loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ys.reshape(-1), ignore_index=-100,
+                                      reduction=reduction)
+    loss = loss / (max(int((y != -100).sum()), 1) if dump["mlm"] else acc)
     loss.backward()
     trained = {n: t for n, t in names.items() if isinstance(t, nn.Parameter)}
     grads = {n: t.grad.detach().double().numpy().copy() for n, t in trained.items()}

@@ -205,7 +205,9 @@ std::string summary_row(const std::string& name, const std::string& shape, const
 
 // The mean cross-entropy over every position; cross_entropy reduces over all leading dims, so (B, T, V)
 // logits with (B, T) targets need no flattening (and integer labels no reshape kernel).
-ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, ValueId logits, ValueId y) {
+// `denominator` (kNoValue: none): cross_entropy's, in place of the count of valid targets.
+ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, ValueId logits, ValueId y,
+                 ValueId denominator) {
   const Shape s = b.shape(logits);
   Shape want =
       in.text ? Shape{in.x_shape[0], in.x_shape[1], in.num_classes} : Shape{in.x_shape[0], in.num_classes};
@@ -217,7 +219,9 @@ ValueId add_loss(GraphBuilder& b, const ModelFile& m, const ModelInputs& in, Val
                           " but the loss needs ",
                           in.text ? "(B, T, vocab) = " : "(B, num_classes) = ", shape_str(want),
                           in.text ? "" : " (end the layers with flatten and linear: {out: ${num_classes}})"));
-  return b.op("cross_entropy", {logits, y}, {{"ignore_index", int64_t{-100}}}, "loss")[0];
+  std::vector<ValueId> ins = {logits, y};
+  if (denominator != kNoValue) ins.push_back(denominator);
+  return b.op("cross_entropy", ins, {{"ignore_index", int64_t{-100}}}, "loss")[0];
 }
 
 }  // namespace
@@ -274,15 +278,20 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   // are drawn again next to the loss by a second mlm_mask node of the same name and attributes on the same
   // ids (a node's Philox stream is keyed by its name, so the draw is the same), so that a pipeline cut
   // between blocks has only the hidden state to hand on, not labels made at the model's input.
-  ValueId targets = out.y;
+  // The loss divides by the masking's count, the masked positions of the step's whole batch over the
+  // pieces it is cut into (ranks, micro-batches): each piece's mean is over the whole step's count, so the
+  // mean of the pieces' losses, which data parallelism and accumulation take, is the whole step's mean.
+  ValueId targets = out.y, denominator = kNoValue;
   if (c.targets != kNoValue) {
     const Node& first = g.node(g.value(c.targets).producer);
     const std::string name = first.name;
     const Attrs attrs = first.attrs;
     const ValueId ids = first.inputs.at(0);
-    targets = g.add_node("mlm_mask", {ids}, attrs, name).at(1);
+    const std::vector<ValueId> twin = g.add_node("mlm_mask", {ids}, attrs, name);
+    targets = twin.at(1);
+    denominator = twin.at(2);
   }
-  out.loss = add_loss(c.b, m, in, h, targets);
+  out.loss = add_loss(c.b, m, in, h, targets, denominator);
   // Eval programs also hand out the labels the loss scored (-100 where not masked), for an accuracy over
   // the masked positions rather than against the data's next tokens.
   if (c.targets != kNoValue && !training) g.mark_output("targets", targets);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <variant>
 
 #include "graph/builder.h"
@@ -92,6 +93,13 @@ void check_scalar_grad(const std::string& op, const TensorType& d, const TensorT
                           shape_str(d.shape), ":", dtype_name(d.dtype)));
 }
 
+// cross_entropy's optional denominator: a one-element scalar ({} or {1}) of the logits' dtype.
+void check_denominator(const std::string& op, const TensorType& d, const TensorType& x) {
+  if (d.shape.size() > 1 || numel(d.shape) != 1 || d.dtype != x.dtype)
+    throw input_error(cat(op, ": the denominator must be a ", dtype_name(x.dtype),
+                          " scalar ({} or {1}), got ", shape_str(d.shape), ":", dtype_name(d.dtype)));
+}
+
 double dropout_p(const std::string& op, const Attrs& a) {
   const double p = num_attr(op, a, "p", 0.5);
   if (!(p >= 0.0 && p <= 1.0)) throw input_error(cat(op, ": p must be in [0, 1], got ", p));
@@ -109,10 +117,13 @@ std::vector<double> uniform(const Tensor& t, uint64_t seed, uint64_t stream, dou
 
 enum class Labels { in_range, some_ignored, all_ignored, out_of_range };
 
-// Input 0: scores in [-2, 2] + shift; input 1: class labels in [0, C), some replaced as `mode` says.
-std::function<void(int, Tensor&, uint64_t)> class_fill(int64_t C, Labels mode, int64_t ignore, double shift) {
+// Input 0: scores in [-2, 2] + shift; input 1: class labels in [0, C), some replaced as `mode` says; input
+// 2 (cross_entropy's denominator): `denominator`.
+std::function<void(int, Tensor&, uint64_t)> class_fill(int64_t C, Labels mode, int64_t ignore, double shift,
+                                                       double denominator) {
   return [=](int i, Tensor& t, uint64_t seed) {
     if (i == 0) return t.fill_from(uniform(t, seed, 11, shift - 2.0, shift + 2.0));
+    if (i == 2) return t.fill_from(std::vector<double>(static_cast<size_t>(t.numel()), denominator));
     std::vector<double> v(static_cast<size_t>(t.numel()));
     const RngStream r{seed, 12};
     for (size_t k = 0; k < v.size(); ++k) {
@@ -134,6 +145,10 @@ struct ClassCase {
   double shift = 0.0;
   // Attrs offset 0 and classes C: the vocabulary-parallel path (graph/sbp_parallel.cc) on one rank.
   bool split = false;
+  // cross_entropy's third input, the loss's denominator in place of the count of valid labels (BERT's
+  // masked positions counted over the whole step); its shape {} or {1}.
+  std::optional<double> denominator = std::nullopt;
+  Shape denominator_shape = {};
 };
 
 std::vector<ClassCase> class_cases(bool cross_entropy) {
@@ -150,6 +165,22 @@ std::vector<ClassCase> class_cases(bool cross_entropy) {
         "[2,4,5] out-of-range labels, split over one rank", {2, 4, 5}, Labels::out_of_range, kDefaultIgnore};
     split.split = true;
     cs.push_back(split);
+    // A denominator that is not the count (the count here is 4, of 6 rows), fractional as a rank's share of
+    // a whole batch's count is; 0 (no masked position in the whole step); a {1} one on the split path.
+    ClassCase den{"[2,3,5] some ignored, denominator 2.5", {2, 3, 5}, Labels::some_ignored, kDefaultIgnore};
+    den.denominator = 2.5;
+    cs.push_back(den);
+    ClassCase zero{"[3,7] denominator 0", {3, 7}, Labels::in_range, kDefaultIgnore};
+    zero.denominator = 0.0;
+    cs.push_back(zero);
+    ClassCase split_den{"[2,4,5] out-of-range labels, split over one rank, denominator [1] 11",
+                        {2, 4, 5},
+                        Labels::out_of_range,
+                        kDefaultIgnore};
+    split_den.split = true;
+    split_den.denominator = 11.0;
+    split_den.denominator_shape = {1};
+    cs.push_back(split_den);
   }
   return cs;
 }
@@ -168,9 +199,11 @@ std::vector<double> ref_lse(const Tensor& x) {
   return out;
 }
 
-// Mean over labels != ignore of term(row, label); out-of-range labels count and contribute 0.
+// Mean over labels != ignore of term(row, label); out-of-range labels count and contribute 0. With a
+// denominator: the sum of the terms over it (0 where it is 0).
 template <typename F>
-double ref_class_mean(const Tensor& labels, int64_t C, int64_t ignore, F term) {
+double ref_class_mean(const Tensor& labels, int64_t C, int64_t ignore, F term,
+                      std::optional<double> denominator = std::nullopt) {
   double sum = 0;
   int64_t n = 0;
   for (int64_t r = 0; r < labels.numel(); ++r) {
@@ -179,6 +212,7 @@ double ref_class_mean(const Tensor& labels, int64_t C, int64_t ignore, F term) {
     ++n;
     if (l >= 0 && l < C) sum += term(r, l);
   }
+  if (denominator) return *denominator != 0 ? sum / *denominator : 0.0;
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -230,9 +264,10 @@ std::vector<OpSample> class_samples(bool cross_entropy) {
     o.label = k.label;
     const Shape lshape(k.x.begin(), k.x.end() - 1);
     o.inputs = {{k.x, DType::f64}, {lshape, DType::i64}};
+    if (k.denominator) o.inputs.push_back({k.denominator_shape, DType::f64});
     if (k.ignore != kDefaultIgnore) o.attrs = Attrs{{"ignore_index", k.ignore}};
     if (k.split) o.attrs.set("offset", int64_t{0}).set("classes", k.x.back());
-    o.fill = class_fill(k.x.back(), k.mode, k.ignore, k.shift);
+    o.fill = class_fill(k.x.back(), k.mode, k.ignore, k.shift, k.denominator.value_or(0.0));
     o.reference = [cross_entropy](const std::vector<Tensor>& in, const Attrs& a) {
       const Tensor &x = in[0], &labels = in[1];
       const int64_t C = x.shape().back();
@@ -244,9 +279,11 @@ std::vector<OpSample> class_samples(bool cross_entropy) {
       const std::vector<double> lse = ref_lse(x);
       Tensor lse_t = Tensor::empty(labels.shape(), DType::f64);
       std::copy(lse.begin(), lse.end(), lse_t.data<double>());
-      const double loss = ref_class_mean(labels, C, ignore, [&](int64_t r, int64_t l) {
-        return lse[static_cast<size_t>(r)] - p[r * C + l];
-      });
+      const std::optional<double> den =
+          in.size() > 2 ? std::optional<double>(in[2].data<double>()[0]) : std::nullopt;
+      const double loss = ref_class_mean(
+          labels, C, ignore, [&](int64_t r, int64_t l) { return lse[static_cast<size_t>(r)] - p[r * C + l]; },
+          den);
       return std::vector<Tensor>{scalar(loss), lse_t};
     };
     s.push_back(o);
@@ -301,15 +338,19 @@ struct MlmAttrs {
   int64_t vocab, mask_id;
   double p, mask_p, random_p;
   bool fixed;
+  int64_t micro_batches;
 };
 
 MlmAttrs mlm_attrs(const Attrs& a) {
   const std::string op = "mlm_mask";
   for (const char* k : {"vocab", "mask_id"})
     if (!a.has(k)) throw input_error(cat(op, ": attribute '", k, "' is required"));
-  MlmAttrs m{int_attr(op, a, "vocab", 0),    int_attr(op, a, "mask_id", 0),    num_attr(op, a, "p", 0.15),
-             num_attr(op, a, "mask_p", 0.8), num_attr(op, a, "random_p", 0.1), false};
+  MlmAttrs m{int_attr(op, a, "vocab", 0),        int_attr(op, a, "mask_id", 0),    num_attr(op, a, "p", 0.15),
+             num_attr(op, a, "mask_p", 0.8),     num_attr(op, a, "random_p", 0.1), false,
+             int_attr(op, a, "micro_batches", 1)};
   if (m.vocab < 1) throw input_error(cat(op, ": vocab must be at least 1, got ", m.vocab));
+  if (m.micro_batches < 1)
+    throw input_error(cat(op, ": micro_batches must be at least 1, got ", m.micro_batches));
   for (const auto& [k, v] : {std::pair{"p", m.p}, {"mask_p", m.mask_p}, {"random_p", m.random_p}})
     if (!(v >= 0.0 && v <= 1.0)) throw input_error(cat(op, ": ", k, " must be in [0, 1], got ", v));
   // 0.9 + 0.1 is 1 in doubles, but a sum of decimal fractions may land an ulp above it.
@@ -342,7 +383,9 @@ std::vector<OpSample> mlm_mask_samples() {
           if (!all_selected) labels.data<int64_t>()[k] = kDefaultIgnore;
           if (masked) ids.data<int64_t>()[k] = at.i("mask_id");
         }
-        return std::vector<Tensor>{ids, labels};
+        // The whole step is this one tensor (micro_batches 1, no split): its count is its own.
+        const float count = all_selected ? static_cast<float>(in[0].numel()) : 0.0f;
+        return std::vector<Tensor>{ids, labels, Tensor::from<float>({}, {count})};
       };
     s.push_back(o);
   };
@@ -456,13 +499,19 @@ void register_nn_ops(OpRegistry& r) {
   OpDef ce;
   ce.name = "cross_entropy";
   ce.doc =
-      "fused log_softmax + nll_loss: (logits (..., C), labels i64 (...)) -> (mean loss over labels != "
-      "ignore_index (default -100; 0 if none), log-sum-exp per row). Labels outside [0, C) other than "
-      "ignore_index count in the mean but contribute 0 (a kernel cannot report them)";
-  ce.num_inputs = 2;
+      "fused log_softmax + nll_loss: (logits (..., C), labels i64 (...) [, denominator]) -> (mean loss over "
+      "labels != ignore_index (default -100; 0 if none), log-sum-exp per row). Labels outside [0, C) other "
+      "than ignore_index count in the mean but contribute 0 (a kernel cannot report them). The optional "
+      "denominator (a scalar, {} or {1}, of the logits' dtype) replaces the count: loss = the sum of the "
+      "valid labels' terms / denominator, 0 where it is 0 (BERT: the masked positions of the whole step)";
+  ce.num_inputs = -1;  // 2, or 3 with the denominator
   ce.num_outputs = [](const Attrs&) { return 2; };
   ce.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() != 2 && in.size() != 3)
+      throw input_error(
+          cat("cross_entropy: takes logits, labels [, denominator], got ", in.size(), " inputs"));
     check_class_inputs("cross_entropy", in[0], in[1], a);
+    if (in.size() == 3) check_denominator("cross_entropy", in[2], in[0]);
     return {{{}, in[0].dtype}, {in[1].shape, in[0].dtype}};
   };
   ce.cost = cost_per_elem(4.0, 0);
@@ -472,19 +521,32 @@ void register_nn_ops(OpRegistry& r) {
   ce.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
     return static_cast<size_t>((a.has("classes") ? 3 : 1) * numel(in[1].shape)) * sizeof(double);
   };
-  ce.nondiff_inputs = {1};
+  // The denominator is a count, not a function of the logits: no gradient flows into it.
+  ce.nondiff_inputs = {1, 2};
   ce.nondiff_outputs = {1};
   ce.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("cross_entropy_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)}, c.attrs()), kNoValue};
+    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.out(1)};
+    if (c.node.inputs.size() == 3) ins.push_back(c.in(2));
+    std::vector<ValueId> grads = {c.b.op1("cross_entropy_grad", ins, c.attrs()), kNoValue};
+    if (c.node.inputs.size() == 3) grads.push_back(kNoValue);
+    return grads;
   };
   ce.sbp = [](const SbpQuery& q) {
     const int r = static_cast<int>(q.in[0].shape.size());
-    // Vocabulary parallel: logits split by class, the row statistics reduced over the ranks in the kernel.
-    std::vector<SbpSignature> sigs{
-        {{Sbp::split(r - 1), Sbp::broadcast()}, {Sbp::broadcast(), Sbp::broadcast()}}};
-    // Rows split (the batch): each rank's mean over its rows.
+    const bool den = q.in.size() == 3;
+    // Vocabulary parallel: logits split by class, the row statistics reduced over the ranks in the kernel
+    // (whole rows: the denominator whole too).
+    SbpSignature vocab{{Sbp::split(r - 1), Sbp::broadcast()}, {Sbp::broadcast(), Sbp::broadcast()}};
+    if (den) vocab.in.push_back(Sbp::broadcast());
+    std::vector<SbpSignature> sigs{vocab};
+    // Rows split (the batch): each rank's mean over its rows, the ranks' losses averaged. A denominator is
+    // taken as partial sums: each rank divides its sum by its share of the whole denominator (mlm_mask's
+    // count: the whole step's count over the number of pieces), and the mean of sum_r / (D / ranks) over
+    // the ranks is sum / D exactly. A whole (B) denominator cannot be split so (B -> P is no boxing): such
+    // a loss takes the whole rows instead.
     for (int a = 0; a + 1 < r; ++a) {
       SbpSignature s{{Sbp::split(a), Sbp::split(a)}, {Sbp::partial(), Sbp::split(a)}};
+      if (den) s.in.push_back(Sbp::partial());
       s.partial_mean = true;
       sigs.push_back(s);
     }
@@ -496,13 +558,19 @@ void register_nn_ops(OpRegistry& r) {
 
   OpDef ceg;
   ceg.name = "cross_entropy_grad";
-  ceg.doc = "gradient of cross_entropy from (dloss, logits, labels, lse): dloss * (softmax - onehot) / count";
-  ceg.num_inputs = 4;
+  ceg.doc =
+      "gradient of cross_entropy from (dloss, logits, labels, lse [, denominator]): dloss * (softmax - "
+      "onehot) / count (or / denominator; 0 where it is 0)";
+  ceg.num_inputs = -1;  // 4, or 5 with the denominator
   ceg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const std::string op = "cross_entropy_grad";
+    if (in.size() != 4 && in.size() != 5)
+      throw input_error(
+          cat(op, ": takes dloss, logits, labels, lse [, denominator], got ", in.size(), " inputs"));
     check_class_inputs(op, in[1], in[2], a);
     check_scalar_grad(op, in[0], in[1]);
     require_same(op, in[3], {in[2].shape, in[1].dtype}, "lse and the expected row statistics");
+    if (in.size() == 5) check_denominator(op, in[4], in[1]);
     return {in[1]};
   };
   ceg.cost = cost_per_elem(4.0, 1);
@@ -650,23 +718,34 @@ void register_nn_ops(OpRegistry& r) {
       "hold the original id where selected, -100 elsewhere. Attrs vocab and mask_id (required), p, mask_p, "
       "random_p, fixed (bool, default false: draw step 0's numbers at every step, so that every evaluation "
       "masks alike). Draws are keyed and numbered as dropout's (Philox block e for element e of the step's "
-      "whole batch)";
-  mlm.num_outputs = [](const Attrs&) { return 2; };
+      "whole batch). Third output count (f32 scalar): the positions selected in the step's whole batch "
+      "(attr micro_batches M, default 1: every micro-batch of the step, the whole tensor over the mesh) "
+      "times this piece's share of it, local elements / (whole elements * M): cross_entropy's denominator, "
+      "so that the mean of the pieces' losses is the whole step's mean over its masked positions";
+  mlm.num_outputs = [](const Attrs&) { return 3; };
   mlm.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in[0].dtype != DType::i64 || in[0].shape.empty())
       throw input_error(cat("mlm_mask: ids must be i64 with at least one axis, got ", shape_str(in[0].shape),
                             ":", dtype_name(in[0].dtype)));
     mlm_attrs(a);
-    return {in[0], in[0]};
+    return {in[0], in[0], {{}, DType::f32}};
   };
-  mlm.cost = cost_per_elem(4.0, 0);
+  // And one Philox block per element of the whole step for the count.
+  mlm.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
+    const double whole =
+        static_cast<double>(a.has("rng_whole") ? numel(a.ints("rng_whole")) : numel(in[0].shape));
+    return Cost{
+        4.0 * static_cast<double>(numel(in[0].shape)) + whole * static_cast<double>(a.i("micro_batches", 1)),
+        bytes_of(in) + bytes_of(out)};
+  };
   mlm.nondiff_inputs = {0};
   mlm.random = true;
   // Every element draws by its index in the whole tensor, so a batch (or sequence) split draws the same.
+  // Each piece's count is its share of the whole count: partial sums of it.
   mlm.sbp = [](const SbpQuery& q) {
     std::vector<SbpSignature> sigs;
     for (int a = 0; a < static_cast<int>(q.in[0].shape.size()); ++a)
-      sigs.push_back({{Sbp::split(a)}, {Sbp::split(a), Sbp::split(a)}});
+      sigs.push_back({{Sbp::split(a)}, {Sbp::split(a), Sbp::split(a), Sbp::partial()}});
     return sigs;
   };
   mlm.kernels = {{DeviceKind::cpu, {DType::i64}, cpu::mlm_mask}};

@@ -96,6 +96,12 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   // splits into each rank's `batch`.
   const int64_t ranks = training ? cfg.parallel.data : 1;
   *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training);
+  // BERT's masking counts the masked positions of the optimizer step's whole batch, all of its micro-batches
+  // (accumulation, or a pipeline's): its loss divides by the step's count over the pieces. An evaluation
+  // batch is a step of one.
+  if (training && cfg.train.grad_accumulation > 1)
+    for (NodeId id : g.live_nodes_topological())
+      if (g.node(id).op == "mlm_mask") g.node(id).attrs.set("micro_batches", cfg.train.grad_accumulation);
   CompileOptions o;
   o.device = device_of(cfg).kind;
   o.compute = compute_dtype(cfg.precision);

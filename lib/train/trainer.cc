@@ -63,7 +63,9 @@ int64_t eval_batch_count(const RunConfig& cfg, const Dataset& data) {
   return cfg.data.eval_batches > 0 ? std::min(cfg.data.eval_batches, all) : all;
 }
 
-// Loss and top-1 accuracy over the validation split, from the eval program's "loss" and "logits".
+// Loss and top-1 accuracy over the validation split, from the eval program's "loss" and "logits". A model
+// that scores other targets than the data's (BERT: the masked positions' original ids, -100 elsewhere) hands
+// them out as "targets": the accuracy and the loss's weight count those.
 EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
   EvalResult r;
   r.text = data.spec().text;
@@ -71,17 +73,21 @@ EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
   double loss_sum = 0.0;
   int64_t correct = 0;
   const int64_t batches = eval_batch_count(cfg, data);
+  const bool own_targets = ex.program().graph.outputs().count("targets") > 0;
   for (int64_t b = 0; b < batches; ++b) {
     const Batch& batch = loader.next();
     feed(ex, batch);
     ex.run();
     const Tensor loss = ex.output("loss");
     const Tensor logits = ex.output("logits");
-    const int64_t* y = batch.y.data<int64_t>();
+    const Tensor targets = own_targets ? ex.output("targets") : batch.y;
+    FR_CHECK(targets.dtype() == DType::i64 && targets.numel() == batch.y.numel(),
+             "the eval program's targets do not match the batch's");
+    const int64_t* y = targets.data<int64_t>();
     const int64_t classes = logits.shape().back();
     const float* l = logits.data<float>();
     int64_t valid = 0;
-    for (int64_t i = 0; i < batch.y.numel(); ++i) {
+    for (int64_t i = 0; i < targets.numel(); ++i) {
       if (y[i] < 0) continue;
       ++valid;
       const float* row = l + i * classes;

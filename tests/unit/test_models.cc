@@ -377,6 +377,9 @@ TEST(ZooModels, BertMlmLabelsReplaceTheTargets) {
     EXPECT_EQ(mask.op, "mlm_mask");
     EXPECT_EQ(mask.inputs[0], m.x);
     EXPECT_EQ(loss.inputs[1], mask.outputs[1]);
+    // Its count of masked positions is the loss's denominator.
+    ASSERT_EQ(loss.inputs.size(), 3u);
+    EXPECT_EQ(loss.inputs[2], mask.outputs[2]);
     // The masked ids come from the first node, the labels from its twin next to the loss: the same name
     // (the same random stream), attributes and ids.
     int masks = 0;

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "graph/passes.h"
 #include "op_harness.h"
@@ -386,6 +387,70 @@ TEST(MlmMask, SplitsOfTheBatchDrawWhatTheWholeDraws) {
   }
 }
 
+// The count output: a step of 2 micro-batches of 4 rows, each split over 2 data ranks (rows) or 2 tensor
+// ranks (columns), has 4 pieces; each piece's count is a quarter of the step's selected positions (those of
+// the 8 rows drawn whole), though its own rows select a different number, so the pieces' counts sum to the
+// whole step's. With that count as cross_entropy's denominator, the mean of the pieces' losses is the whole
+// batch's mean over its selected positions, which the pieces' own means do not give.
+TEST(MlmMask, CountIsTheWholeStepsShareOfEachPiece) {
+  const Attrs a{{"vocab", int64_t{50}}, {"mask_id", int64_t{49}}, {"p", 0.4}};
+  const Tensor all = ids_tensor({8, 6}, 7, 1);  // ids, and so labels, are classes of the 7 logits below
+  const auto whole = run_op("mlm_mask", {all}, a, 3);
+  const auto labels = ints_of(whole[1]);
+  int64_t selected = 0;
+  for (int64_t l : labels) selected += l != -100;
+  ASSERT_EQ(whole[2].shape(), Shape{});
+  ASSERT_EQ(whole[2].dtype(), DType::f32);
+  EXPECT_EQ(whole[2].data<float>()[0], static_cast<float>(selected));
+  const Tensor logits = uniform_tensor({8, 6, 7}, DType::f64, 11);
+  auto rows_of = [](const Tensor& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    Shape s = t.shape();
+    const int64_t cols = s[1], inner = s.size() > 2 ? s[2] : 1;
+    s[0] = r1 - r0;
+    s[1] = c1 - c0;
+    const auto v = t.to_f64();
+    std::vector<double> out;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t k = 0; k < inner; ++k) out.push_back(v[static_cast<size_t>((r * cols + c) * inner + k)]);
+    Tensor p = Tensor::empty(s, t.dtype());
+    p.fill_from(out);
+    return p;
+  };
+  Tensor whole_labels = Tensor::empty({8, 6}, DType::i64);
+  std::copy(labels.begin(), labels.end(), whole_labels.data<int64_t>());
+  const double mean = run_op("cross_entropy", {logits, whole_labels}, {})[0].data<double>()[0];
+  for (const bool by_rows : {true, false}) {
+    SCOPED_TRACE(by_rows ? "data ranks" : "tensor ranks");
+    double count_sum = 0, loss_sum = 0, own_mean_sum = 0;
+    std::set<int64_t> own_counts;
+    for (int64_t m : {0, 1})
+      for (int64_t r : {0, 1}) {
+        const int64_t r0 = 4 * m + (by_rows ? 2 * r : 0), r1 = by_rows ? r0 + 2 : r0 + 4;
+        const int64_t c0 = by_rows ? 0 : 3 * r, c1 = by_rows ? 6 : c0 + 3;
+        Attrs piece = a;
+        piece.set("micro_batches", int64_t{2});
+        piece.set("rng_whole", std::vector<int64_t>{4, 6});
+        piece.set("rng_start", by_rows ? std::vector<int64_t>{2 * r, 0} : std::vector<int64_t>{0, 3 * r});
+        const auto out = run_op("mlm_mask", {rows_of(all, r0, r1, c0, c1)}, piece, 3, m);
+        int64_t own = 0;
+        for (int64_t l : ints_of(out[1])) own += l != -100;
+        own_counts.insert(own);
+        const float count = out[2].data<float>()[0];
+        EXPECT_EQ(count, static_cast<float>(selected) / 4.0f);
+        count_sum += static_cast<double>(count);
+        const Tensor den = Tensor::from<double>({}, {static_cast<double>(count)});
+        const Tensor lg = rows_of(logits, r0, r1, c0, c1);
+        loss_sum += run_op("cross_entropy", {lg, out[1], den}, {})[0].data<double>()[0];
+        own_mean_sum += run_op("cross_entropy", {lg, out[1]}, {})[0].data<double>()[0];
+      }
+    EXPECT_EQ(count_sum, static_cast<double>(selected));
+    EXPECT_GT(own_counts.size(), 1u);  // the pieces select different numbers: their own means would differ
+    EXPECT_NEAR(loss_sum / 4, mean, 1e-12 * mean);
+    EXPECT_GT(std::fabs(own_mean_sum / 4 - mean), 1e-6 * mean);
+  }
+}
+
 // Each step draws anew (and resuming at a step redraws it exactly); `fixed` draws the same at every step.
 TEST(MlmMask, StepsDrawAnewUnlessFixed) {
   const Tensor ids = ids_tensor({8, 32}, 30, 2);
@@ -398,6 +463,7 @@ TEST(MlmMask, StepsDrawAnewUnlessFixed) {
   const auto f3 = run_op("mlm_mask", {ids}, a, 3), f9 = run_op("mlm_mask", {ids}, a, 9);
   EXPECT_EQ(ints_of(f3[0]), ints_of(f9[0]));
   EXPECT_EQ(ints_of(f3[1]), ints_of(f9[1]));
+  EXPECT_EQ(f3[2].data<float>()[0], f9[2].data<float>()[0]);
   EXPECT_NE(ints_of(f3[1]), s3);  // fixed draws step 0's numbers, not step 3's
 }
 
@@ -409,8 +475,12 @@ TEST(MlmMask, RejectsBadAttributes) {
   EXPECT_NO_THROW(b.op("mlm_mask", {ids}, ok));
   EXPECT_THROW(b.op("mlm_mask", {ids}, {{"vocab", int64_t{10}}}), Error);  // no mask_id
   EXPECT_THROW(b.op("mlm_mask", {b.input("x", {2, 3})}, ok), Error);       // f32 ids
-  for (const auto& [k, v] : std::vector<std::pair<std::string, Attr>>{
-           {"p", 1.5}, {"mask_p", -0.1}, {"random_p", 0.3}, {"vocab", int64_t{0}}, {"fixed", int64_t{1}}}) {
+  for (const auto& [k, v] : std::vector<std::pair<std::string, Attr>>{{"p", 1.5},
+                                                                      {"mask_p", -0.1},
+                                                                      {"random_p", 0.3},
+                                                                      {"vocab", int64_t{0}},
+                                                                      {"fixed", int64_t{1}},
+                                                                      {"micro_batches", int64_t{0}}}) {
     Attrs bad = ok;
     bad.set(k, v);
     EXPECT_THROW(b.op("mlm_mask", {ids}, bad), Error) << k;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -145,6 +146,27 @@ int64_t ignore_index(const KernelCtx& c) {
   return c.attrs().i("ignore_index", -100);
 }
 
+// The loss from the sum of its terms: over the count n of valid labels, or over cross_entropy's optional
+// denominator (input `den`, a scalar of the logits' type T) where the node has one; 0 where that is 0.
+template <typename T>
+T class_loss(const KernelCtx& c, int den, double sum, int64_t n) {
+  if (c.num_in > den) {
+    const double d = static_cast<double>(c.in[den].as<T>()[0]);
+    return d != 0.0 ? static_cast<T>(sum / d) : T(0);
+  }
+  return n > 0 ? static_cast<T>(sum / static_cast<double>(n)) : T(0);
+}
+
+// dloss over the same: the gradient's factor on every counted row (0 where the divisor is 0).
+template <typename T>
+T class_grad_scale(const KernelCtx& c, int den, T dloss, int64_t n) {
+  if (c.num_in > den) {
+    const T d = c.in[den].as<T>()[0];
+    return d != T(0) ? dloss / d : T(0);
+  }
+  return n > 0 ? dloss / static_cast<T>(n) : T(0);
+}
+
 template <typename F>
 void each_float(const KernelCtx& c, int input, F f) {
   dispatch_float(c.in[input].dtype, [&](auto* tag) { f(tag); });
@@ -243,8 +265,8 @@ void cross_entropy_split(const KernelCtx& c, T* lse) {
     const int64_t l = labels[r];
     if (l != ignore && in_range(l, classes)) total += static_cast<double>(lse[r]) - target[r];
   }
-  const int64_t n = count_targets(labels, rows, ignore);
-  c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(total / static_cast<double>(n)) : T(0);
+  const int64_t n = c.num_in > 2 ? 0 : count_targets(labels, rows, ignore);
+  c.out[0].as<T>()[0] = class_loss<T>(c, 2, total, n);
 }
 
 void cross_entropy(const KernelCtx& c) {
@@ -262,8 +284,8 @@ void cross_entropy(const KernelCtx& c) {
       const int64_t l = labels[r];
       if (l != ignore && in_range(l, C)) sum += static_cast<double>(lse[r] - x[r * C + l]);
     }
-    const int64_t n = count_targets(labels, rows, ignore);
-    c.out[0].as<T>()[0] = n > 0 ? static_cast<T>(sum / static_cast<double>(n)) : T(0);
+    const int64_t n = c.num_in > 2 ? 0 : count_targets(labels, rows, ignore);
+    c.out[0].as<T>()[0] = class_loss<T>(c, 2, sum, n);
   });
 }
 
@@ -276,14 +298,17 @@ void cross_entropy_grad(const KernelCtx& c) {
     const T* lse = c.in[3].as<T>();
     T* dx = c.out[0].as<T>();
     const int64_t ignore = ignore_index(c);
-    const int64_t n = count_targets(labels, rows, ignore);
-    const T g = n > 0 ? c.in[0].as<T>()[0] / static_cast<T>(n) : T(0);
+    const bool den = c.num_in > 4;
+    const int64_t n = den ? 0 : count_targets(labels, rows, ignore);
+    const T g = class_grad_scale<T>(c, 4, c.in[0].as<T>()[0], n);
+    // No row counts when the divisor is 0 (rather than dividing by it).
+    const bool none = den ? c.in[4].as<T>()[0] == T(0) : n == 0;
     // Split over the tensor axis by class: this rank's columns of the whole rows (see cross_entropy_split).
     const int64_t offset = c.attrs().i("offset", 0), classes = c.attrs().i("classes", C);
     for_rows(rows, C, [&](int64_t r) {
       const int64_t l = labels[r];
       T* dxr = dx + r * C;
-      if (l == ignore || !in_range(l, classes) || n == 0) {
+      if (l == ignore || !in_range(l, classes) || none) {
         std::fill_n(dxr, C, T(0));
         return;
       }
@@ -457,6 +482,9 @@ void dropout_grad(const KernelCtx& c) {
 // block e: word 0 selects it (uniform < p), word 1 picks the outcome (< mask_p: mask_id, < mask_p + random_p:
 // a random token, else kept), words 2 and 3 the random token (their 64 bits mod vocab). `fixed` keys the
 // stream on step 0 whatever the step is. The CUDA kernel (ops/cuda/random.cu) draws the same.
+// Output 2, the count: the selection of element g depends on g alone (word 0 of block g), so every piece
+// draws word 0 of every block of the step's whole batch, [0, whole elements * micro_batches), and counts the
+// selected (an integer, whatever the threads), then keeps its share local / (whole * micro_batches) of it.
 void mlm_mask(const KernelCtx& c) {
   const Attrs& a = c.attrs();
   const double p = a.f("p", 0.15), mask_p = a.f("mask_p", 0.8), keep_above = mask_p + a.f("random_p", 0.1);
@@ -475,6 +503,17 @@ void mlm_mask(const KernelCtx& c) {
   auto uniform = [](uint32_t w) {
     return static_cast<double>(static_cast<float>(w >> 8) * (1.0f / 16777216.0f));
   };
+  const int64_t micro_batches = a.i("micro_batches", 1), step_n = whole_n * micro_batches;
+  std::atomic<int64_t> selected{0};
+  parallel_for(step_n, kGrain / 2, [&](int64_t s, int64_t e) {
+    int64_t k = 0;
+    for (int64_t g = s; g < e; ++g) k += uniform(rng.block(static_cast<uint64_t>(g))[0]) < p;
+    selected += k;
+  });
+  c.out[2].as<float>()[0] =
+      step_n > 0 ? static_cast<float>(static_cast<double>(selected.load()) *
+                                      static_cast<double>(c.in[0].numel()) / static_cast<double>(step_n))
+                 : 0.0f;
   parallel_for(c.in[0].numel(), kGrain / 8, [&](int64_t s, int64_t e) {
     for (int64_t i = s; i < e; ++i) {
       int64_t g = base, stride = 1, rem = i;

@@ -55,8 +55,10 @@ void softmax_grad(Storage t, bool log, const void* dy, const void* y, void* dx, 
                   cudaStream_t s);
 // Cross-entropy of logits x with integer labels: lse per row, and loss = the mean of lse - x[label] over the
 // rows whose label is not `ignore` (labels outside [0, cols) count and add 0). `partial`: rows doubles.
-void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t cols, int64_t ignore, double* partial, cudaStream_t s);
+// `den` (null: none): a scalar of x's type that replaces the count (the sum over it; 0 where it is 0), here
+// and in the split loss and the gradient below.
+void cross_entropy(Storage t, const void* x, const int64_t* labels, const void* den, void* loss, void* lse,
+                   int64_t rows, int64_t cols, int64_t ignore, double* partial, cudaStream_t s);
 // Vocabulary-parallel cross-entropy: x holds columns [offset, offset + cols) of rows of `classes` logits (the
 // classes split over the tensor axis), and the caller reduces the row statistics over the axis's ranks
 // between the steps. `stats`: 3 x rows doubles, [row maxima | sums of exponentials | target logits].
@@ -69,14 +71,14 @@ void cross_entropy_split_sums(Storage t, const void* x, const int64_t* labels, i
                               int64_t offset, double* stats, cudaStream_t s);
 // Step 3: lse = max + log(sum) per row, and the loss: the mean of lse - target over the rows whose label is
 // not `ignore` (labels outside [0, classes) count and add 0), summed in row order in double.
-void cross_entropy_split_loss(Storage t, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                              int64_t classes, int64_t ignore, double* stats, cudaStream_t s);
+void cross_entropy_split_loss(Storage t, const int64_t* labels, const void* den, void* loss, void* lse,
+                              int64_t rows, int64_t classes, int64_t ignore, double* stats, cudaStream_t s);
 // dx = dloss / count * (softmax(x) - onehot(label)), zero rows for ignored labels and labels outside [0,
 // classes); x holds columns [offset, offset + cols) of the rows (offset 0 and classes = cols unless the
 // classes are split), lse the whole rows'. `scale`: one float of scratch.
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
-                        void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset, int64_t classes,
-                        float* scale, cudaStream_t s);
+                        const void* den, void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset,
+                        int64_t classes, float* scale, cudaStream_t s);
 // The mean of -logp[label] over the rows whose label is not `ignore` (labels outside [0, cols) count and add
 // 0), summed in row order in double; its gradient -dloss / count at each counted label, 0 elsewhere.
 void nll_loss(Storage t, const void* logp, const int64_t* labels, void* loss, int64_t rows, int64_t cols,
@@ -224,6 +226,11 @@ struct MlmDraw {
 };
 void mlm_mask(const MlmDraw& d, const Strided& local, const int64_t* ids, int64_t* out, int64_t* labels,
               int64_t n, cudaStream_t s);
+// mlm_mask's count: the elements g of [0, total) (the step's whole batch, every micro-batch) whose word 0 of
+// Philox block g selects them (the draw of mlm_mask above; d.base and d.whole unused), summed as an integer
+// in `counter` (device scratch), then *count = selected * local / total as an f32.
+void mlm_count(const MlmDraw& d, int64_t total, int64_t local, unsigned long long* counter, float* count,
+               cudaStream_t s);
 
 // The gradient norm's pieces (ops/cuda/optim.cu): the sum of squares of x[b * block, (b + 1) * block) in
 // double into partial[b] for each block b of x; then out = scale * sqrt(sum of partial[0, n)) as an f32, the

@@ -67,6 +67,9 @@ void mlm_mask(const KernelCtx& c) {
   d.whole = stride;
   mlm_mask(d, s, ids.as<int64_t>(), c.out[0].as<int64_t>(), c.out[1].as<int64_t>(), ids.numel(),
            stream_of(c));
+  FR_CHECK(c.workspace_bytes >= sizeof(unsigned long long), c.node->name, ": no workspace for the count");
+  mlm_count(d, d.whole * a.i("micro_batches", 1), ids.numel(), static_cast<unsigned long long*>(c.workspace),
+            c.out[2].as<float>(), stream_of(c));
 }
 
 }  // namespace flowrun::cuda

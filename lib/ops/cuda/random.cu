@@ -101,6 +101,29 @@ __global__ void mlm_mask_kernel(MlmDraw d, Strided local, const int64_t* ids, in
   }
 }
 
+// The count of selected elements of [0, total): each thread its own, summed over its warp, one integer
+// atomic per warp (exact: the sum is the same in any order).
+__global__ void mlm_count_kernel(MlmDraw d, int64_t total, unsigned long long* counter) {
+  const uint64_t stream = mix_stream(d.fixed ? 0 : static_cast<uint64_t>(d.step[0]), d.node_stream);
+  unsigned long long k = 0;
+  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < total;
+       g += int64_t{gridDim.x} * blockDim.x)
+    k += uniform24(philox_word(static_cast<uint64_t>(g), d.seed, stream, 0)) < d.p;
+  for (int o = 16; o > 0; o /= 2) k += __shfl_down_sync(0xffffffffu, k, o);
+  if (threadIdx.x % 32 == 0 && k > 0) atomicAdd(counter, k);
+}
+
+__global__ void zero_counter(unsigned long long* counter) {
+  *counter = 0;
+}
+
+__global__ void mlm_count_share(const unsigned long long* counter, int64_t total, int64_t local,
+                                float* count) {
+  *count = total > 0 ? static_cast<float>(static_cast<double>(*counter) * static_cast<double>(local) /
+                                          static_cast<double>(total))
+                     : 0.0f;
+}
+
 }  // namespace
 
 void dropout(Storage t, const DropoutDraw& d, const Strided& local, const void* x, void* y, uint8_t* mask,
@@ -131,6 +154,14 @@ void mlm_mask(const MlmDraw& d, const Strided& local, const int64_t* ids, int64_
   if (n == 0) return;
   mlm_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, local, ids, out, labels, n);
   check(cudaGetLastError(), "mlm_mask kernel launch");
+}
+
+void mlm_count(const MlmDraw& d, int64_t total, int64_t local, unsigned long long* counter, float* count,
+               cudaStream_t s) {
+  zero_counter<<<1, 1, 0, s>>>(counter);
+  if (total > 0) mlm_count_kernel<<<blocks_for(total), kThreads, 0, s>>>(d, total, counter);
+  mlm_count_share<<<1, 1, 0, s>>>(counter, total, local, count);
+  check(cudaGetLastError(), "mlm_mask count kernel launch");
 }
 
 }  // namespace flowrun::cuda

@@ -69,7 +69,10 @@ void register_cuda_kernels(OpRegistry& r) {
                         }});
   r.add_kernel("dropout", {DeviceKind::cuda, floats, cuda::dropout});
   r.add_kernel("dropout_grad", {DeviceKind::cuda, floats, cuda::dropout_grad});
-  r.add_kernel("mlm_mask", {DeviceKind::cuda, {DType::i64}, cuda::mlm_mask});
+  // Scratch for the count's integer sum over the device's threads.
+  const auto count_scratch = [](const std::vector<TensorType>&, const std::vector<TensorType>&,
+                                const Attrs&) { return sizeof(unsigned long long); };
+  r.add_kernel("mlm_mask", {DeviceKind::cuda, {DType::i64}, cuda::mlm_mask, nullptr, count_scratch});
   r.add_kernel("global_norm", {DeviceKind::cuda, floats, cuda::global_norm});
   r.add_kernel("clip_coef", {DeviceKind::cuda, {DType::f32}, cuda::clip_coef});
   r.add_kernel("grad_accumulate", {DeviceKind::cuda, {DType::f32}, cuda::grad_accumulate});

@@ -17,6 +17,11 @@ int64_t rows_of(const TensorView& t) {
   return c == 0 ? 0 : t.numel() / c;
 }
 
+// cross_entropy's optional denominator (input i), or null.
+const void* denominator(const KernelCtx& c, int i) {
+  return c.num_in > i ? c.in[i].data : nullptr;
+}
+
 // Logits split over the tensor axis by class (attrs offset: this rank's first class, classes: all of them;
 // graph/sbp_parallel.cc), as the CPU kernel: the row maxima, then the sums of exponentials and the target
 // logits are reduced over the axis's ranks (NCCL, on the kernel stream) in the workspace's three doubles a
@@ -35,7 +40,7 @@ void cross_entropy_split(const KernelCtx& c) {
   cross_entropy_split_sums(storage_of(x.dtype), x.data, labels, rows, cols_of(x), c.attrs().i("offset"),
                            stats, stream_of(c));
   if (tp) tp->all_reduce(stats + rows, 2 * rows, DType::f64, ReduceOp::sum);
-  cross_entropy_split_loss(storage_of(x.dtype), labels, c.out[0].data, c.out[1].data, rows,
+  cross_entropy_split_loss(storage_of(x.dtype), labels, denominator(c, 2), c.out[0].data, c.out[1].data, rows,
                            c.attrs().i("classes"), c.attrs().i("ignore_index", -100), stats, stream_of(c));
 }
 
@@ -63,9 +68,9 @@ void cross_entropy(const KernelCtx& c) {
   const TensorView& x = c.in[0];
   FR_CHECK(c.workspace_bytes >= static_cast<size_t>(rows_of(x)) * sizeof(double), c.node->name,
            ": the workspace holds no per-row losses");
-  cross_entropy(storage_of(x.dtype), x.data, c.in[1].as<int64_t>(), c.out[0].data, c.out[1].data, rows_of(x),
-                cols_of(x), c.attrs().i("ignore_index", -100), static_cast<double*>(c.workspace),
-                stream_of(c));
+  cross_entropy(storage_of(x.dtype), x.data, c.in[1].as<int64_t>(), denominator(c, 2), c.out[0].data,
+                c.out[1].data, rows_of(x), cols_of(x), c.attrs().i("ignore_index", -100),
+                static_cast<double*>(c.workspace), stream_of(c));
 }
 
 // Under a class split (attrs offset, classes) lse is the whole rows' already: nothing to reduce.
@@ -73,9 +78,9 @@ void cross_entropy_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
   FR_CHECK(c.workspace_bytes >= sizeof(float), c.node->name, ": no workspace for the gradient's scale");
   cross_entropy_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].as<int64_t>(), c.in[3].data,
-                     c.out[0].data, rows_of(x), cols_of(x), c.attrs().i("ignore_index", -100),
-                     c.attrs().i("offset", 0), c.attrs().i("classes", cols_of(x)),
-                     static_cast<float*>(c.workspace), stream_of(c));
+                     denominator(c, 4), c.out[0].data, rows_of(x), cols_of(x),
+                     c.attrs().i("ignore_index", -100), c.attrs().i("offset", 0),
+                     c.attrs().i("classes", cols_of(x)), static_cast<float*>(c.workspace), stream_of(c));
 }
 
 void layernorm(const KernelCtx& c) {

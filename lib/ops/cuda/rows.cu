@@ -79,23 +79,32 @@ __device__ int64_t count_targets(const int64_t* labels, int64_t rows, int64_t ig
 }
 
 // The mean of the row terms, summed in row order as the CPU does (one thread; rows are few compared to the
-// row work).
+// row work): over the count of valid labels, or over the denominator `den` where there is one (not null;
+// 0 where it is 0).
 template <typename T>
 __global__ void cross_entropy_mean(const int64_t* labels, const double* partial, T* loss, int64_t rows,
-                                   int64_t ignore) {
+                                   int64_t ignore, const T* den) {
   __shared__ float scratch[kWarps];
-  const int64_t n = count_targets(labels, rows, ignore, scratch);
+  const int64_t n = den ? 0 : count_targets(labels, rows, ignore, scratch);
   if (threadIdx.x == 0) {
     double sum = 0.0;
     for (int64_t r = 0; r < rows; ++r) sum += partial[r];
-    store(loss, 0, n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+    const double d = den ? static_cast<double>(load(den, 0)) : static_cast<double>(n);
+    store(loss, 0, d != 0.0 ? static_cast<float>(sum / d) : 0.0f);
   }
 }
 
 template <typename T>
 __global__ void cross_entropy_scale(const T* dloss, const int64_t* labels, float* scale, int64_t rows,
-                                    int64_t ignore) {
+                                    int64_t ignore, const T* den) {
   __shared__ float scratch[kWarps];
+  if (den) {
+    if (threadIdx.x == 0) {
+      const float d = load(den, 0);
+      *scale = d != 0.0f ? load(dloss, 0) / d : 0.0f;
+    }
+    return;
+  }
   const int64_t n = count_targets(labels, rows, ignore, scratch);
   if (threadIdx.x == 0) *scale = n > 0 ? load(dloss, 0) / static_cast<float>(n) : 0.0f;
 }
@@ -352,14 +361,15 @@ void softmax_grad(Storage t, bool log, const void* dy, const void* y, void* dx, 
   check(cudaGetLastError(), "softmax gradient kernel launch");
 }
 
-void cross_entropy(Storage t, const void* x, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                   int64_t cols, int64_t ignore, double* partial, cudaStream_t s) {
+void cross_entropy(Storage t, const void* x, const int64_t* labels, const void* den, void* loss, void* lse,
+                   int64_t rows, int64_t cols, int64_t ignore, double* partial, cudaStream_t s) {
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0)
       cross_entropy_rows<<<grid(rows), kThreads, 0, s>>>(static_cast<const T*>(x), labels,
                                                          static_cast<T*>(lse), partial, cols, ignore);
-    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, partial, static_cast<T*>(loss), rows, ignore);
+    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, partial, static_cast<T*>(loss), rows, ignore,
+                                              static_cast<const T*>(den));
   });
   check(cudaGetLastError(), "cross-entropy kernel launch");
 }
@@ -385,25 +395,27 @@ void cross_entropy_split_sums(Storage t, const void* x, const int64_t* labels, i
   check(cudaGetLastError(), "cross-entropy row sum kernel launch");
 }
 
-void cross_entropy_split_loss(Storage t, const int64_t* labels, void* loss, void* lse, int64_t rows,
-                              int64_t classes, int64_t ignore, double* stats, cudaStream_t s) {
+void cross_entropy_split_loss(Storage t, const int64_t* labels, const void* den, void* loss, void* lse,
+                              int64_t rows, int64_t classes, int64_t ignore, double* stats, cudaStream_t s) {
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0)
       split_loss_rows<<<blocks_for(rows), kThreads, 0, s>>>(labels, static_cast<T*>(lse), rows, classes,
                                                             ignore, stats);
-    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, stats, static_cast<T*>(loss), rows, ignore);
+    cross_entropy_mean<<<1, kThreads, 0, s>>>(labels, stats, static_cast<T*>(loss), rows, ignore,
+                                              static_cast<const T*>(den));
   });
   check(cudaGetLastError(), "cross-entropy loss kernel launch");
 }
 
 void cross_entropy_grad(Storage t, const void* dloss, const void* x, const int64_t* labels, const void* lse,
-                        void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset, int64_t classes,
-                        float* scale, cudaStream_t s) {
+                        const void* den, void* dx, int64_t rows, int64_t cols, int64_t ignore, int64_t offset,
+                        int64_t classes, float* scale, cudaStream_t s) {
   if (rows == 0) return;
   dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    cross_entropy_scale<<<1, kThreads, 0, s>>>(static_cast<const T*>(dloss), labels, scale, rows, ignore);
+    cross_entropy_scale<<<1, kThreads, 0, s>>>(static_cast<const T*>(dloss), labels, scale, rows, ignore,
+                                               static_cast<const T*>(den));
     cross_entropy_grad_rows<<<grid(rows), kThreads, 0, s>>>(scale, static_cast<const T*>(x), labels,
                                                             static_cast<const T*>(lse), static_cast<T*>(dx),
                                                             cols, ignore, offset, classes);
