@@ -82,3 +82,17 @@ check_case() {
   echo "$name: data $d x tensor $t x pipeline $p losses within $rel of one process; weights: $(tail -1 "$SCRATCH/diff.log")"
   [[ -f "$run/rank_$((n - 1)).log" ]] || fail "$name: rank $((n - 1)) kept no log"
 }
+
+# tracks_fp32 NAME PREFIX: the runs PREFIX-bf16 and PREFIX-fp16 end within 2% of PREFIX-fp32 (the mean
+# loss of the last 50 logged steps of each).
+tail_mean() { grep -o '"loss": [0-9.e+-]*' "$1" | tail -50 | awk '{s += $2} END {printf "%.6f", s / NR}'; }
+tracks_fp32() {
+  local ref got dtype
+  ref=$(tail_mean "$2-fp32/metrics.jsonl")
+  for dtype in bf16 fp16; do
+    got=$(tail_mean "$2-$dtype/metrics.jsonl")
+    awk -v a="$got" -v b="$ref" 'BEGIN {d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02)}' ||
+      fail "$1 $dtype: mean loss of the last 50 steps $got is not within 2% of fp32's $ref"
+    echo "$1 $dtype: last-50 mean loss $got vs fp32 $ref"
+  done
+}

@@ -4,27 +4,39 @@
 
 namespace flowrun::cuda {
 
-// Numbered in the whole tensor when this is a piece of one (attrs rng_whole, rng_start), after the step's
-// earlier micro-batches (see the CPU kernel).
-void dropout(const KernelCtx& c) {
-  const TensorView& x = c.in[0];
-  const Shape& local = *x.shape;
-  FR_CHECK(local.size() <= 8, "the CUDA dropout takes at most 8 axes");
-  const Shape whole = c.attrs().has("rng_whole") ? Shape(c.attrs().ints("rng_whole")) : local;
+namespace {
+
+// Random ops number a piece of a split tensor by its index in the whole one (attrs rng_whole, rng_start),
+// after the step's earlier micro-batches (see the CPU kernel): the piece's dims and whole-tensor strides,
+// its first element's number (*base) and the whole tensor's size (*whole).
+Strided whole_numbering(const KernelCtx& c, const char* op, int64_t* base, int64_t* whole) {
+  const Shape& local = *c.in[0].shape;
+  FR_CHECK(local.size() <= 8, "the CUDA ", op, " takes at most 8 axes");
+  const Attrs& a = c.attrs();
+  const Shape w = a.has("rng_whole") ? Shape(a.ints("rng_whole")) : local;
   const std::vector<int64_t> start =
-      c.attrs().has("rng_start") ? c.attrs().ints("rng_start") : std::vector<int64_t>(local.size(), 0);
+      a.has("rng_start") ? a.ints("rng_start") : std::vector<int64_t>(local.size(), 0);
+  FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA ", op, " needs the step in device memory");
   Strided s;
   s.rank = static_cast<int>(local.size());
-  FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA dropout needs the step in device memory");
-  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.node_stream, c.device_step, 0, 0};
   int64_t stride = 1;
-  for (size_t a = local.size(); a-- > 0;) {
-    s.dims[a] = local[a];
-    s.stride[a] = stride;
-    d.base += start[a] * stride;
-    stride *= whole[a];
+  *base = 0;
+  for (size_t ax = local.size(); ax-- > 0;) {
+    s.dims[ax] = local[ax];
+    s.stride[ax] = stride;
+    *base += start[ax] * stride;
+    stride *= w[ax];
   }
-  d.whole = stride;
+  *whole = stride;
+  return s;
+}
+
+}  // namespace
+
+void dropout(const KernelCtx& c) {
+  const TensorView& x = c.in[0];
+  DropoutDraw d{c.attrs().f("p", 0.5), c.rng.seed, c.node_stream, c.device_step, 0, 0};
+  const Strided s = whole_numbering(c, "dropout", &d.base, &d.whole);
   dropout(storage_of(x.dtype), d, s, x.data, c.out[0].data, c.out[1].as<uint8_t>(), x.numel(), stream_of(c));
 }
 
@@ -36,13 +48,7 @@ void dropout_grad(const KernelCtx& c) {
 // Numbered as dropout (above); the masking's attributes as the CPU kernel reads them.
 void mlm_mask(const KernelCtx& c) {
   const TensorView& ids = c.in[0];
-  const Shape& local = *ids.shape;
-  FR_CHECK(local.size() <= 8, "the CUDA mlm_mask takes at most 8 axes");
   const Attrs& a = c.attrs();
-  const Shape whole = a.has("rng_whole") ? Shape(a.ints("rng_whole")) : local;
-  const std::vector<int64_t> start =
-      a.has("rng_start") ? a.ints("rng_start") : std::vector<int64_t>(local.size(), 0);
-  FR_CHECK(c.device_step != nullptr, c.node->name, ": the CUDA mlm_mask needs the step in device memory");
   const double mask_p = a.f("mask_p", 0.8);
   MlmDraw d{a.f("p", 0.15),
             mask_p,
@@ -55,16 +61,7 @@ void mlm_mask(const KernelCtx& c) {
             c.device_step,
             0,
             0};
-  Strided s;
-  s.rank = static_cast<int>(local.size());
-  int64_t stride = 1;
-  for (size_t ax = local.size(); ax-- > 0;) {
-    s.dims[ax] = local[ax];
-    s.stride[ax] = stride;
-    d.base += start[ax] * stride;
-    stride *= whole[ax];
-  }
-  d.whole = stride;
+  const Strided s = whole_numbering(c, "mlm_mask", &d.base, &d.whole);
   mlm_mask(d, s, ids.as<int64_t>(), c.out[0].as<int64_t>(), c.out[1].as<int64_t>(), ids.numel(),
            stream_of(c));
   FR_CHECK(c.workspace_bytes >= sizeof(unsigned long long), c.node->name, ": no workspace for the count");

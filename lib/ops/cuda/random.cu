@@ -38,6 +38,17 @@ __device__ uint64_t mix_stream(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+// Element i of a piece (row-major in its own dims) numbered in the whole tensor: base + sum of its
+// coordinates times the whole tensor's strides.
+__device__ int64_t whole_index(const Strided& local, int64_t base, int64_t i) {
+  int64_t g = base;
+  for (int k = local.rank - 1; k >= 0; --k) {
+    g += (i % local.dims[k]) * local.stride[k];
+    i /= local.dims[k];
+  }
+  return g;
+}
+
 template <typename T>
 __global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, uint8_t* mask, int64_t n) {
   const float scale = d.p < 1.0 ? static_cast<float>(1.0 / (1.0 - d.p)) : 0.0f;
@@ -45,11 +56,7 @@ __global__ void dropout_kernel(DropoutDraw d, Strided local, const T* x, T* y, u
   const int64_t base = d.base + d.step[1] * d.whole;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rem = i, g = base;
-    for (int k = local.rank - 1; k >= 0; --k) {
-      g += (rem % local.dims[k]) * local.stride[k];
-      rem /= local.dims[k];
-    }
+    const int64_t g = whole_index(local, base, i);
     const uint32_t word = philox_word(static_cast<uint64_t>(g / 4), d.seed, stream, static_cast<int>(g % 4));
     const float u = static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
     const bool keep = static_cast<double>(u) >= d.p;
@@ -75,11 +82,7 @@ __global__ void mlm_mask_kernel(MlmDraw d, Strided local, const int64_t* ids, in
   const int64_t base = d.base + d.step[1] * d.whole;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t rem = i, g = base;
-    for (int k = local.rank - 1; k >= 0; --k) {
-      g += (rem % local.dims[k]) * local.stride[k];
-      rem /= local.dims[k];
-    }
+    const int64_t g = whole_index(local, base, i);
     const uint64_t block = static_cast<uint64_t>(g);
     const int64_t id = ids[i];
     if (uniform24(philox_word(block, d.seed, stream, 0)) >= d.p) {
