@@ -428,23 +428,29 @@ CheckpointData load_sharded(const std::string& dir, bool verify) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw runtime_error(cat("cannot create checkpoint directory ", dir, ": ", ec.message()));
-  const std::string final_path = (fs::path(dir) / checkpoint_file_name(data.step)).string();
+void replace_file_atomically(const std::string& final_path,
+                             const std::function<void(const std::string&)>& write) {
   const std::string tmp = cat(final_path, ".tmp.", ::getpid());
   try {
-    write_checkpoint(tmp, data);
+    write(tmp);
     fsync_path(tmp, false);
     if (::rename(tmp.c_str(), final_path.c_str()) != 0)
       throw_errno(cat("cannot rename ", tmp, " to"), final_path);
   } catch (...) {
     std::error_code rm;
-    fs::remove(tmp, rm);  // a failed save leaves nothing behind
+    fs::remove(tmp, rm);  // a failed write leaves nothing behind
     throw;
   }
-  fsync_path(dir, true);
+  const fs::path dir = fs::path(final_path).parent_path();
+  fsync_path(dir.empty() ? "." : dir.string(), true);
+}
+
+std::string save_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw runtime_error(cat("cannot create checkpoint directory ", dir, ": ", ec.message()));
+  const std::string final_path = (fs::path(dir) / checkpoint_file_name(data.step)).string();
+  replace_file_atomically(final_path, [&](const std::string& tmp) { write_checkpoint(tmp, data); });
   spdlog::info("saved checkpoint {} (step {}, {} params, {} state tensors)", final_path, data.step,
                data.params.size(), data.state.size());
   prune(dir, keep);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -64,6 +65,12 @@ std::vector<std::string> compare_checkpoints(const CheckpointData& a, const Chec
 
 // "step_<step zero-padded to 8>.h5": the name a checkpoint of `step` gets in its directory.
 std::string checkpoint_file_name(int64_t step);
+
+// Writes `final_path` through `write(tmp)` into `<final_path>.tmp.<pid>`, fsyncs it, renames it over
+// `final_path` and fsyncs the directory; on any failure the temporary file is removed and `final_path` is
+// left as it was (checkpoints, --dump-step files).
+void replace_file_atomically(const std::string& final_path,
+                             const std::function<void(const std::string&)>& write);
 
 // Writes `<dir>/step_<step zero-padded to 8>.h5` atomically; creates `dir`. Returns the final path.
 // Then deletes the oldest complete checkpoints beyond `keep` (0 = keep all) and stale *.tmp files.

@@ -97,6 +97,12 @@ ValueId layernorm(Ctx& c, ValueId x, double eps) {
   return c.b.op("layernorm", {x, g, b}, {{"eps", eps}})[0];
 }
 
+ValueId rmsnorm(Ctx& c, ValueId x, double eps) {
+  need_float(c, x, "rmsnorm");
+  const ValueId g = c.param("gamma", {shape_of(c, x).back()}, ParamInfo::of(ParamInfo::gamma));
+  return c.b.op("rmsnorm", {x, g}, {{"eps", eps}})[0];
+}
+
 ValueId dropout(Ctx& c, ValueId x, double p) {
   // Identity when it could not drop anything, so eval programs and p = 0 models carry no dropout node.
   if (p == 0.0 || !c.training) return x;
@@ -253,9 +259,7 @@ ValueId layernorm_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
 }
 
 ValueId rmsnorm_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
-  need_float(c, x, "rmsnorm");
-  const ValueId g = c.param("gamma", {shape_of(c, x).back()}, ParamInfo::of(ParamInfo::gamma));
-  return c.b.op("rmsnorm", {x, g}, {{"eps", positive_eps(o, 1e-6)}})[0];
+  return rmsnorm(c, x, positive_eps(o, 1e-6));
 }
 
 ValueId pool(Ctx& c, const Opts& o, ValueId x, const std::string& op) {
@@ -330,11 +334,7 @@ ValueId attention_layer(Ctx& c, const Opts& o, const std::string&, ValueId x) {
 
 ValueId norm_in(Ctx& c, const std::string& scope, ValueId x, bool rms, double eps) {
   Scope s(c, scope);
-  if (rms) {
-    const ValueId g = c.param("gamma", {shape_of(c, x).back()}, ParamInfo::of(ParamInfo::gamma));
-    return c.b.op("rmsnorm", {x, g}, {{"eps", eps}})[0];
-  }
-  return layernorm(c, x, eps);
+  return rms ? rmsnorm(c, x, eps) : layernorm(c, x, eps);
 }
 
 // A transformer block: GPT-2's pre-LN x + attn(ln1(x)), then x + mlp(ln2(x)); or BERT's post-LN

@@ -50,10 +50,10 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
 void init_parameters(const std::map<std::string, InitSpec>& init, uint64_t seed,
                      const std::function<Tensor&(const std::string&)>& tensor);
 
-// Names of the zoo models found in the zoo directory, with their one-line docs (for `flowrun models`).
 // 1234567 -> "1,234,567" (parameter counts in the model summary and `flowrun plan`).
 std::string with_commas(int64_t n);
 
+// Names of the zoo models found in the zoo directory, with their one-line docs (for `flowrun models`).
 std::vector<std::pair<std::string, std::string>> list_zoo(const std::string& zoo_dir);
 
 // The zoo directory of `cfg`: cfg.zoo_dir, else $FLOWRUN_MODELS, else the build's FLOWRUN_MODELS_DIR.

@@ -1,18 +1,13 @@
 // --dump-step: one optimizer step's batch, loss, parameters and gradients, written to HDF5.
 #include "train/step_dump.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "io/h5.h"
 
 namespace flowrun {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -29,16 +24,6 @@ Tensor stack_rows(const std::vector<Tensor>& parts) {
     at += t.nbytes();
   }
   return out;
-}
-
-void sync(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDWR) | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    throw runtime_error(cat("--dump-step: cannot sync ", path, ": ", std::strerror(err)));
-  }
-  ::close(fd);
 }
 
 }  // namespace
@@ -100,8 +85,7 @@ void StepRecorder::write(const std::string& path, const std::string& config_yaml
     if (!grads_.count(name))
       throw runtime_error(cat("--dump-step: the gradient of parameter '", name,
                               "' was not seen during the step (no node of the step produced it)"));
-  const std::string tmp = cat(path, ".tmp.", ::getpid());
-  try {
+  replace_file_atomically(path, [&](const std::string& tmp) {
     h5::File f(tmp, h5::File::Mode::create);
     f.write("x", stack_rows(x_));
     f.write("y", stack_rows(y_));
@@ -121,16 +105,7 @@ void StepRecorder::write(const std::string& path, const std::string& config_yaml
     f.set_attr("", "seed", static_cast<int64_t>(seed));
     f.set_attr("", "config", config_yaml);
     f.close();
-    sync(tmp, false);
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw runtime_error(cat("--dump-step: cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);  // a failed dump leaves nothing behind
-    throw;
-  }
-  const fs::path dir = fs::path(path).parent_path();
-  sync(dir.empty() ? "." : dir.string(), true);
+  });
 }
 
 }  // namespace flowrun

@@ -12,7 +12,7 @@
 //   root attributes           format ("flowrun-step-dump"), format_version (1), step (the optimizer step,
 //                             1-based), loss (f64: the mean of the micro-batches' losses), lr,
 //                             grad_accumulation, micro_batch_size, seed, config (the resolved YAML)
-// The file is written to `<FILE>.tmp.<pid>`, synced, renamed, and its directory synced.
+// The file is replaced atomically (replace_file_atomically, as checkpoints are).
 #pragma once
 
 #include <functional>
