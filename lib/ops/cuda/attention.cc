@@ -55,7 +55,8 @@ void rope(const KernelCtx& c) {
                x.dim(3),
                c.attrs().i("offset", 0),
                c.attrs().f("theta", 10000.0),
-               c.attrs().b("inverse", false)};
+               c.attrs().b("inverse", false),
+               c.num_in == 2 ? c.in[1].as<int64_t>() : nullptr};
   rope(storage_of(x.dtype), r, x.data, c.out[0].data, stream_of(c));
 }
 

@@ -189,11 +189,13 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
 // Rotary position embedding (ops/cuda/rope.cu), as the CPU kernel (ops/cpu/rope.cc): `rows` rows of d
 // (batch x heads x t, position offset + row % t), pair (i, i + d/2) rotated by the angle HF forms in float32
 // (ops/cpu/attention.h's rope_angle), cos and sin taken in double and rounded to f32; -angle if `inverse`.
-// A thread per pair, so y may be x.
+// A thread per pair, so y may be x. `position` (device memory, may be null): added to offset, read by the
+// kernel, so that a captured CUDA graph of a decode step follows the position the host writes each step.
 struct Rope {
   int64_t rows, t, d, offset;
   double theta;
   bool inverse;
+  const int64_t* position = nullptr;
 };
 void rope(Storage st, const Rope& r, const void* x, void* y, cudaStream_t s);
 
