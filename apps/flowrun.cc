@@ -178,7 +178,7 @@ int run_generate(Args a) {
   if (stream) std::cout << "\n";
   std::cout.flush();
   const int64_t made = static_cast<int64_t>(r.tokens.size()) * a.gen.max_new_tokens;
-  const double total = r.prefill_seconds + r.decode_seconds;
+  const double total = r.prefill_seconds + r.decode_seconds + r.slide_seconds;
   std::fprintf(
       stderr,
       "flowrun: %lld tokens (%zu sample%s) in %.3f s: %.1f tokens/s; prompt of %lld tokens prefilled in "

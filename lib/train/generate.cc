@@ -224,7 +224,10 @@ GenerateResult generate(const RunConfig& cfg, const GenerateOptions& opts,
       // The context is full: the window slides, its last 3/4 prefilled again at positions 0.. (the model
       // knows no position past its training context), which leaves a quarter for single-token steps.
       len = std::max<int64_t>(1, context - context / 4);
+      const double compiled = dec.compile_seconds();
+      t0 = Clock::now();
       logits = prefill(len);
+      r.slide_seconds += seconds_since(t0) - (dec.compile_seconds() - compiled);
       pos = len;
       ++r.slides;
       continue;
