@@ -46,6 +46,7 @@ class Decoder {
   int64_t vocab_, batch_, context_;
   std::map<int64_t, std::unique_ptr<Executor>> by_len_;  // the program cache, by the step's length
   std::vector<int64_t> compiled_;
+  std::map<int64_t, double> flops_;  // of each program's step
   double compile_seconds_ = 0;
 };
 

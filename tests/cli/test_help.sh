@@ -22,7 +22,7 @@ expect_exit 2 "$FLOWRUN" plan
 expect_exit 2 "$FLOWRUN" plan "$SCRATCH/missing.yaml" --world-size 0
 expect_exit 2 "$FLOWRUN" inspect "$SCRATCH/a.h5" --diff "$SCRATCH/missing.h5"
 # The scripts users call answer --help too.
-for script in sweep bench_precision.sh bench_checkpoint.sh bench_vs_torch.sh; do
+for script in sweep bench_precision.sh bench_checkpoint.sh bench_vs_torch.sh bench_generate.sh; do
   expect_exit 0 "$(dirname "$0")/../../scripts/$script" --help
 done
 echo "help and usage errors ok"
