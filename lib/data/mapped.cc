@@ -9,21 +9,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
 namespace flowrun {
 
-namespace {
-
-int64_t page_size() {
-  static const int64_t p = sysconf(_SC_PAGESIZE);
-  return p;
-}
-
-}  // namespace
-
-MappedFile::MappedFile(const std::string& path, bool windowed) : path_(path) {
+MappedFile::MappedFile(const std::string& path, bool unmapped) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw input_error(cat(path, ": cannot open: ", std::strerror(errno)));
   struct stat st {};
@@ -33,16 +25,17 @@ MappedFile::MappedFile(const std::string& path, bool windowed) : path_(path) {
     throw input_error(cat(path, ": cannot read as data: ", why));
   }
   size_ = st.st_size;
-  if (size_ == 0 || windowed) return;
+  if (size_ == 0 || unmapped) return;
   void* p = mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
   if (p != MAP_FAILED) {
     base_ = static_cast<const uint8_t*>(p);
     return;
   }
   const int err = errno;
-  // Out of address space (RLIMIT_AS below the file's size): read through per-call windows instead.
+  // Out of address space (RLIMIT_AS below the file's size): read per call instead.
   if (err == ENOMEM) {
-    spdlog::info("{}: {} bytes do not fit the address space at once: mapping a window per read", path, size_);
+    spdlog::info("{}: its {} bytes do not fit this process's address space: reading samples with pread", path,
+                 size_);
     return;
   }
   ::close(fd_);
@@ -59,19 +52,21 @@ void MappedFile::check_range(int64_t offset, int64_t len) const {
            ") of ", size_);
 }
 
-MappedFile::Window::Window(const MappedFile& file, int64_t offset, int64_t len) {
-  // mmap's offset must be page-aligned: map from the page holding `offset`.
-  const int64_t start = offset / page_size() * page_size();
-  span = static_cast<size_t>(offset + len - start);
-  map = mmap(nullptr, span, PROT_READ, MAP_SHARED, file.fd_, start);
-  if (map == MAP_FAILED)
-    throw runtime_error(
-        cat(file.path_, ": cannot map bytes [", offset, ", ", offset + len, "): ", std::strerror(errno)));
-  data = static_cast<const uint8_t*>(map) + (offset - start);
-}
-
-MappedFile::Window::~Window() {
-  munmap(map, span);
+const uint8_t* MappedFile::read_range(int64_t offset, int64_t len) const {
+  thread_local std::vector<uint8_t> buffer;
+  if (buffer.size() < static_cast<size_t>(len)) buffer.resize(static_cast<size_t>(len));
+  for (int64_t done = 0; done < len;) {
+    const ssize_t got = pread(fd_, buffer.data() + done, static_cast<size_t>(len - done), offset + done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      throw runtime_error(
+          cat(path_, ": cannot read bytes [", offset, ", ", offset + len, "): ", std::strerror(errno)));
+    if (got == 0)
+      throw input_error(cat(path_, ": ends at byte ", offset + done, ", but it had ", size_,
+                            " bytes when opened (was it truncated while training?)"));
+    done += got;
+  }
+  return buffer.data();
 }
 
 }  // namespace flowrun

@@ -14,23 +14,23 @@ int64_t le_i32(const uint8_t* p) {
   return static_cast<int32_t>(u);
 }
 
-// The scan's chunk: large enough that a windowed file maps rarely, small enough for any address space.
+// The vocabulary check reads this much at a time: few calls, yet a small part of any address space.
 constexpr int64_t kScanChunk = 16 << 20;
 
 }  // namespace
 
-TokenSpan open_byte_file(const std::string& path, bool windowed) {
+TokenSpan open_byte_file(const std::string& path, bool unmapped) {
   TokenSpan s;
-  s.file = std::make_shared<const MappedFile>(path, windowed);
+  s.file = std::make_shared<const MappedFile>(path, unmapped);
   s.count = s.file->size();
   s.where = path;
   return s;
 }
 
-TokenFile open_token_file(const std::string& path, const std::string& format, bool windowed) {
+TokenFile open_token_file(const std::string& path, const std::string& format, bool unmapped) {
   FR_CHECK(format == "auto" || format == "uint16" || format == "llmc", "token format ", format);
   TokenFile t;
-  t.tokens.file = std::make_shared<const MappedFile>(path, windowed);
+  t.tokens.file = std::make_shared<const MappedFile>(path, unmapped);
   t.tokens.width = 2;
   t.tokens.where = path;
   const MappedFile& f = *t.tokens.file;

@@ -48,7 +48,7 @@ constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 constexpr int64_t kGpt2Vocab = 50257;
 
 // Any file as a byte stream (vocabulary 256).
-TokenSpan open_byte_file(const std::string& path, bool windowed = false);
+TokenSpan open_byte_file(const std::string& path, bool unmapped = false);
 
 struct TokenFile {
   TokenSpan tokens;
@@ -57,7 +57,7 @@ struct TokenFile {
 // A token file in `format` (data.token_format): "uint16" (flat), "llmc" (the header required) or "auto"
 // (llm.c when the file starts with its magic, else flat). A wrong header (magic, version, a token count
 // that does not match the file's size) or an odd byte count is an input_error naming the file and offset.
-TokenFile open_token_file(const std::string& path, const std::string& format, bool windowed = false);
+TokenFile open_token_file(const std::string& path, const std::string& format, bool unmapped = false);
 
 // One streaming pass: every token of `s` below `vocab`, else an input_error naming the file, the token's
 // index and byte offset and `key` (the setting that gave `vocab`).
