@@ -232,9 +232,10 @@ std::unique_ptr<Dataset> open_table(const h5::File& f, const h5::File& vf, bool 
 // Language-model samples from a token stream (bytes of an HDF5 file or of any file, uint16 token files).
 class TextDataset final : public Dataset {
  public:
-  TextDataset(std::array<TokenSpan, 2> tokens, int64_t seq_len, int64_t vocab)
+  TextDataset(std::array<TokenSpan, 2> tokens, int64_t seq_len, int64_t vocab, const char* unit)
       : tokens_(std::move(tokens)), seq_len_(seq_len) {
     spec_.text = true;
+    spec_.token_unit = unit;
     spec_.sample_shape = {seq_len};
     spec_.num_classes = vocab;
     spec_.train_size = (tokens_[0].count - 1) / seq_len;
@@ -290,7 +291,7 @@ std::unique_ptr<Dataset> open_text(const DataConfig& cfg, const h5::File& f, con
   check_seq_len(cfg);
   return std::make_unique<TextDataset>(
       std::array<TokenSpan, 2>{read_text(f, "train", cfg.seq_len), read_text(vf, "val", cfg.seq_len)},
-      cfg.seq_len, 256);
+      cfg.seq_len, 256, "byte");
 }
 
 // Train and validation streams of a user's file: data.val_path's, else the last 10% of data.path's (as
@@ -317,7 +318,8 @@ std::array<TokenSpan, 2> train_and_val(const DataConfig& cfg, const TokenSpan& t
 std::unique_ptr<Dataset> open_byte_text(const DataConfig& cfg) {
   check_seq_len(cfg);
   const auto open = [](const std::string& p) { return open_byte_file(p); };
-  return std::make_unique<TextDataset>(train_and_val(cfg, open(cfg.path), open, "bytes"), cfg.seq_len, 256);
+  return std::make_unique<TextDataset>(train_and_val(cfg, open(cfg.path), open, "bytes"), cfg.seq_len, 256,
+                                       "byte");
 }
 
 // data.dataset tokens: uint16 token files; every token checked against the vocabulary in one pass.
@@ -340,7 +342,8 @@ std::unique_ptr<Dataset> open_tokens(const DataConfig& cfg) {
     return s;
   };
   check_tokens_below(train.tokens, vocab, key);
-  return std::make_unique<TextDataset>(train_and_val(cfg, train.tokens, open, "tokens"), cfg.seq_len, vocab);
+  return std::make_unique<TextDataset>(train_and_val(cfg, train.tokens, open, "tokens"), cfg.seq_len, vocab,
+                                       "token");
 }
 
 // ---- CSV ----

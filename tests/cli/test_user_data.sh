@@ -38,6 +38,10 @@ train_ok() {  # train_ok NAME ARGS...: 3 steps and an evaluation; `flowrun check
 train_ok text "$D/gpt.yaml" "${GPT[@]}"
 TOK=(--set data.dataset=tokens --set data.vocab_size=256)
 train_ok flat "$D/gpt.yaml" "${GPT[@]}" "${TOK[@]}" --set data.path="$D/flat.bin"
+# Token files report bits per token, text files bits per byte.
+expect_log "bits/token"
+grep -q '"val_bits_per_token"' "$SCRATCH/flat/metrics.jsonl" || fail "flat: no val_bits_per_token"
+grep -q '"val_bits_per_byte"' "$SCRATCH/text/metrics.jsonl" || fail "text: no val_bits_per_byte"
 train_ok llmc "$D/gpt.yaml" "${GPT[@]}" "${TOK[@]}" --set data.path="$D/llmc.bin" --set data.val_path="$D/flat.bin"
 # An llm.c file without data.vocab_size has GPT-2's vocabulary (the head: 50257 logits per position).
 expect_exit 0 "$FLOWRUN" check "$D/gpt.yaml" "${GPT[@]}" --set data.dataset=tokens --set data.path="$D/llmc.bin"
