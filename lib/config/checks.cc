@@ -143,12 +143,22 @@ void check_supported(const RunConfig& cfg) {
 
 void fill_derived(RunConfig& cfg) {
   if (cfg.model.zoo_dir.empty()) cfg.model.zoo_dir = env_or("FLOWRUN_MODELS", FLOWRUN_MODELS_DIR);
+  const std::string& ds = cfg.data.dataset;
+  // The user's own files have no default place: only built-in datasets are built into the cache.
+  const bool own_file = ds == "hdf5" || ds == "text" || ds == "tokens" || ds == "csv";
   if (cfg.data.path.empty()) {
-    if (cfg.data.dataset == "hdf5")
-      throw input_error(cfg.where("data.dataset") +
-                        "hdf5 needs data.path (an HDF5 file with arrays x and y)");
-    cfg.data.path = default_dataset_path(cfg.data.dataset);
+    if (own_file) {
+      const char* what = ds == "hdf5"     ? "an HDF5 file with arrays x and y"
+                         : ds == "text"   ? "any file, read as bytes"
+                         : ds == "tokens" ? "a uint16 token file, flat or with llm.c's header"
+                                          : "a CSV table with a header row";
+      throw input_error(cat(cfg.where("data.dataset"), ds, " needs data.path (", what, ")"));
+    }
+    cfg.data.path = default_dataset_path(ds);
   }
+  if (ds == "csv" && cfg.data.label.empty())
+    throw input_error(cat(cfg.where("data.dataset"),
+                          "csv needs data.label, the name of the column that holds the classes"));
   if (cfg.train.run_dir.empty()) {
     const std::string stem = std::filesystem::path(cfg.file).stem().string();
     cfg.train.run_dir = "runs/" + (stem.empty() ? std::string("run") : stem);

@@ -37,10 +37,14 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  // fashion_mnist | kjv | hdf5 (custom file with x, y)
-  std::string path;                       // HDF5 file; default <data cache>/<dataset>.h5 (built on first use)
-  std::string val_path;                   // optional separate validation file (hdf5 datasets)
+  std::string dataset =
+      "fashion_mnist";   // a built-in name | hdf5 (custom file with x, y) | text | tokens | csv
+  std::string path;      // the data file; built-in: default <data cache>/<dataset>.h5
+  std::string val_path;  // optional separate validation file
   int64_t seq_len = 128;                  // text datasets: tokens per sample (context length)
+  int64_t vocab_size = 0;             // tokens: the vocabulary (0 = llm.c's GPT-2 vocabulary for its files)
+  std::string token_format = "auto";  // tokens: auto | uint16 (flat) | llmc (llm.c's header)
+  std::string label;                  // csv: the label column's name
   bool shuffle = true;
   int64_t prefetch = 2;                   // batches prepared ahead by the loader thread (0 = synchronous)
   std::vector<double> mean;               // image normalisation (per channel); empty = dataset default

@@ -86,16 +86,33 @@ std::vector<Section> build_schema() {
       {"data",
        "The dataset and its loader.",
        {
-           choice("dataset", {"fashion_mnist", "fashion_mnist_3x32", "kjv", "wine", "iris", "breast_cancer", "hdf5"},
-                  "fashion_mnist", field(d, &D::dataset),
-                  "built-in dataset, or hdf5 for your own file with arrays x and y"),
+           choice(
+               "dataset",
+               {"fashion_mnist", "fashion_mnist_3x32", "kjv", "wine", "iris", "breast_cancer", "hdf5", "text",
+                "tokens", "csv"},
+               "fashion_mnist", field(d, &D::dataset),
+               "built-in dataset; hdf5 for your own HDF5 file with arrays x and y; text (any file as bytes), "
+               "tokens (nanoGPT's or llm.c's uint16 token files) or csv (a table with a header row) for your "
+               "own file at `path` (lib/data/README.md)"),
            key("path", Type::string, "\"\"", field(d, &D::path),
-               "HDF5 file; \"\" = <data cache>/<dataset>.h5 (the cache: $FLOWRUN_DATA, else "
-               "$XDG_CACHE_HOME/flowrun, else ~/.cache/flowrun), built on first use"),
+               "the data file; \"\" = <data cache>/<dataset>.h5 for a built-in dataset (the cache: "
+               "$FLOWRUN_DATA, else $XDG_CACHE_HOME/flowrun, else ~/.cache/flowrun), built on first use"),
            key("val_path", Type::string, "\"\"", field(d, &D::val_path),
-               "separate validation file (hdf5 datasets); \"\" = the split inside `path`"),
+               "separate validation file; \"\" = the split inside `path` (hdf5), its last 10% (text, tokens) "
+               "or a seeded 20% of its rows (csv)"),
            key("seq_len", Type::integer, "128", field(d, &D::seq_len),
                "text datasets: tokens per sample (the context length)", positive),
+           key("vocab_size", Type::integer, "0", field(d, &D::vocab_size),
+               "tokens: the vocabulary size, every token below it; 0 = 50257 (GPT-2's, which llm.c's header "
+               "version 1 means) for an llm.c file, required for a flat uint16 file",
+               non_negative),
+           choice("token_format", {"auto", "uint16", "llmc"}, "auto", field(d, &D::token_format),
+                  "tokens: uint16 (flat little-endian, nanoGPT's train.bin), llmc (llm.c's 1024-byte header, "
+                  "then uint16), auto = llmc when the file starts with llm.c's magic 20240520, else uint16"),
+           key("label", Type::string, "\"\"", field(d, &D::label),
+               "csv: the label column's name (integer classes 0, 1, ..., or text classes in sorted order); "
+               "every "
+               "other column is a numeric feature"),
            key("shuffle", Type::boolean, "true", field(d, &D::shuffle),
                "shuffle the training set every epoch"),
            key("prefetch", Type::integer, "2", field(d, &D::prefetch),
@@ -209,10 +226,12 @@ std::vector<Section> build_schema() {
        "How the run is split over devices (sizes of the device-mesh axes).",
        {
            key("data", Type::integer, "1", field(par, &Par::data),
-               "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of the batch)",
+               "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of the "
+               "batch)",
                positive),
            key("tensor", Type::integer, "1", field(par, &Par::tensor),
-               "tensor-parallel ranks: layers split Megatron-style (column- then row-parallel linears, heads, "
+               "tensor-parallel ranks: layers split Megatron-style (column- then row-parallel linears, "
+               "heads, "
                "vocabulary), derived by SBP deduction",
                positive),
            key("pipeline", Type::integer, "1", field(par, &Par::pipeline),
@@ -229,7 +248,8 @@ std::vector<Section> build_schema() {
                "gradients exist, overlapping the rest of the backward pass",
                positive),
            key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
-               "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows it)",
+               "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows "
+               "it)",
                positive),
        }},
   };

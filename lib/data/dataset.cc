@@ -1,4 +1,5 @@
-// Datasets held in memory after reading their HDF5 file: images, feature tables and byte-level text.
+// Datasets: images, feature tables and byte-level text held in memory after reading their HDF5 file;
+// the user's own text and token files (mapped, see mapped.h) and CSV tables.
 #include "data/dataset.h"
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <functional>
 #include <optional>
 
+#include "data/csv.h"
+#include "data/tokens.h"
 #include "io/h5.h"
 
 namespace flowrun {
@@ -226,51 +229,141 @@ std::unique_ptr<Dataset> open_table(const h5::File& f, const h5::File& vf, bool 
 
 // ---- Text ----
 
+// Language-model samples from a token stream (bytes of an HDF5 file or of any file, uint16 token files).
 class TextDataset final : public Dataset {
  public:
-  TextDataset(std::array<Tensor, 2> bytes, int64_t seq_len) : bytes_(std::move(bytes)), seq_len_(seq_len) {
+  TextDataset(std::array<TokenSpan, 2> tokens, int64_t seq_len, int64_t vocab, const char* unit)
+      : tokens_(std::move(tokens)), seq_len_(seq_len) {
     spec_.text = true;
+    spec_.token_unit = unit;
     spec_.sample_shape = {seq_len};
-    spec_.num_classes = 256;
-    spec_.train_size = (bytes_[0].numel() - 1) / seq_len;
-    spec_.val_size = (bytes_[1].numel() - 1) / seq_len;
+    spec_.num_classes = vocab;
+    spec_.train_size = (tokens_[0].count - 1) / seq_len;
+    spec_.val_size = (tokens_[1].count - 1) / seq_len;
   }
   const DataSpec& spec() const override { return spec_; }
   int64_t size(Split s) const override { return s == Split::train ? spec_.train_size : spec_.val_size; }
-  // Sample i: input bytes [iT, iT+T), target bytes [iT+1, iT+T+1) (the next byte at every position).
+  // Sample i: input tokens [iT, iT+T), target tokens [iT+1, iT+T+1) (the next token at every position).
   void fill(Split s, int64_t i, Tensor& x, Tensor& y, int64_t row) const override {
     FR_CHECK(i >= 0 && i < size(s) && row >= 0 && row < x.shape()[0], "sample ", i, " row ", row);
-    const uint8_t* in = bytes_[split_index(s)].data<uint8_t>() + i * seq_len_;
+    const TokenSpan& span = tokens_[split_index(s)];
     int64_t* xo = x.data<int64_t>() + row * seq_len_;
     int64_t* yo = y.data<int64_t>() + row * seq_len_;
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      xo[t] = in[t];
-      yo[t] = in[t + 1];
-    }
+    span.with_tokens(i * seq_len_, seq_len_ + 1, [&](const uint8_t* in) {
+      for (int64_t t = 0; t < seq_len_; ++t) {
+        xo[t] = span.at(in, t);
+        yo[t] = span.at(in, t + 1);
+      }
+    });
   }
 
  private:
-  std::array<Tensor, 2> bytes_;
+  std::array<TokenSpan, 2> tokens_;
   int64_t seq_len_;
   DataSpec spec_;
 };
 
-Tensor read_text(const h5::File& f, const std::string& ds, int64_t seq_len) {
+void check_seq_len(const DataConfig& cfg) {
+  if (cfg.seq_len < 1) throw input_error(cat("data.seq_len is ", cfg.seq_len, ", must be at least 1"));
+}
+
+// A split must hold one sample: seq_len + 1 tokens.
+void require_one_sample(const TokenSpan& s, int64_t seq_len, const char* unit) {
+  if (s.count < seq_len + 1)
+    throw input_error(cat(s.where, " has ", s.count, " ", unit, ", fewer than one sample of data.seq_len ",
+                          seq_len, " + 1"));
+}
+
+TokenSpan read_text(const h5::File& f, const std::string& ds, int64_t seq_len) {
   require(f, ds, "u8 bytes (n)");
   const Shape s = f.shape(ds);
   if (f.dtype(ds) != DType::u8 || s.size() != 1)
     throw input_error(cat(f.path(), ": /", ds, " is ", describe(f, ds), ", expected u8 bytes (n)"));
-  if (s[0] < seq_len + 1)
-    throw input_error(cat(f.path(), ": /", ds, " has ", s[0],
-                          " bytes, fewer than one sample of data.seq_len ", seq_len, " + 1"));
-  return f.read(ds);
+  TokenSpan span;
+  span.count = s[0];
+  span.where = cat(f.path(), ": /", ds);
+  require_one_sample(span, seq_len, "bytes");
+  span.bytes = f.read(ds);
+  return span;
 }
 
 std::unique_ptr<Dataset> open_text(const DataConfig& cfg, const h5::File& f, const h5::File& vf) {
-  if (cfg.seq_len < 1) throw input_error(cat("data.seq_len is ", cfg.seq_len, ", must be at least 1"));
+  check_seq_len(cfg);
   return std::make_unique<TextDataset>(
-      std::array<Tensor, 2>{read_text(f, "train", cfg.seq_len), read_text(vf, "val", cfg.seq_len)},
-      cfg.seq_len);
+      std::array<TokenSpan, 2>{read_text(f, "train", cfg.seq_len), read_text(vf, "val", cfg.seq_len)},
+      cfg.seq_len, 256, "byte");
+}
+
+// Train and validation streams of a user's file: data.val_path's, else the last 10% of data.path's (as
+// prepare_kjv splits the Bible).
+std::array<TokenSpan, 2> train_and_val(const DataConfig& cfg, const TokenSpan& train,
+                                       const std::function<TokenSpan(const std::string&)>& open,
+                                       const char* unit) {
+  std::array<TokenSpan, 2> out{train, TokenSpan()};
+  if (!cfg.val_path.empty()) {
+    out[1] = open(cfg.val_path);
+  } else {
+    const int64_t n_train = train.count * 9 / 10;
+    auto [head, tail] = cut_tokens(train, n_train);
+    head.where = cat(train.where, " (its first 90%: ", unit, " [0, ", n_train, "), the train split)");
+    tail.where = cat(train.where, " (its last 10%: ", unit, " [", n_train, ", ", train.count,
+                     "), the validation split; or set data.val_path)");
+    out = {head, tail};
+  }
+  for (const auto& s : out) require_one_sample(s, cfg.seq_len, unit);
+  return out;
+}
+
+// data.dataset text: any file's bytes, vocabulary 256.
+std::unique_ptr<Dataset> open_byte_text(const DataConfig& cfg) {
+  check_seq_len(cfg);
+  const auto open = [](const std::string& p) { return open_byte_file(p); };
+  return std::make_unique<TextDataset>(train_and_val(cfg, open(cfg.path), open, "bytes"), cfg.seq_len, 256,
+                                       "byte");
+}
+
+// data.dataset tokens: uint16 token files; every token checked against the vocabulary in one pass.
+std::unique_ptr<Dataset> open_tokens(const DataConfig& cfg) {
+  check_seq_len(cfg);
+  const TokenFile train = open_token_file(cfg.path, cfg.token_format);
+  int64_t vocab = cfg.vocab_size;
+  std::string key = cat("data.vocab_size ", vocab);
+  if (vocab == 0) {
+    if (!train.llmc)
+      throw input_error(cat(cfg.path,
+                            ": a flat uint16 token file has no vocabulary size: set data.vocab_size "
+                            "(your tokenizer's; 65536 holds any uint16 token)"));
+    vocab = kGpt2Vocab;
+    key = cat("GPT-2's, the default of llm.c's header version 1; set data.vocab_size for another tokenizer");
+  }
+  const auto open = [&](const std::string& p) {
+    TokenSpan s = open_token_file(p, cfg.token_format).tokens;
+    check_tokens_below(s, vocab, key);
+    return s;
+  };
+  check_tokens_below(train.tokens, vocab, key);
+  return std::make_unique<TextDataset>(train_and_val(cfg, train.tokens, open, "tokens"), cfg.seq_len, vocab,
+                                       "token");
+}
+
+// ---- CSV ----
+
+// data.dataset csv: the table (and data.val_path's, else a seeded 80/20 split), standardised with the
+// train split's statistics.
+std::unique_ptr<Dataset> open_csv(const DataConfig& cfg) {
+  std::vector<std::string> paths{cfg.path};
+  if (!cfg.val_path.empty()) paths.push_back(cfg.val_path);
+  std::vector<Table> tables = read_csv_tables(paths, cfg.label);
+  const int64_t classes = static_cast<int64_t>(tables[0].class_names.size());
+  if (tables.size() == 1) {
+    auto [train, val] = split_table(tables[0], cfg.path);
+    tables = {std::move(train), std::move(val)};
+  }
+  std::array<Labelled, 2> splits{Labelled{tables[0].x, tables[0].y, cfg.path},
+                                 Labelled{tables[1].x, tables[1].y, paths.back()}};
+  const FeatureStats stats = feature_stats(splits[0].x);
+  for (auto& s : splits) standardise(s.x, stats.mean, stats.std);
+  return std::make_unique<TableDataset>(std::move(splits), classes);
 }
 
 }  // namespace
@@ -317,6 +410,10 @@ FeatureStats feature_stats(const Tensor& x) {
 }
 
 std::unique_ptr<Dataset> open_dataset(const DataConfig& cfg) {
+  // The user's own files (fill_derived requires data.path for them).
+  if (cfg.dataset == "text") return open_byte_text(cfg);
+  if (cfg.dataset == "tokens") return open_tokens(cfg);
+  if (cfg.dataset == "csv") return open_csv(cfg);
   const std::string path = cfg.path.empty() ? default_dataset_path(cfg.dataset) : cfg.path;
   ensure_dataset(cfg.dataset, path);
   const h5::File f(path, h5::File::Mode::read);

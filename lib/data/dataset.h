@@ -66,6 +66,7 @@ struct DataSpec {
   bool text = false;
   Shape sample_shape;       // per sample: (C, H, W) f32 for images, (seq_len) i64 for text
   int64_t num_classes = 0;  // classes, or the vocabulary (256) for text
+  const char* token_unit = "byte";  // text: what a token is ("byte", or "token" for token files): bits per it
   int64_t train_size = 0;   // samples per epoch in the train split
   int64_t val_size = 0;     // samples in the validation split
 };

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <tuple>
 #include <utility>
 
 #include "data/dataset.h"
@@ -184,15 +185,25 @@ void prepare_kjv(const std::string& out_path) {
   });
 }
 
+std::pair<Table, Table> split_table(const Table& t, const std::string& where) {
+  const int64_t n = t.x.shape()[0];
+  if (n < 2)
+    throw input_error(cat(where, ": ", n, " row(s): too few to split into train and validation rows"));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  shuffle_permutation(order, kTableShuffle);
+  const auto n_train = static_cast<size_t>(n - std::max<int64_t>(n / 5, 1));
+  std::pair<Table, Table> out;
+  std::tie(out.first.x, out.first.y) = take_rows(t, order, 0, n_train);
+  std::tie(out.second.x, out.second.y) = take_rows(t, order, n_train, order.size());
+  out.first.class_names = out.second.class_names = t.class_names;
+  return out;
+}
+
 void prepare_sklearn_table(const std::string& name, const std::string& out_path) {
   const std::string csv = cat(sklearn_data_dir(), "/", table_file(name));
   const Table t = load_sklearn_csv(csv);
-  const int64_t n = t.x.shape()[0];
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  shuffle_permutation(order, kTableShuffle);
-  const auto n_train = static_cast<size_t>(n - n / 5);
-  const auto [train_x, train_y] = take_rows(t, order, 0, n_train);
-  const auto [test_x, test_y] = take_rows(t, order, n_train, order.size());
+  const auto [train, test] = split_table(t, csv);
+  const Tensor &train_x = train.x, &train_y = train.y, &test_x = test.x, &test_y = test.y;
   const FeatureStats stats = feature_stats(train_x);
   const auto f64 = [](const std::vector<double>& v) {
     return Tensor::from<double>({static_cast<int64_t>(v.size())}, v);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -17,6 +18,11 @@ struct Table {
 
 // Throws input_error naming file:line for anything malformed.
 Table load_sklearn_csv(const std::string& path);
+
+// The seeded 80/20 split of the built-in tables: rows in an order shuffled by a fixed stream (the same split
+// in every run, whatever train.seed), the last fifth of it the test split. Both must be non-empty: a table of
+// fewer than 2 rows is an input_error naming `where`.
+std::pair<Table, Table> split_table(const Table& t, const std::string& where);
 
 // Where Debian's python3-sklearn keeps those files.
 std::string sklearn_data_dir();

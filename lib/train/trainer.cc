@@ -69,6 +69,7 @@ int64_t eval_batch_count(const RunConfig& cfg, const Dataset& data) {
 EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
   EvalResult r;
   r.text = data.spec().text;
+  r.token_unit = data.spec().token_unit;
   Loader loader(data, Split::val, cfg.train.eval_batch_size, false, cfg.train.seed, cfg.data.prefetch);
   double loss_sum = 0.0;
   int64_t correct = 0;
@@ -540,7 +541,8 @@ void Run::log_eval(int64_t step, const EvalResult& e) {
       .add("split", std::string("val"))
       .add("val_loss", e.loss)
       .add("val_accuracy", e.accuracy);
-  if (e.text) j.add("val_perplexity", std::exp(e.loss)).add("val_bits_per_byte", e.loss / std::log(2.0));
+  if (e.text)
+    j.add("val_perplexity", std::exp(e.loss)).add(cat("val_bits_per_", e.token_unit), e.loss / std::log(2.0));
   j.add("time", seconds_since(start_));
   metrics_->write(j);
   if (live_) std::fprintf(stderr, "\r\033[K");
@@ -736,7 +738,7 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
 std::string eval_summary(const EvalResult& e) {
   std::string s = cat("val_loss ", fmt_num(e.loss, 5), ", val_accuracy ", fmt_num(e.accuracy, 5));
   if (e.text)
-    s += cat(", perplexity ", fmt_num(std::exp(e.loss), 5), ", bits/byte ",
+    s += cat(", perplexity ", fmt_num(std::exp(e.loss), 5), ", bits/", e.token_unit, " ",
              fmt_num(e.loss / std::log(2.0), 4));
   return s;
 }

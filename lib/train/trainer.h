@@ -27,6 +27,7 @@ struct EvalResult {
   double accuracy = 0.0;  // top-1 over samples or tokens
   int64_t count = 0;      // samples (images) or tokens (text) evaluated
   bool text = false;
+  std::string token_unit = "byte";  // text: the data's token (DataSpec::token_unit), for bits per it
 };
 
 struct TrainResult {

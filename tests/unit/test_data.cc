@@ -14,6 +14,8 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/mapped.h"
+#include "data/tokens.h"
 #include "io/h5.h"
 
 namespace flowrun::testing {
@@ -361,6 +363,251 @@ TEST(DataText, SeqLenLongerThanValIsAnError) {
   expect_input_error([&] { open_dataset(cfg); }, {cfg.path, "/val", "8 bytes", "data.seq_len 8"});
   cfg.seq_len = 7;
   EXPECT_EQ(open_dataset(cfg)->size(Split::val), 1);
+}
+
+// ---- The user's own files: text, tokens, csv ----
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// Little-endian uint16 tokens, after llm.c's header when `llmc` (magic, version, count, zeros to 1024 bytes).
+std::string token_bytes(const std::vector<uint16_t>& tokens, bool llmc, int32_t magic = kLlmcMagic,
+                        int32_t version = 1, int64_t count = -1) {
+  std::string out;
+  const auto put = [&](uint32_t v, int bytes) {
+    for (int b = 0; b < bytes; ++b) out.push_back(static_cast<char>(v >> (8 * b)));
+  };
+  if (llmc) {
+    put(static_cast<uint32_t>(magic), 4);
+    put(static_cast<uint32_t>(version), 4);
+    put(static_cast<uint32_t>(count < 0 ? static_cast<int64_t>(tokens.size()) : count), 4);
+    out.resize(kLlmcHeaderBytes, '\0');
+  }
+  for (uint16_t t : tokens) put(t, 2);
+  return out;
+}
+
+// Token k = k * 37 % 1000: values above 255 (both bytes matter) and no two neighbours equal.
+std::vector<uint16_t> test_tokens(size_t n) {
+  std::vector<uint16_t> t(n);
+  for (size_t k = 0; k < n; ++k) t[k] = static_cast<uint16_t>(k * 37 % 1000);
+  return t;
+}
+
+TEST(DataMapped, UnmappedReadsEqualTheMappingAndBadPathsNameTheFile) {
+  const std::string path = temp_path("mapped.bin");
+  std::string bytes;
+  for (int k = 0; k < 10000; ++k) bytes.push_back(static_cast<char>(k * 13));
+  write_file(path, bytes);
+  const MappedFile mapped(path), read(path, true);
+  EXPECT_TRUE(mapped.whole());
+  EXPECT_FALSE(read.whole());
+  ASSERT_EQ(read.size(), 10000);
+  for (const auto& [offset, len] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {4095, 3}, {9000, 1000}}) {
+    std::string a, b;
+    mapped.with_range(offset, len,
+                      [&](const uint8_t* p) { a.assign(reinterpret_cast<const char*>(p), len); });
+    read.with_range(offset, len, [&](const uint8_t* p) { b.assign(reinterpret_cast<const char*>(p), len); });
+    EXPECT_EQ(a, bytes.substr(static_cast<size_t>(offset), static_cast<size_t>(len)));
+    EXPECT_EQ(b, a);
+  }
+  expect_input_error([] { MappedFile f(temp_path("absent.bin")); }, {temp_path("absent.bin"), "cannot open"});
+  expect_input_error([] { MappedFile f(temp_dir()); }, {temp_dir(), "a directory"});
+}
+
+TEST(DataTokens, FlatAndLlmcFilesGiveTheSameShiftedWindows) {
+  const auto tokens = test_tokens(1000);
+  const std::string flat = temp_path("tokens-flat.bin"), llmc = temp_path("tokens-llmc.bin");
+  write_file(flat, token_bytes(tokens, false));
+  write_file(llmc, token_bytes(tokens, true));
+  DataConfig cfg;
+  cfg.dataset = "tokens";
+  cfg.seq_len = 16;
+  cfg.vocab_size = 1000;
+  for (const std::string& path : {flat, llmc}) {
+    cfg.path = path;
+    const auto ds = open_dataset(cfg);
+    EXPECT_TRUE(ds->spec().text);
+    EXPECT_EQ(ds->spec().num_classes, 1000);
+    // The last 10% (tokens 900..999) are the validation split.
+    EXPECT_EQ(ds->size(Split::train), (900 - 1) / 16);
+    EXPECT_EQ(ds->size(Split::val), (100 - 1) / 16);
+    Tensor x = Tensor::zeros({2, 16}, DType::i64), y = Tensor::zeros({2, 16}, DType::i64);
+    ds->fill(Split::train, 3, x, y, 1);
+    ds->fill(Split::val, 5, x, y, 0);
+    for (int64_t t = 0; t < 16; ++t) {
+      EXPECT_EQ(x.data<int64_t>()[16 + t], tokens[static_cast<size_t>(3 * 16 + t)]) << path;
+      EXPECT_EQ(y.data<int64_t>()[16 + t], tokens[static_cast<size_t>(3 * 16 + t + 1)]) << path;
+      EXPECT_EQ(x.data<int64_t>()[t], tokens[static_cast<size_t>(900 + 5 * 16 + t)]) << path;
+      EXPECT_EQ(y.data<int64_t>()[t], tokens[static_cast<size_t>(900 + 5 * 16 + t + 1)]) << path;
+    }
+  }
+  // llm.c's file without data.vocab_size: GPT-2's vocabulary; a flat file needs the key.
+  cfg.vocab_size = 0;
+  cfg.path = llmc;
+  EXPECT_EQ(open_dataset(cfg)->spec().num_classes, kGpt2Vocab);
+  cfg.path = flat;
+  expect_input_error([&] { open_dataset(cfg); }, {flat, "data.vocab_size"});
+  // A separate validation file replaces the split; formats may differ per file.
+  cfg.vocab_size = 1000;
+  cfg.val_path = llmc;
+  const auto ds = open_dataset(cfg);
+  EXPECT_EQ(ds->size(Split::train), 999 / 16);
+  EXPECT_EQ(ds->size(Split::val), 999 / 16);
+  // Read without mapping: the same tokens.
+  const TokenFile a = open_token_file(llmc, "auto"), b = open_token_file(llmc, "llmc", true);
+  EXPECT_TRUE(a.llmc && b.llmc);
+  ASSERT_EQ(b.tokens.count, 1000);
+  b.tokens.with_tokens(990, 10, [&](const uint8_t* p) {
+    for (int64_t t = 0; t < 10; ++t) EXPECT_EQ(b.tokens.at(p, t), tokens[static_cast<size_t>(990 + t)]);
+  });
+}
+
+TEST(DataTokens, MalformedFilesNameFileAndPosition) {
+  DataConfig cfg;
+  cfg.dataset = "tokens";
+  cfg.seq_len = 8;
+  cfg.vocab_size = 1000;
+  const auto with = [&](const std::string& name, const std::string& bytes) {
+    cfg.path = temp_path(name);
+    write_file(cfg.path, bytes);
+    return cfg.path;
+  };
+  std::string p = with("odd.bin", token_bytes(test_tokens(100), false) + "x");
+  expect_input_error([&] { open_dataset(cfg); }, {p, "201 bytes", "odd", "byte offset 200"});
+  cfg.token_format = "llmc";
+  p = with("nomagic.bin", token_bytes(test_tokens(600), false));
+  expect_input_error([&] { open_dataset(cfg); }, {p, "byte offset 0", "magic", "20240520"});
+  p = with("short-header.bin", token_bytes(test_tokens(10), false));
+  expect_input_error([&] { open_dataset(cfg); }, {p, "20 bytes", "1024-byte header"});
+  cfg.token_format = "auto";
+  p = with("v2.bin", token_bytes(test_tokens(100), true, kLlmcMagic, 2));
+  expect_input_error([&] { open_dataset(cfg); }, {p, "byte offset 4", "version 2"});
+  p = with("count.bin", token_bytes(test_tokens(100), true, kLlmcMagic, 1, 101));
+  expect_input_error([&] { open_dataset(cfg); }, {p, "byte offset 8", "token count 101", "1224"});
+  // Token 123 is 1000 + 123 = 1123: the first one not below the vocabulary.
+  auto tokens = test_tokens(200);
+  tokens[123] = 1123;
+  p = with("range.bin", token_bytes(tokens, true));
+  expect_input_error([&] { open_dataset(cfg); },
+                     {p, "token 123 ", cat("byte offset ", 1024 + 246), "1123", "data.vocab_size 1000"});
+  // 90 tokens: the train split holds 81, the validation split 9 = one sample of 8 + 1; 80 leave it 8.
+  p = with("short.bin", token_bytes(test_tokens(90), false));
+  EXPECT_EQ(open_dataset(cfg)->size(Split::val), 1);
+  p = with("short.bin", token_bytes(test_tokens(80), false));
+  expect_input_error([&] { open_dataset(cfg); }, {p, "last 10%", "8 tokens", "data.seq_len 8"});
+}
+
+TEST(DataTextFile, AnyFileAsBytesSplitNinetyTen) {
+  const std::string path = temp_path("any.txt");
+  const auto bytes = iota_bytes(1000);
+  write_file(path, std::string(bytes.begin(), bytes.end()));
+  DataConfig cfg;
+  cfg.dataset = "text";
+  cfg.path = path;
+  cfg.seq_len = 10;
+  const auto ds = open_dataset(cfg);
+  EXPECT_EQ(ds->spec().num_classes, 256);
+  EXPECT_EQ(ds->size(Split::train), 899 / 10);
+  EXPECT_EQ(ds->size(Split::val), 99 / 10);
+  Tensor x = Tensor::zeros({1, 10}, DType::i64), y = Tensor::zeros({1, 10}, DType::i64);
+  ds->fill(Split::val, 2, x, y, 0);
+  for (int64_t t = 0; t < 10; ++t) {
+    EXPECT_EQ(x.data<int64_t>()[t], bytes[static_cast<size_t>(900 + 20 + t)]);
+    EXPECT_EQ(y.data<int64_t>()[t], bytes[static_cast<size_t>(900 + 20 + t + 1)]);
+  }
+  cfg.seq_len = 100;
+  expect_input_error([&] { open_dataset(cfg); }, {path, "last 10%", "100 bytes", "data.seq_len 100"});
+  cfg.path = temp_path("no-such.txt");
+  expect_input_error([&] { open_dataset(cfg); }, {cfg.path, "cannot open"});
+}
+
+TEST(DataCsv, IntegerAndTextLabelsSplitAndStandardise) {
+  // 50 rows: x0 = r, x1 = 2r + 1 in a quoted cell, label r % 3 in the middle column.
+  std::string ints = "x0,label,\"x 1\"\n", texts = "x0,kind,x1\r\n";
+  const std::vector<std::string> names{"setosa", "virginica", "versicolor"};
+  for (int r = 0; r < 50; ++r) {
+    ints += cat(r, ",", r % 3, ",\"", 2 * r + 1, "\"\n");
+    texts += cat(r, ", ", names[static_cast<size_t>(r % 3)], " ,", 2 * r + 1, "\r\n");
+  }
+  texts += "\n";  // a blank last line is no row
+  DataConfig cfg;
+  cfg.dataset = "csv";
+  cfg.path = temp_path("ints.csv");
+  write_file(cfg.path, ints);
+  cfg.label = "label";
+  const auto ds = open_dataset(cfg);
+  EXPECT_EQ(ds->spec().sample_shape, (Shape{2}));
+  EXPECT_EQ(ds->spec().num_classes, 3);
+  EXPECT_EQ(ds->size(Split::train), 40);
+  EXPECT_EQ(ds->size(Split::val), 10);
+  // Standardised with the train split's statistics: the train features have mean 0 and std 1, and each
+  // sample's label is its row's (x0 = r recovered through x1 = 2r + 1, which standardises alike).
+  double sum = 0, sq = 0;
+  std::set<int64_t> rows;
+  for (int64_t i = 0; i < 40; ++i) {
+    Tensor x = Tensor::zeros({1, 2}, DType::f32), y = Tensor::zeros({1}, DType::i64);
+    ds->fill(Split::train, i, x, y, 0);
+    sum += x.data<float>()[0];
+    sq += x.data<float>()[0] * x.data<float>()[0];
+    EXPECT_NEAR(x.data<float>()[0], x.data<float>()[1], 1e-5);
+    rows.insert(y.data<int64_t>()[0]);
+  }
+  EXPECT_NEAR(sum / 40, 0.0, 1e-5);
+  EXPECT_NEAR(sq / 40, 1.0, 1e-4);
+  EXPECT_EQ(rows, (std::set<int64_t>{0, 1, 2}));
+  // Text labels: classes in sorted order (setosa 0, versicolor 1, virginica 2), so row 1 is class 2.
+  cfg.path = temp_path("texts.csv");
+  write_file(cfg.path, texts);
+  cfg.label = "kind";
+  cfg.val_path = cfg.path;
+  const auto td = open_dataset(cfg);
+  EXPECT_EQ(td->spec().num_classes, 3);
+  EXPECT_EQ(td->size(Split::val), 50);
+  Tensor x = Tensor::zeros({1, 2}, DType::f32), y = Tensor::zeros({1}, DType::i64);
+  td->fill(Split::val, 1, x, y, 0);
+  EXPECT_EQ(y.data<int64_t>()[0], 2);
+  td->fill(Split::val, 2, x, y, 0);
+  EXPECT_EQ(y.data<int64_t>()[0], 1);
+}
+
+TEST(DataCsv, MalformedTablesNameFileLineAndColumn) {
+  DataConfig cfg;
+  cfg.dataset = "csv";
+  cfg.label = "class";
+  const auto with = [&](const std::string& name, const std::string& text) {
+    cfg.path = temp_path(name);
+    write_file(cfg.path, text);
+    return cfg.path;
+  };
+  std::string p = with("cell.csv", "a,b,class\n1,2,0\n3,4,1\n5, x7 ,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":4:3", "column 'b'", "\"x7\"", "not a finite number"});
+  p = with("nan.csv", "a,b,class\n1,,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":2:3", "column 'b'"});
+  p = with("label.csv", "a,b,klass\n1,2,0\n3,4,1\n");
+  expect_input_error([&] { open_dataset(cfg); },
+                     {p, "no column 'class'", "a, b, klass", "did you mean 'klass'"});
+  p = with("ragged.csv", "a,b,class\n1,2,0\n\n3,4\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":4:", "2 cells", "3 columns"});
+  p = with("quote.csv", "a,b,class\n1,\"2,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":2:3", "closing quote"});
+  p = with("negative.csv", "a,class\n1,0\n2,-1\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":3:3", "label -1", "negative"});
+  p = with("header.csv", "a,class\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p, "no samples"});
+  p = with("one.csv", "a,class\n1,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p, "1 row(s)", "too few"});
+  p = with("twice.csv", "a,a,class\n1,2,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {p + ":1:3", "'a' appears twice"});
+  // A validation file with other feature columns.
+  with("train.csv", "a,b,class\n1,2,0\n3,4,1\n");
+  cfg.val_path = temp_path("val.csv");
+  write_file(cfg.val_path, "a,c,class\n1,2,0\n");
+  expect_input_error([&] { open_dataset(cfg); }, {cfg.val_path, "(a, c)", "(a, b)"});
 }
 
 // ---- Loader ----
