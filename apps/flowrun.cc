@@ -1,16 +1,17 @@
 // flowrun: the command-line front end. Parses arguments and calls the library; exit codes 0 ok,
 // 1 runtime failure, 2 bad input.
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/weights.h"
 #include "config/config.h"
 #include "config/schema.h"
 #include "core/error.h"
@@ -34,6 +35,7 @@ struct Args {
   int64_t limit = 0;
   bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
+  std::string export_format = "safetensors", export_names = "flowrun";  // flowrun export
 };
 
 // A config with --set overrides and the command line's --run-dir applied.
@@ -143,6 +145,11 @@ int run_data(const Args& a) {
   return 0;
 }
 
+int run_export(const Args& a) {
+  std::cout << flowrun::export_checkpoint(a.checkpoint, a.out, a.export_format, a.export_names) << "\n";
+  return 0;
+}
+
 int run_models(const Args&) {
   const char* env = std::getenv("FLOWRUN_MODELS");
   for (const auto& [name, doc] : flowrun::list_zoo(env ? env : FLOWRUN_MODELS_DIR))
@@ -243,6 +250,20 @@ int main(int argc, char** argv) {
                    "machines without the Debian package)")
       ->check(CLI::PositiveNumber);
 
+  auto* exp = app.add_subcommand("export",
+                                 "Write a checkpoint's weights for other tools: DIR/model.safetensors "
+                                 "and DIR/config.json (--names hf: Hugging Face Transformers' names, "
+                                 "layouts and config, for gpt, llama and bert)");
+  exp->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5 file or sharded .shards directory)")
+      ->required();
+  exp->add_option("--out", a.out, "Output directory (created if missing)")->required();
+  exp->add_option("--format", a.export_format, "File format (default safetensors)")
+      ->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--names", a.export_names,
+                  "flowrun (the checkpoint's names; config.json = the resolved config) or hf (Hugging Face: "
+                  "GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM, by the map in models/hf/)")
+      ->check(CLI::IsMember({"flowrun", "hf"}));
+
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* version = app.add_subcommand("version", "Print the flowrun version");
   auto* ops = app.add_subcommand("ops", "List every registered op with the devices and dtypes its kernels cover");
@@ -277,6 +298,7 @@ int main(int argc, char** argv) {
     if (*plan) return run_plan(a);
     if (*inspect) return a.diff.empty() ? (std::cout << flowrun::describe_checkpoint(a.checkpoint), 0) : run_diff(a);
     if (*data) return run_data(a);
+    if (*exp) return run_export(a);
     if (*models) return run_models(a);
     if (*version) std::cout << "flowrun " << FLOWRUN_VERSION << "\n";
     if (*ops) std::cout << flowrun::list_ops(a.filter);
