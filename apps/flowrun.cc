@@ -36,6 +36,8 @@ struct Args {
   bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
   std::string export_format = "safetensors", export_names = "flowrun";  // flowrun export
+  std::string dump;                                                     // flowrun eval --dump
+  std::vector<std::string> layers;                                      // flowrun eval --layer
 };
 
 // A config with --set overrides and the command line's --run-dir applied.
@@ -60,7 +62,7 @@ int run_train(const Args& a) {
 
 int run_eval(const Args& a) {
   const flowrun::RunConfig cfg = load(a);
-  const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint);
+  const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint, {a.dump, a.layers});
   std::cout << "eval " << a.checkpoint << ": " << flowrun::eval_summary(e) << " over " << e.count
             << (e.text ? " tokens" : " samples") << "\n";
   // A loss that is not a number is no result: scripts comparing checkpoints must not take it for one.
@@ -177,7 +179,11 @@ int main(int argc, char** argv) {
   train->add_option("--resume", a.resume,
                     "Continue a run: 'auto' (newest complete checkpoint of the run directory, or a fresh start "
                     "when there is none) or a checkpoint path");
-  train->add_option("--init-from", a.init_from, "Start a new run from the parameters of a checkpoint (fine-tuning)")
+  train
+      ->add_option(
+          "--init-from", a.init_from,
+          "Start a new run from the parameters of a checkpoint (fine-tuning), or of a .safetensors file "
+          "(flowrun's names, or Hugging Face's for gpt, llama and bert: models/hf/)")
       ->excludes("--resume");
   train->add_option("--run-dir", a.run_dir, "Run directory (default: train.run_dir, else runs/<config name>)");
   train->add_option("--exit-at-step", a.exit_at_step,
@@ -197,7 +203,17 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "Loss and accuracy (perplexity for text) of a checkpoint on the "
                                           "validation split of CONFIG's data");
   eval->add_option("config", a.config, "YAML config file")->required();
-  eval->add_option("--checkpoint", a.checkpoint, "Checkpoint (.h5) to evaluate")->required();
+  eval->add_option(
+          "--checkpoint", a.checkpoint,
+          "Checkpoint to evaluate: .h5, a sharded .shards directory, or a .safetensors file (flowrun's "
+          "or Hugging Face names, as --init-from reads it)")
+      ->required();
+  eval->add_option("--dump", a.dump,
+                   "Also write the evaluated batches to this HDF5 file: x, logits and each --layer's output "
+                   "(layer/<NAME>), the batches concatenated (limit them with --set data.eval_batches=N)");
+  eval->add_option("--layer", a.layers,
+                   "A top-level layer whose output --dump writes, named as `flowrun check` lists the layers "
+                   "(repeatable; e.g. bert's `layer`: the encoder's final hidden states)");
   eval->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
 
   auto* check = app.add_subcommand("check", "Validate CONFIG and print it fully resolved (defaults filled in), "

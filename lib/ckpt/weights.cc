@@ -367,11 +367,11 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   for (const auto& [n, t] : ck.state)
     if (n.rfind("opt/", 0) != 0 && n.rfind("amp/", 0) != 0 && !n.ends_with("/grad_acc"))
       weights.emplace(n, t);
+  // No step or date: the same weights give the same file (export -> --init-from -> export is bit-identical).
   std::map<std::string, std::string> meta = {
       {"format", "pt"},  // Transformers refuses other formats
       {kNamesKey, names},
       {"flowrun_model", cfg.model.zoo.empty() ? "inline" : cfg.model.zoo},
-      {"flowrun_step", std::to_string(ck.step)},
       {"flowrun_version", FLOWRUN_VERSION}};
   std::map<std::string, Tensor> out;
   std::string config;
