@@ -214,6 +214,7 @@ def part4(flowrun, work):
         hc = json.load(f)
     tok = tokenizers.Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     tok.no_truncation()
+    tok.no_padding()  # the file pads to 128: pad to the longest sentence here instead
     enc = [tok.encode(s).ids for s in SENTENCES]
     pad = hc.get("pad_token_id", 0)
     T = max(len(e) for e in enc)
@@ -249,6 +250,11 @@ def part4(flowrun, work):
                     token_type_ids=torch.zeros_like(torch.from_numpy(ids))).last_hidden_state.numpy()
     err = float(np.max(np.abs(hidden[mask] - ref[mask])))
     warned = [line for line in log.splitlines() if "warn" in line.lower()]
+    # An encoder-only file: the MLM head keeps its initial values, the pooler is unused; both said, nothing else.
+    expected = ["keep their initial values: decoder/b, transform/b, transform/w, transform_ln/beta, transform_ln/gamma",
+                "does not use: pooler.dense.bias, pooler.dense.weight"]
+    if len(warned) != 2 or not all(any(e in w for w in warned) for e in expected):
+        raise Failed(f"MiniLM: flowrun's warnings are not the MLM head's and the pooler's: {warned}")
     return [(f"4. MiniLM final hidden states ({len(enc)} sentences, T {T}, {int(mask.sum())} tokens)", err,
              MINILM_TOL, "max |a - b|, non-pad positions")], warned
 
