@@ -343,7 +343,7 @@ std::map<std::string, Tensor> import_safetensors(const std::string& path,
           n, to, to);
   }
   if (!kept.empty())
-    spdlog::warn("{}: the file has no {} of the model's tensors, which keep their initial values: {}", where,
+    spdlog::warn("{}: the file lacks {} of the model's tensors, which keep their initial values: {}", where,
                  kept.size(), list_names(kept, 100));
   if (!unused.empty())
     spdlog::warn("{}: {} tensor{} of the file the model does not use: {}", where, unused.size(),

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "ckpt/weights.h"
 #include "io/safetensors.h"
 
 namespace flowrun::testing {
@@ -176,6 +177,99 @@ TEST(Safetensors, WriteFailuresAreReported) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("cannot write /dev/full"), std::string::npos) << e.what();
     }
+  }
+}
+
+// A map as models/hf/*.yaml gives one: a transposed weight, a block pattern, a tied and an optional tensor.
+HfMap small_map() {
+  HfMap m;
+  m.file = "test-map.yaml";
+  m.base_prefix = "model.";
+  m.tensors = {{"emb/w", "model.emb.weight", false},
+               {"blocks.{i}/fc/w", "model.h.{i}.fc.weight", true},
+               {"head/b", "head.bias", false}};
+  m.tied = {{"lm_head.weight", "emb/w"}};
+  m.optional = {"head/b"};
+  m.ignore = {"model.h.{i}.buffer"};
+  return m;
+}
+
+std::map<std::string, WantedTensor> small_model() {
+  return {{"emb/w", {{4, 2}, DType::f32}},
+          {"blocks.0/fc/w", {{3, 2}, DType::f32}},
+          {"blocks.1/fc/w", {{3, 2}, DType::f32}},
+          {"head/b", {{3}, DType::f32}}};
+}
+
+std::string import_error(const std::map<std::string, Tensor>& file,
+                         const std::map<std::string, WantedTensor>& want) {
+  const std::string path = temp_path("import_bad.safetensors");
+  safetensors::write(path, file);
+  try {
+    import_safetensors(path, want, small_map());
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SafetensorsImport, MapsTransposesConvertsAndSkips) {
+  const Tensor emb = Tensor::from<float>({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  // Hugging Face layout (in, out) = (2, 3) for the transposed weight; F64 and BF16 convert to f32.
+  const Tensor fc0 = Tensor::from<double>({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor fc1 = Tensor::from<float>({2, 3}, {0.5f, 1, 1.5f, 2, 2.5f, 3}).to(DType::bf16);
+  // A base-model file: no "model." prefix; the tied copy equals its tensor; a buffer and an unused tensor.
+  const std::string path = temp_path("import.safetensors");
+  safetensors::write(path, {{"emb.weight", emb},
+                            {"h.0.fc.weight", fc0},
+                            {"h.1.fc.weight", fc1},
+                            {"h.0.buffer", Tensor::from<float>({1}, {0})},
+                            {"pooler.weight", Tensor::from<float>({1}, {0})}});
+  const auto got = import_safetensors(path, small_model(), small_map());
+  ASSERT_EQ(got.size(), 3u);  // head/b is optional: absent, kept at its initial value
+  EXPECT_EQ(got.at("emb/w").to_f64(), emb.to_f64());
+  EXPECT_EQ(got.at("blocks.0/fc/w").shape(), (Shape{3, 2}));
+  EXPECT_EQ(got.at("blocks.0/fc/w").dtype(), DType::f32);
+  EXPECT_EQ(got.at("blocks.0/fc/w").to_f64(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(got.at("blocks.1/fc/w").to_f64(), (std::vector<double>{0.5, 2, 1, 2.5, 1.5, 3}));
+  // flowrun's own names are recognised without metadata (and such a file is complete: no optional tensors).
+  const std::string own = temp_path("own.safetensors");
+  safetensors::write(own, {{"emb/w", emb},
+                           {"blocks.0/fc/w", Tensor::from<float>({3, 2}, {1, 2, 3, 4, 5, 6})},
+                           {"blocks.1/fc/w", Tensor::from<float>({3, 2}, {1, 2, 3, 4, 5, 6})},
+                           {"head/b", Tensor::from<float>({3}, {1, 2, 3})}});
+  const auto mine = import_safetensors(own, small_model(), small_map());
+  EXPECT_EQ(mine.at("blocks.1/fc/w").to_f64(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(SafetensorsImport, EveryMisfitIsListed) {
+  const Tensor emb = Tensor::from<float>({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  // A wrong shape, a missing block, an integer tensor for a float parameter: all three in one message.
+  const std::string msg =
+      import_error({{"model.emb.weight", Tensor::from<float>({4, 3}, std::vector<float>(12, 0))},
+                    {"model.h.0.fc.weight", Tensor::from<int64_t>({2, 3}, {1, 2, 3, 4, 5, 6})}},
+                   small_model());
+  EXPECT_NE(msg.find("3 tensors do not fit the model"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model.emb.weight' (-> 'emb/w') is F32 [4,3] but the model's is [4,2]"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("'model.h.0.fc.weight' (-> 'blocks.0/fc/w', transposed) is I64 but the model's is f32"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(
+      msg.find("'blocks.1/fc/w' [3,2] of the model is missing (its Hugging Face name: model.h.1.fc.weight)"),
+      std::string::npos)
+      << msg;
+  // Names neither flowrun's nor the map's, without a map: said so.
+  const std::string path = temp_path("foreign.safetensors");
+  safetensors::write(path, {{"something.else", emb}});
+  try {
+    import_safetensors(path, small_model(), std::nullopt);
+    ADD_FAILURE() << "a file of foreign names imported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("are not the model's parameter names"), std::string::npos)
+        << e.what();
   }
 }
 
