@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "ckpt/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "ops/listing.h"
+#include "train/generate.h"
 #include "train/plan.h"
 #include "train/profile.h"
 #include "train/program.h"
@@ -38,6 +40,8 @@ struct Args {
   std::string export_format = "safetensors", export_names = "flowrun";  // flowrun export
   std::string dump;                                                     // flowrun eval --dump
   std::vector<std::string> layers;                                      // flowrun eval --layer
+  flowrun::GenerateOptions gen;
+  std::string prompt_file;
 };
 
 // A config with --set overrides and the command line's --run-dir applied.
@@ -149,6 +153,56 @@ int run_data(const Args& a) {
 
 int run_export(const Args& a) {
   std::cout << flowrun::export_checkpoint(a.checkpoint, a.out, a.export_format, a.export_names) << "\n";
+  return 0;
+}
+
+// The prompt and every sample's tokens on stdout (one sample streams as it is made, several are printed as
+// they finish, each under a header line); the timing summary on stderr, out of the text's way.
+int run_generate(Args a) {
+  if (!a.prompt_file.empty()) {
+    std::ifstream in(a.prompt_file, std::ios::binary);
+    if (!in) throw flowrun::input_error(flowrun::cat("--prompt-file: cannot read ", a.prompt_file));
+    a.gen.prompt.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const flowrun::RunConfig cfg = load(a);
+  const bool stream = a.gen.num_samples == 1;
+  bool started = false;
+  const auto emit = [&](int64_t, const std::string& text) {
+    if (!stream) return;
+    if (!started) std::cout << a.gen.prompt;
+    started = true;
+    std::cout << text << std::flush;
+  };
+  const flowrun::GenerateResult r = flowrun::generate(cfg, a.gen, emit);
+  for (size_t s = 0; s < r.tokens.size(); ++s) {
+    if (stream) {
+      if (!started) std::cout << a.gen.prompt;
+      break;
+    }
+    std::cout << "--- sample " << s + 1 << " ---\n" << a.gen.prompt;
+    for (int64_t t : r.tokens[s])
+      std::cout << (r.bytes ? std::string(1, static_cast<char>(t)) : flowrun::cat(" ", t));
+    std::cout << "\n";
+  }
+  if (stream) std::cout << "\n";
+  std::cout.flush();
+  const int64_t made = static_cast<int64_t>(r.tokens.size()) * a.gen.max_new_tokens;
+  const double total = r.prefill_seconds + r.decode_seconds + r.slide_seconds;
+  std::fprintf(
+      stderr,
+      "flowrun: %lld tokens (%zu sample%s) in %.3f s: %.1f tokens/s; prompt of %lld tokens prefilled in "
+      "%.2f ms; decode %.3f ms/step over %lld steps; %zu programs compiled in %.2f s (step lengths",
+      static_cast<long long>(made), r.tokens.size(), r.tokens.size() == 1 ? "" : "s", total,
+      total > 0 ? static_cast<double>(made) / total : 0.0, static_cast<long long>(r.prompt_len),
+      r.prefill_seconds * 1e3,
+      r.decode_steps ? r.decode_seconds * 1e3 / static_cast<double>(r.decode_steps) : 0.0,
+      static_cast<long long>(r.decode_steps), r.compiled.size(), r.compile_seconds);
+  for (int64_t len : r.compiled) std::fprintf(stderr, " %lld", static_cast<long long>(len));
+  std::fprintf(
+      stderr, ")%s\n",
+      r.slides
+          ? flowrun::cat("; the context window slid ", r.slides, r.slides == 1 ? " time" : " times").c_str()
+          : "");
   return 0;
 }
 
@@ -280,6 +334,42 @@ int main(int argc, char** argv) {
                   "GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM, by the map in models/hf/)")
       ->check(CLI::IsMember({"flowrun", "hf"}));
 
+  auto* generate = app.add_subcommand(
+      "generate",
+      "Sample text from a trained decoder (gpt, llama): a key/value cache, one compiled program per "
+      "step shape; the text on stdout, tokens/s on stderr");
+  generate
+      ->add_option("config", a.config,
+                   "YAML config file (the model and data the checkpoint was trained with)")
+      ->required();
+  generate
+      ->add_option("--checkpoint", a.gen.checkpoint,
+                   "Checkpoint (.h5), sharded checkpoint (step_N.shards) or run directory (its newest)")
+      ->required();
+  generate->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  generate->add_option(
+      "--prompt", a.gen.prompt,
+      "Start of the text (default: a newline); a model with more than 256 tokens takes token ids "
+      "separated by spaces");
+  generate->add_option("--prompt-file", a.prompt_file, "Read the prompt from this file instead")
+      ->excludes("--prompt");
+  generate
+      ->add_option("--max-new-tokens", a.gen.max_new_tokens, "Tokens to generate per sample (default 256)")
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--temperature", a.gen.temperature,
+                   "Divide the logits by this before sampling; 0 = greedy (default 1)")
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-k", a.gen.top_k, "Sample among the k most likely tokens only; 0 = all (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  generate
+      ->add_option("--top-p", a.gen.top_p,
+                   "Sample among the most likely tokens holding this much probability (default 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  generate->add_option("--seed", a.gen.seed, "Sampling seed: the same seed gives the same text (default 1)");
+  generate->add_option("--num-samples", a.gen.num_samples, "Samples drawn together as one batch (default 1)")
+      ->check(CLI::PositiveNumber);
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* version = app.add_subcommand("version", "Print the flowrun version");
   auto* ops = app.add_subcommand("ops", "List every registered op with the devices and dtypes its kernels cover");
@@ -316,6 +406,15 @@ int main(int argc, char** argv) {
     if (*data) return run_data(a);
     if (*exp) return run_export(a);
     if (*models) return run_models(a);
+    if (*generate) {
+      // stdout is the text: log lines go to stderr.
+      spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+          "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>(
+                  flowrun::interactive_terminal(STDERR_FILENO) ? spdlog::color_mode::always
+                                                               : spdlog::color_mode::never)));
+      if (a.gen.prompt.empty() && a.prompt_file.empty()) a.gen.prompt = "\n";
+      return run_generate(a);
+    }
     if (*version) std::cout << "flowrun " << FLOWRUN_VERSION << "\n";
     if (*ops) std::cout << flowrun::list_ops(a.filter);
   } catch (const flowrun::Error& e) {

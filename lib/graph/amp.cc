@@ -18,10 +18,12 @@ AmpPolicy amp_policy(const std::string& op) {
   // GEMM-shaped ops gain from low precision and accumulate in f32 inside their kernels.
   static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa"};
   // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
-  // exponentials and logarithms, losses, normalisation statistics, reductions.
-  static const std::set<std::string> f32 = {
-      "softmax",   "log_softmax", "cross_entropy", "nll_loss",   "mse_loss",       "layernorm", "rmsnorm",
-      "batchnorm", "reduce_sum",  "reduce_mean",   "reduce_max", "global_avgpool", "pow_scalar"};
+  // exponentials and logarithms, losses, normalisation statistics, reductions. The KV cache of decoding
+  // (sdpa_cache) stays f32, as the state it updates in place.
+  static const std::set<std::string> f32 = {"softmax",    "log_softmax", "cross_entropy", "nll_loss",
+                                            "mse_loss",   "layernorm",   "rmsnorm",       "batchnorm",
+                                            "reduce_sum", "reduce_mean", "reduce_max",    "global_avgpool",
+                                            "pow_scalar", "sdpa_cache"};
   if (low.count(op)) return AmpPolicy::low;
   if (f32.count(op)) return AmpPolicy::f32;
   return AmpPolicy::follow;

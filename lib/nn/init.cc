@@ -28,6 +28,7 @@ InitSpec resolve_one(const ParamInfo& p, const std::string& scheme, int blocks) 
       return spec("ones");
     case ParamInfo::beta:
     case ParamInfo::running_mean:
+    case ParamInfo::kv_cache:
       return spec("zeros");
     case ParamInfo::embedding:
     case ParamInfo::position:

@@ -178,8 +178,13 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
   auto split_heads = [&](ValueId t, int64_t n) { return transpose12(c, c.b.reshape(t, {B, T, n, D})); };
   q = split_heads(q, H), k = split_heads(k, KV), v = split_heads(v, KV);
   if (a.rope) {
-    q = c.b.op1("rope", {q}, {{"theta", a.rope_theta}});
-    k = c.b.op1("rope", {k}, {{"theta", a.rope_theta}});
+    // Decoding: the rows sit at the run-time position onwards.
+    auto rotate = [&](ValueId t) {
+      std::vector<ValueId> in{t};
+      if (c.position != kNoValue) in.push_back(c.position);
+      return c.b.op1("rope", in, {{"theta", a.rope_theta}});
+    };
+    q = rotate(q), k = rotate(k);
   }
   if (KV < H) {
     // Query head h reads key/value head h / (H / KV) (Hugging Face's repeat_kv): (B, KV, T, D) ->
@@ -192,6 +197,16 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
       return c.b.reshape(b, {B, H, T, D});
     };
     k = expand(k), v = expand(v);
+  }
+  if (c.position != kNoValue) {
+    // Decoding: k and v of the new positions join this layer's cache, which every later step reads.
+    if (!a.causal || a.pad_id) c.fail("generation needs causal attention without pad_id (a decoder)");
+    const Shape kv_shape{B, H, c.cache_len, D};
+    const ValueId kc = c.state("k_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
+    const ValueId vc = c.state("v_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
+    const ValueId att = c.b.op1("sdpa_cache", {q, k, v, kc, vc, c.position});
+    const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
+    return dense_in(c, "proj", merged, C, a.bias, residual);
   }
   std::vector<ValueId> in{q, k, v};
   Attrs attrs{{"causal", a.causal}};
@@ -323,6 +338,13 @@ ValueId pos_embedding_layer(Ctx& c, const Opts& o, const std::string&, ValueId x
   if (s[2] != dim) o.fail("dim", cat("is ", dim, " but the input has width ", s[2]));
   ValueId pos =
       c.param("w", {max_len, dim}, ParamInfo::of(ParamInfo::position, dim, max_len, false, false, o.init()));
+  if (c.position != kNoValue) {
+    // Decoding: the rows of the run-time position onwards (the generator keeps them inside the table).
+    if (c.cache_len > max_len)
+      o.fail("max_len",
+             cat("is ", max_len, " but generation keeps a context of ", c.cache_len, " positions"));
+    return c.b.add(x, c.b.op1("slice_at", {pos, c.position}, {{"axis", int64_t{0}}, {"length", s[1]}}));
+  }
   if (s[1] < max_len)
     pos = c.b.op1("slice", {pos}, {{"axis", int64_t{0}}, {"start", int64_t{0}}, {"end", s[1]}});
   return c.b.add(x, pos);

@@ -45,7 +45,17 @@ MValue to_value(const YAML::Node& n, const Env& env, const Source& src, const st
 // How a parameter or state is initialised, decided once the whole model is known (gpt2 scales residual
 // projections by the number of transformer blocks).
 struct ParamInfo {
-  enum Role { weight, bias, embedding, position, gamma, beta, running_mean, running_var } role = weight;
+  enum Role {
+    weight,
+    bias,
+    embedding,
+    position,
+    gamma,
+    beta,
+    running_mean,
+    running_var,
+    kv_cache
+  } role = weight;
   int64_t fan_in = 0, fan_out = 0;
   bool conv = false;      // conv weight (kaiming)
   bool residual = false;  // output projection of a residual branch (gpt2)
@@ -90,6 +100,10 @@ struct Ctx {
   int transformer_blocks = 0;
   ValueId ids = kNoValue;      // the model's input token ids (text), for attention's key padding mask
   ValueId targets = kNoValue;  // set by mlm_mask: its labels replace the data's targets in the loss
+  // Decoding with a key/value cache (ModelInputs::cache_len > 0): the input "position" (1) i64, the position
+  // of x's first token, read at run time by the position embeddings and the cached attention.
+  ValueId position = kNoValue;
+  int64_t cache_len = 0;
   int64_t layers_built = 0;  // layer entries built so far, repeat/for iterations unrolled (kMaxLayers)
   // The layer being built, for errors raised by builders. A pointer: assigning to a yaml-cpp Node that
   // already refers to a node rewrites the referred node instead of rebinding.

@@ -252,6 +252,11 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   const ModelFile m = cfg.zoo.empty() ? inline_model(cfg) : load_zoo(cfg);
   Ctx c(g, m.src, training);
   set_builtins(c.env, in);
+  if (in.cache_len > 0) {
+    FR_CHECK(in.text, "decoding needs text inputs");
+    c.env.set("seq_len", MValue(in.cache_len));  // the context the model was trained for, not x's length
+    c.cache_len = in.cache_len;
+  }
   std::map<std::string, std::string> where;
   c.env.push();
   bind_params(m, cfg, c.env, &where);
@@ -261,7 +266,10 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
 
   BuiltModel out;
   out.x = c.b.input("x", in.x_shape, in.text ? DType::i64 : DType::f32);
-  out.y = c.b.input("y", in.text ? in.x_shape : Shape{in.x_shape[0]}, DType::i64);
+  if (in.cache_len > 0)
+    c.position = c.b.input("position", {1}, DType::i64);
+  else
+    out.y = c.b.input("y", in.text ? in.x_shape : Shape{in.x_shape[0]}, DType::i64);
   if (!m.layers.IsSequence()) fail(m.src, m.layers, "layers", "expected a list of layers");
   std::string summary = summary_row("layer", "output", "params");
   ValueId h = out.x;
@@ -275,6 +283,14 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   }
   out.summary = summary + summary_row("total", "", with_commas(c.num_params));
   out.logits = h;
+  if (in.cache_len > 0) {
+    if (c.targets != kNoValue)
+      fail(m.src, m.layers, "layers", "an mlm_mask model (an encoder) does not generate");
+    g.mark_output("logits", out.logits);
+    out.init = resolve_init(c, scheme);
+    out.num_params = c.num_params;
+    return out;
+  }
   // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts). They
   // are drawn again next to the loss by a second mlm_mask node of the same name and attributes on the same
   // ids (a node's Philox stream is keyed by its name, so the draw is the same), so that a pipeline cut

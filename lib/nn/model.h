@@ -29,6 +29,11 @@ struct ModelInputs {
   bool text = false;
   Shape x_shape;            // with the batch
   int64_t num_classes = 0;  // classes or vocabulary
+  // > 0: the model is built for autoregressive decoding (flowrun generate): x (B, T) holds T new tokens at
+  // the positions given by the input "position" (1) i64, each attention layer keeps a key/value cache of
+  // cache_len positions as state (updated in place as a step runs), `seq_len` in the model file is
+  // cache_len, and there is no y and no loss: the graph's output is "logits" (B, T, vocab).
+  int64_t cache_len = 0;
 };
 
 struct BuiltModel {

@@ -258,8 +258,14 @@ struct RopeAttrs {
   int64_t offset;
 };
 
-// Validates x (B, H, T, D) and the attributes (the graph prefixes the op name).
-RopeAttrs check_rope(const TensorType& x, const Attrs& a) {
+// Validates x (B, H, T, D), the optional position input and the attributes (the graph prefixes the op name).
+RopeAttrs check_rope(const std::vector<TensorType>& in, const Attrs& a) {
+  if (in.size() != 1 && in.size() != 2)
+    throw input_error(cat("takes x [, position], got ", in.size(), " inputs"));
+  if (in.size() == 2 && (in[1].dtype != DType::i64 || in[1].shape != Shape{1}))
+    throw input_error(
+        cat("position must be i64 (1), got ", shape_str(in[1].shape), ":", dtype_name(in[1].dtype)));
+  const TensorType& x = in[0];
   if (x.shape.size() != 4)
     throw input_error(cat("x must be (batch, heads, length, dim), got ", shape_str(x.shape)));
   if (!is_floating(x.dtype)) throw input_error(cat("x must be floating, got ", dtype_name(x.dtype)));
@@ -295,7 +301,10 @@ RopeAttrs check_rope(const TensorType& x, const Attrs& a) {
 
 // Straight from HF's formulas in f64 (cos/sin of rope_angle, rotate_half), one element at a time.
 std::vector<Tensor> rope_reference(const std::vector<Tensor>& in, const Attrs& a) {
-  const RopeAttrs r = check_rope({in[0].shape(), DType::f64}, a);
+  std::vector<TensorType> types{{in[0].shape(), DType::f64}};
+  if (in.size() == 2) types.push_back({in[1].shape(), DType::i64});
+  RopeAttrs r = check_rope(types, a);
+  if (in.size() == 2) r.offset += in[1].data<int64_t>()[0];
   const Shape& sh = in[0].shape();
   const int64_t L = sh[2], D = sh[3], half = D / 2;
   Tensor y = Tensor::zeros(sh, DType::f64);
@@ -341,12 +350,143 @@ std::vector<OpSample> rope_samples() {
     o.reference = rope_reference;
     s.push_back(o);
   }
+  // The position fed at run time, on top of the offset attribute: rows 0.. sit at 3 + 37 onwards.
+  OpSample p = s[1];
+  p.label = "[1,2,7,6] theta=500 offset=3 position input 37";
+  p.inputs.push_back({{1}, DType::i64});
+  p.fill = [](int i, Tensor& t, uint64_t seed) {
+    if (i == 1) {
+      t.data<int64_t>()[0] = 37;
+      return;
+    }
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    const RngStream r{seed, 11};
+    for (size_t k = 0; k < v.size(); ++k) v[k] = 2.0 * r.uniform(k) - 1.0;
+    t.fill_from(v);
+  };
+  s.push_back(p);
   return s;
+}
+
+// sdpa_cache's inputs: q (B,H,T,D), k (B,H,T,D), v (B,H,T,Dv), k_cache (B,H,L,D), v_cache (B,H,L,Dv),
+// position (1) i64, one dtype for the floating ones (the graph prefixes the op name).
+void check_cache(const std::vector<TensorType>& in, const Attrs& a) {
+  if (in.size() != 6)
+    throw input_error(cat("takes q, k, v, k_cache, v_cache, position, got ", in.size(), " inputs"));
+  Attrs causal = a;
+  causal.set("causal", false);  // the new keys are as many as the queries; the cache holds the rest
+  const SdpaDims d = check_qkv(in[0], in[1], in[2], causal);
+  const TensorType &kc = in[3], &vc = in[4];
+  if (kc.dtype != in[0].dtype || vc.dtype != in[0].dtype)
+    throw input_error(cat("the caches (", dtype_name(kc.dtype), ", ", dtype_name(vc.dtype), ") must be q's ",
+                          dtype_name(in[0].dtype)));
+  if (kc.shape.size() != 4 || vc.shape.size() != 4 || kc.shape[0] != d.b || kc.shape[1] != d.h ||
+      kc.shape[3] != d.d || vc.shape != Shape{d.b, d.h, kc.shape[2], d.dv} || d.s != d.t)
+    throw input_error(cat("k and v ", shape_str(in[1].shape), ", ", shape_str(in[2].shape),
+                          " must be q's positions, and the caches (batch, heads, length, dim) of them, got ",
+                          shape_str(kc.shape), ", ", shape_str(vc.shape)));
+  if (kc.shape[2] < d.t)
+    throw input_error(cat("the caches hold ", kc.shape[2], " positions, fewer than the ", d.t, " new ones"));
+  if (in[5].dtype != DType::i64 || in[5].shape != Shape{1})
+    throw input_error(
+        cat("position must be i64 (1), got ", shape_str(in[5].shape), ":", dtype_name(in[5].dtype)));
+}
+
+// sdpa_cache in f64 from sdpa_reference: the caches with the new rows written at the position, then causal
+// attention of the queries over the cache's first position + T keys (outputs: out, then the two caches).
+std::vector<Tensor> sdpa_cache_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const int64_t pos = in[5].data<int64_t>()[0];
+  std::vector<Tensor> caches{in[3].clone(), in[4].clone()};
+  const Shape& q = in[0].shape();
+  const int64_t BH = q[0] * q[1], T = q[2], L = in[3].shape()[2];
+  for (int c = 0; c < 2; ++c) {
+    const int64_t D = in[static_cast<size_t>(1 + c)].shape()[3];
+    for (int64_t bh = 0; bh < BH; ++bh)
+      for (int64_t t = 0; t < T * D; ++t)
+        caches[static_cast<size_t>(c)].data<double>()[(bh * L + pos) * D + t] =
+            in[static_cast<size_t>(1 + c)].data<double>()[bh * T * D + t];
+  }
+  auto window = [&](const Tensor& cache) {
+    const int64_t D = cache.shape()[3], S = pos + T;
+    Tensor w = Tensor::zeros({q[0], q[1], S, D}, DType::f64);
+    for (int64_t bh = 0; bh < BH; ++bh)
+      std::copy_n(cache.data<double>() + bh * L * D, S * D, w.data<double>() + bh * S * D);
+    return w;
+  };
+  Attrs causal = a;
+  causal.set("causal", true);  // bottom-right aligned: query i sees keys j <= pos + i
+  const Tensor out = sdpa_reference({in[0], window(caches[0]), window(caches[1])}, causal)[0];
+  return {out, caches[0], caches[1]};
+}
+
+std::vector<OpSample> sdpa_cache_samples() {
+  struct Case {
+    std::string label;
+    int64_t b, h, t, l, d, dv, pos;
+  };
+  const std::vector<Case> cases = {
+      {"prefill [2,3,5,4] into 8 at 0", 2, 3, 5, 8, 4, 4, 0},
+      {"decode [2,2,1,4] at 6 of 8", 2, 2, 1, 8, 4, 3, 6},
+      {"decode [1,2,1,8] at the last position", 1, 2, 1, 9, 8, 8, 8},
+      {"chunk [1,1,3,2] at 2 of 7", 1, 1, 3, 7, 2, 5, 2},
+  };
+  std::vector<OpSample> out;
+  for (const Case& c : cases) {
+    OpSample o;
+    o.label = c.label;
+    o.inputs = {{{c.b, c.h, c.t, c.d}, DType::f64},  {{c.b, c.h, c.t, c.d}, DType::f64},
+                {{c.b, c.h, c.t, c.dv}, DType::f64}, {{c.b, c.h, c.l, c.d}, DType::f64},
+                {{c.b, c.h, c.l, c.dv}, DType::f64}, {{1}, DType::i64}};
+    const int64_t pos = c.pos;
+    o.fill = [pos](int i, Tensor& t, uint64_t seed) {
+      if (i == 5) {
+        t.data<int64_t>()[0] = pos;
+        return;
+      }
+      std::vector<double> v(static_cast<size_t>(t.numel()));
+      const RngStream r{seed, static_cast<uint64_t>(20 + i)};
+      for (size_t k = 0; k < v.size(); ++k) v[k] = 2.0 * r.uniform(k) - 1.0;
+      t.fill_from(v);
+    };
+    o.reference = sdpa_cache_reference;
+    o.gradcheck = false;
+    out.push_back(o);
+  }
+  return out;
 }
 
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
+  {
+    // Autoregressive decoding with a key/value cache: each step computes k and v of its new positions only
+    // and attends over everything cached so far, so a token costs one position, not the whole prefix.
+    OpDef d;
+    d.name = "sdpa_cache";
+    d.doc =
+        "causal attention with a key/value cache: (q, k, v) of T new positions (B,H,T,D|Dv), k_cache "
+        "(B,H,L,D) and v_cache (B,H,L,Dv) (updated in place: k and v written at rows position.. position + "
+        "T - 1), position (1) i64 (read at run time) -> out (B,H,T,Dv): query i attends over the cache's "
+        "keys "
+        "0 .. position + i; attr scale (default 1/sqrt(D)). Not differentiable (inference programs)";
+    d.num_inputs = 6;
+    d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+      check_cache(in, a);
+      return {{{in[0].shape[0], in[0].shape[1], in[0].shape[2], in[2].shape[3]}, in[0].dtype}};
+    };
+    d.nondiff_inputs = {0, 1, 2, 3, 4, 5};
+    d.mutates = {3, 4};
+    d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) -> Cost {
+      // Every query against the whole cache at most (the position is known only when it runs).
+      const Shape &q = in[0].shape, &kc = in[3].shape;
+      const double pairs = static_cast<double>(q[0] * q[1] * q[2] * kc[2]);
+      return {pairs * (2.0 * static_cast<double>(q[3] + in[2].shape[3]) + 4.0),
+              bytes_of({in[0], in[1], in[2], out[0]}) + bytes_of({in[3], in[4]})};
+    };
+    d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_cache}};
+    d.samples = sdpa_cache_samples;
+    r.add(d);
+  }
   {
     OpDef d;
     d.name = "rope";
@@ -354,17 +494,25 @@ void register_attention_ops(OpRegistry& r) {
         "rotary position embedding (Hugging Face's rotate_half, not interleaved pairs) of x (B,H,T,D), D "
         "even: y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin, angle = (offset + t) * "
         "theta^(-2i/D) formed in float32 as HF does; attrs theta (default 10000), inverse (bool, default "
-        "false: rotates by -angle, the gradient), offset (int, default 0: the position of row t = 0)";
+        "false: rotates by -angle, the gradient), offset (int, default 0: the position of row t = 0); "
+        "optional "
+        "2nd input position (1) i64, added to offset at run time (a KV-cache decode step's position)";
+    d.num_inputs = -1;  // x, or x and position
     d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-      check_rope(in[0], a);
+      check_rope(in, a);
       return {in[0]};
     };
-    // A rotation's transpose is the rotation by the opposite angle.
+    // A rotation's transpose is the rotation by the opposite angle (at the same positions).
     d.grad = [](GradCtx& c) -> std::vector<ValueId> {
       Attrs a = c.attrs();
       a.set("inverse", !a.b("inverse", false));
-      return {c.b.op1("rope", {c.dout(0)}, a)};
+      std::vector<ValueId> in{c.dout(0)};
+      if (c.node.inputs.size() == 2) in.push_back(c.in(1));
+      std::vector<ValueId> grads{c.b.op1("rope", in, a)};
+      if (c.node.inputs.size() == 2) grads.push_back(kNoValue);
+      return grads;
     };
+    d.nondiff_inputs = {1};
     d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) -> Cost {
       // Two products and a sum per element; the T x D/2 cos/sin pairs are shared by the batch and heads.
       return {3.0 * static_cast<double>(numel(in[0].shape)), bytes_of(in) + bytes_of(out)};

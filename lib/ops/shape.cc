@@ -384,6 +384,58 @@ void register_slice(OpRegistry& r) {
   };
   r.add(d);
 
+  // The window of a decode step: which rows is known only when it runs (the position embedding of the
+  // tokens a KV-cache step feeds), so that one compiled program serves every position.
+  OpDef w;
+  w.name = "slice_at";
+  w.doc =
+      "x[start : start + length] along axis, start read at run time from input 1 (1) i64 (must keep the "
+      "window inside the axis); attrs axis, length. Not differentiable (inference programs)";
+  w.num_inputs = 2;
+  w.nondiff_inputs = {1};
+  w.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const int axis = normalize_axis(need_i(a, "slice_at", "axis"), in[0].shape.size());
+    const int64_t len = need_i(a, "slice_at", "length");
+    Shape s = in[0].shape;
+    if (len < 1 || len > s[static_cast<size_t>(axis)])
+      throw input_error(cat("slice_at: length ", len, " must be in [1, ", s[static_cast<size_t>(axis)],
+                            "] (axis ", axis, " of ", shape_str(s), ")"));
+    if (in[1].dtype != DType::i64 || in[1].shape != Shape{1})
+      throw input_error(
+          cat("slice_at: start must be i64 (1), got ", shape_str(in[1].shape), ":", dtype_name(in[1].dtype)));
+    s[static_cast<size_t>(axis)] = len;
+    return {{s, in[0].dtype}};
+  };
+  w.cost = slice_cost;
+  w.kernels = {{DeviceKind::cpu, kAnyDType, cpu::slice_at}};
+  w.samples = [] {
+    auto ref = [](const std::vector<Tensor>& in, const Attrs& a) {
+      const int axis = normalize_axis(a.i("axis"), in[0].shape().size());
+      const int64_t start = in[1].data<int64_t>()[0];
+      return std::vector<Tensor>{ref_slice(in[0], axis, start, start + a.i("length"))};
+    };
+    auto s = [&](Shape x, int64_t axis, int64_t length, int64_t start, DType t) {
+      OpSample o = sample(cat(shape_str(x), " axis ", axis, " [", start, ", +", length, ") ", dtype_name(t)),
+                          {{x, t}, {{1}, DType::i64}}, {{"axis", axis}, {"length", length}});
+      o.fill = [start](int i, Tensor& v, uint64_t seed) {
+        if (i == 1) {
+          v.data<int64_t>()[0] = start;
+          return;
+        }
+        std::vector<double> vals(static_cast<size_t>(v.numel()));
+        const RngStream r{seed, 5};
+        for (size_t k = 0; k < vals.size(); ++k) vals[k] = 2.0 * r.uniform(k) - 1.0;
+        v.fill_from(vals);
+      };
+      o.reference = ref;
+      o.gradcheck = false;
+      return o;
+    };
+    return std::vector<OpSample>{s({7, 5}, 0, 3, 4, DType::f64), s({2, 6, 3}, 1, 1, 0, DType::f64),
+                                 s({2, 6, 3}, -2, 2, 3, DType::bf16), s({9, 4}, 0, 9, 0, DType::f64)};
+  };
+  r.add(w);
+
   OpDef g;
   g.name = "slice_grad";
   g.doc = "gradient of slice: zeros of in_shape with dy copied into the window [start, end) along axis";

@@ -427,3 +427,60 @@ void sdpa_grad(const KernelCtx& c) {
 }
 
 }  // namespace flowrun::cpu
+
+namespace flowrun::cpu {
+
+// One query row at a time with the online softmax over the keys it sees (no score buffer: the cache may be
+// long), accumulated in double whatever T is: a decode step is a few thousand dot products, and its logits
+// must match the full forward pass's to float rounding. Queries are independent tasks; each writes its own
+// output row, so the result does not depend on the thread count.
+void sdpa_cache(const KernelCtx& c) {
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const TensorView &q = c.in[0], &k = c.in[1], &v = c.in[2], &kc = c.in[3], &vc = c.in[4];
+    const int64_t BH = q.dim(0) * q.dim(1), n = q.dim(2), D = q.dim(3), Dv = v.dim(3), L = kc.dim(2);
+    const int64_t pos = c.in[5].as<int64_t>()[0];
+    FR_CHECK(pos >= 0 && pos + n <= L, c.node->name, ": positions [", pos, ", ", pos + n,
+             ") outside a cache of ", L);
+    const double scale = c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(D)));
+    T* kcache = kc.as<T>();
+    T* vcache = vc.as<T>();
+    parallel_for(BH, 1, [&](int64_t s, int64_t e) {
+      for (int64_t bh = s; bh < e; ++bh) {
+        std::copy_n(k.as<T>() + bh * n * D, n * D, kcache + (bh * L + pos) * D);
+        std::copy_n(v.as<T>() + bh * n * Dv, n * Dv, vcache + (bh * L + pos) * Dv);
+      }
+    });
+    parallel_for(BH * n, std::max<int64_t>(1, 64 / std::max<int64_t>(n, 1)), [&](int64_t s, int64_t e) {
+      double acc[1024];
+      FR_CHECK(Dv <= 1024, c.node->name, ": value head dim ", Dv, " above 1024");
+      for (int64_t r = s; r < e; ++r) {
+        const int64_t bh = r / n, i = r % n;
+        const T* qr = q.as<T>() + r * D;
+        const T* keys = kcache + bh * L * D;
+        const T* vals = vcache + bh * L * Dv;
+        double m = -std::numeric_limits<double>::infinity(), l = 0;
+        std::fill_n(acc, Dv, 0.0);
+        for (int64_t j = 0; j <= pos + i; ++j) {
+          double dot = 0;
+          for (int64_t p = 0; p < D; ++p)
+            dot += static_cast<double>(qr[p]) * static_cast<double>(keys[j * D + p]);
+          const double sc = dot * scale;
+          if (sc > m) {
+            const double shrink = std::exp(m - sc);  // exp(-inf) = 0 on the first key
+            l *= shrink;
+            for (int64_t p = 0; p < Dv; ++p) acc[p] *= shrink;
+            m = sc;
+          }
+          const double w = std::exp(sc - m);
+          l += w;
+          for (int64_t p = 0; p < Dv; ++p) acc[p] += w * static_cast<double>(vals[j * Dv + p]);
+        }
+        T* o = c.out[0].as<T>() + r * Dv;
+        for (int64_t p = 0; p < Dv; ++p) o[p] = static_cast<T>(acc[p] / l);
+      }
+    });
+  });
+}
+
+}  // namespace flowrun::cpu

@@ -13,6 +13,10 @@ void sdpa(const KernelCtx& c);
 // (dout, q, k, v, out, lse) -> (dq, dk, dv): FlashAttention-2 backward, probabilities recomputed from lse.
 void sdpa_grad(const KernelCtx& c);
 
+// (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each
+// query attends over the cached keys up to its own position (a KV-cache decode or prefill step).
+void sdpa_cache(const KernelCtx& c);
+
 // Rotary position embedding (ops/cpu/rope.cc): x (B, H, T, D) -> y, pairs (i, i + D/2) rotated by the angle
 // of (position, i); may run in place.
 void rope(const KernelCtx& c);

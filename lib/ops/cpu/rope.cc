@@ -18,7 +18,7 @@ void rope(const KernelCtx& c) {
     const TensorView& xv = c.in[0];
     const int64_t rows = xv.dim(0) * xv.dim(1), len = xv.dim(2), d = xv.dim(3), half = d / 2;
     const double theta = c.attrs().f("theta", 10000.0);
-    const int64_t offset = c.attrs().i("offset", 0);
+    const int64_t offset = c.attrs().i("offset", 0) + (c.num_in == 2 ? c.in[1].as<int64_t>()[0] : 0);
     const T sign = c.attrs().b("inverse", false) ? T(-1) : T(1);
     FR_CHECK(c.workspace_bytes >= static_cast<size_t>(len * d) * sizeof(T), "rope workspace too small");
     T* table = static_cast<T*>(c.workspace);

@@ -313,6 +313,18 @@ void slice(const KernelCtx& c) {
   copy_rows(bytes(y), (end - start) * ib, bytes(x) + start * ib, v.len * ib, v.outer, (end - start) * ib);
 }
 
+void slice_at(const KernelCtx& c) {
+  const TensorView &x = c.in[0], &y = c.out[0];
+  const int axis = norm_axis(c.attrs().i("axis"), x.rank());
+  const AxisView v = axis_view(*x.shape, axis);
+  const int64_t start = c.in[1].as<int64_t>()[0], len = y.dim(axis);
+  // The caller (the generator) keeps the window inside the axis; a start outside it is a bug, not input.
+  FR_CHECK(start >= 0 && start <= v.len - len, c.node->name, ": window [", start, ", ", start + len,
+           ") outside an axis of ", v.len);
+  const int64_t ib = v.inner * esize(x);
+  copy_rows(bytes(y), len * ib, bytes(x) + start * ib, v.len * ib, v.outer, len * ib);
+}
+
 void slice_grad(const KernelCtx& c) {
   const TensorView &dy = c.in[0], &dx = c.out[0];
   const int axis = norm_axis(c.attrs().i("axis"), dx.rank());

@@ -1,4 +1,5 @@
-// CPU kernels of the layout ops (ops/shape.cc): transpose, permute, slice, concat, split and slice_grad.
+// CPU kernels of the layout ops (ops/shape.cc): transpose, permute, slice, slice_at, concat, split and
+// slice_grad.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +26,8 @@ void transpose(const KernelCtx& c);
 void permute(const KernelCtx& c);
 void slice(const KernelCtx& c);
 void slice_grad(const KernelCtx& c);
+// x[start : start + length] along axis, start read from input 1 (i64) at run time.
+void slice_at(const KernelCtx& c);
 void concat(const KernelCtx& c);
 void split(const KernelCtx& c);
 

@@ -55,8 +55,25 @@ void rope(const KernelCtx& c) {
                x.dim(3),
                c.attrs().i("offset", 0),
                c.attrs().f("theta", 10000.0),
-               c.attrs().b("inverse", false)};
+               c.attrs().b("inverse", false),
+               c.num_in == 2 ? c.in[1].as<int64_t>() : nullptr};
   rope(storage_of(x.dtype), r, x.data, c.out[0].data, stream_of(c));
+}
+
+void sdpa_cache(const KernelCtx& c) {
+  const TensorView &q = c.in[0], &kc = c.in[3];
+  FR_CHECK(kc.dim(2) <= kCacheMaxLength, c.node->name, ": a cache of ", kc.dim(2), " positions, above the ",
+           kCacheMaxLength, " the kernel's shared memory holds");
+  const CacheAttention a{
+      q.dim(0) * q.dim(1),
+      q.dim(2),
+      kc.dim(2),
+      q.dim(3),
+      c.in[2].dim(3),
+      static_cast<float>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(q.dim(3))))),
+      c.in[5].as<int64_t>()};
+  sdpa_cache(a, q.as<float>(), c.in[1].as<float>(), c.in[2].as<float>(), kc.as<float>(), c.in[4].as<float>(),
+             c.out[0].as<float>(), stream_of(c));
 }
 
 }  // namespace flowrun::cuda

@@ -70,6 +70,10 @@ void sdpa(const KernelCtx& c);
 void sdpa_grad(const KernelCtx& c);
 // The rotary position embedding (ops/cuda/attention.cc, kernel in rope.cu): f32, f16, bf16; in place or not.
 void rope(const KernelCtx& c);
+// Decoding with a key/value cache: sdpa_cache (f32; ops/cuda/attention.cc) and slice_at (any dtype;
+// ops/cuda/shape.cc), kernels in decode.cu.
+void sdpa_cache(const KernelCtx& c);
+void slice_at(const KernelCtx& c);
 
 // Dropout (ops/cuda/random.cc): the CPU kernel's mask, element for element.
 void dropout(const KernelCtx& c);

@@ -189,13 +189,31 @@ void sdpa_grad(Storage st, const Attention& a, const void* dout, const void* q, 
 // Rotary position embedding (ops/cuda/rope.cu), as the CPU kernel (ops/cpu/rope.cc): `rows` rows of d
 // (batch x heads x t, position offset + row % t), pair (i, i + d/2) rotated by the angle HF forms in float32
 // (ops/cpu/attention.h's rope_angle), cos and sin taken in double and rounded to f32; -angle if `inverse`.
-// A thread per pair, so y may be x.
+// A thread per pair, so y may be x. `position` (device memory, may be null): added to offset, read by the
+// kernel, so that a captured CUDA graph of a decode step follows the position the host writes each step.
 struct Rope {
   int64_t rows, t, d, offset;
   double theta;
   bool inverse;
+  const int64_t* position = nullptr;
 };
 void rope(Storage st, const Rope& r, const void* x, void* y, cudaStream_t s);
+
+// Decoding with a key/value cache (ops/cuda/decode.cu), the position read from device memory. slice_at:
+// rows start.. start + len of an axis of axis_len (the tensor as [outer, axis, row bytes]). sdpa_cache (f32):
+// q, k, v of t new positions per (batch, head) (bh of them), written into the caches (l positions) at the
+// position, then query i attends over cached keys 0..position + i; the scores of one query in shared memory
+// (l + kWarps floats: l up to kCacheMaxLength).
+void slice_at(const void* x, void* y, const int64_t* start, int64_t outer, int64_t len, int64_t axis_len,
+              int64_t row, cudaStream_t s);
+constexpr int64_t kCacheMaxLength = 12000;
+struct CacheAttention {
+  int64_t bh, t, l, d, dv;
+  float scale;
+  const int64_t* position;
+};
+void sdpa_cache(const CacheAttention& a, const float* q, const float* k, const float* v, float* kc, float* vc,
+                float* out, cudaStream_t s);
 
 // Inverted dropout (ops/cuda/random.cu) drawing what the CPU kernel draws: element i of the step's batch is
 // kept when 24 bits of word i % 4 of Philox4x32-10 block i / 4 of (seed, stream) give a uniform >= p, where

@@ -62,6 +62,8 @@ void register_cuda_kernels(OpRegistry& r) {
   r.add_kernel("embedding_grad", {DeviceKind::cuda, floats, cuda::embedding_grad});
   r.add_kernel("sdpa", {DeviceKind::cuda, floats, cuda::sdpa});
   r.add_kernel("sdpa_grad", {DeviceKind::cuda, floats, cuda::sdpa_grad});
+  r.add_kernel("sdpa_cache", {DeviceKind::cuda, {DType::f32}, cuda::sdpa_cache});
+  r.add_kernel("slice_at", {DeviceKind::cuda, any, cuda::slice_at});
   // The CPU's cos/sin table is not needed: a thread computes its pair's angle.
   r.add_kernel("rope", {DeviceKind::cuda, floats, cuda::rope, nullptr,
                         [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) {

@@ -22,11 +22,12 @@ __device__ float rope_angle(int64_t position, int64_t i, int64_t d, double theta
 template <typename T>
 __global__ void rope_kernel(Rope r, const T* x, T* y) {
   const int64_t half = r.d / 2, pairs = r.rows * half;
+  const int64_t offset = r.offset + (r.position ? *r.position : 0);
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < pairs;
        k += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = k / half, i = k % half;
     double sn, cs;
-    sincos(static_cast<double>(rope_angle(r.offset + row % r.t, i, r.d, r.theta)), &sn, &cs);
+    sincos(static_cast<double>(rope_angle(offset + row % r.t, i, r.d, r.theta)), &sn, &cs);
     const float c = static_cast<float>(cs), s = r.inverse ? -static_cast<float>(sn) : static_cast<float>(sn);
     const int64_t at = row * r.d + i;
     const float a = load(x, at), b = load(x, at + half);

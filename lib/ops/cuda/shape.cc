@@ -1,10 +1,12 @@
 // Shape ops on the device: slice, its gradient, concat and split are strided row copies around the axis
-// (the tensor as [outer, len, inner]), done by cudaMemcpy2DAsync.
+// (the tensor as [outer, len, inner]), done by cudaMemcpy2DAsync; slice_at, whose start only the device
+// knows, by a kernel (decode.cu).
 #include "ops/cpu/shape.h"  // resolve_slice: the bounds the CPU and shape inference use
 
 #include <climits>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
 
 namespace flowrun::cuda {
 
@@ -47,6 +49,13 @@ void slice(const KernelCtx& c) {
   const auto [start, end] = cpu::resolve_slice(c.attrs().i("start", 0), c.attrs().i("end", INT64_MAX), a.len);
   copy_rows(c.out[0].data, (end - start) * a.row, bytes(c.in[0]) + start * a.row, a.len * a.row,
             (end - start) * a.row, a.outer, stream_of(c));
+}
+
+void slice_at(const KernelCtx& c) {
+  const Around a = around(c.in[0], c.attrs().i("axis"));
+  const int64_t len = c.attrs().i("length");
+  cuda::slice_at(c.in[0].data, c.out[0].data, c.in[1].as<int64_t>(), a.outer, len, a.len, a.row,
+                 stream_of(c));
 }
 
 void slice_grad(const KernelCtx& c) {
