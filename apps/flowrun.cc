@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/weights.h"
 #include "config/config.h"
 #include "config/schema.h"
 #include "core/error.h"
@@ -36,6 +37,9 @@ struct Args {
   int64_t limit = 0;
   bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
   flowrun::TimeOptions time;
+  std::string export_format = "safetensors", export_names = "flowrun";  // flowrun export
+  std::string dump;                                                     // flowrun eval --dump
+  std::vector<std::string> layers;                                      // flowrun eval --layer
   flowrun::GenerateOptions gen;
   std::string prompt_file;
 };
@@ -62,7 +66,7 @@ int run_train(const Args& a) {
 
 int run_eval(const Args& a) {
   const flowrun::RunConfig cfg = load(a);
-  const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint);
+  const flowrun::EvalResult e = flowrun::evaluate_checkpoint(cfg, a.checkpoint, {a.dump, a.layers});
   std::cout << "eval " << a.checkpoint << ": " << flowrun::eval_summary(e) << " over " << e.count
             << (e.text ? " tokens" : " samples") << "\n";
   // A loss that is not a number is no result: scripts comparing checkpoints must not take it for one.
@@ -147,6 +151,11 @@ int run_data(const Args& a) {
   return 0;
 }
 
+int run_export(const Args& a) {
+  std::cout << flowrun::export_checkpoint(a.checkpoint, a.out, a.export_format, a.export_names) << "\n";
+  return 0;
+}
+
 // The prompt and every sample's tokens on stdout (one sample streams as it is made, several are printed as
 // they finish, each under a header line); the timing summary on stderr, out of the text's way.
 int run_generate(Args a) {
@@ -224,7 +233,11 @@ int main(int argc, char** argv) {
   train->add_option("--resume", a.resume,
                     "Continue a run: 'auto' (newest complete checkpoint of the run directory, or a fresh start "
                     "when there is none) or a checkpoint path");
-  train->add_option("--init-from", a.init_from, "Start a new run from the parameters of a checkpoint (fine-tuning)")
+  train
+      ->add_option(
+          "--init-from", a.init_from,
+          "Start a new run from the parameters of a checkpoint (fine-tuning), or of a .safetensors file "
+          "(flowrun's names, or Hugging Face's for gpt, llama and bert: models/hf/)")
       ->excludes("--resume");
   train->add_option("--run-dir", a.run_dir, "Run directory (default: train.run_dir, else runs/<config name>)");
   train->add_option("--exit-at-step", a.exit_at_step,
@@ -244,7 +257,17 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "Loss and accuracy (perplexity for text) of a checkpoint on the "
                                           "validation split of CONFIG's data");
   eval->add_option("config", a.config, "YAML config file")->required();
-  eval->add_option("--checkpoint", a.checkpoint, "Checkpoint (.h5) to evaluate")->required();
+  eval->add_option(
+          "--checkpoint", a.checkpoint,
+          "Checkpoint to evaluate: .h5, a sharded .shards directory, or a .safetensors file (flowrun's "
+          "or Hugging Face names, as --init-from reads it)")
+      ->required();
+  eval->add_option("--dump", a.dump,
+                   "Also write the evaluated batches to this HDF5 file: x, logits and each --layer's output "
+                   "(layer/<NAME>), the batches concatenated (limit them with --set data.eval_batches=N)");
+  eval->add_option("--layer", a.layers,
+                   "A top-level layer whose output --dump writes, named as `flowrun check` lists the layers "
+                   "(repeatable; e.g. bert's `layer`: the encoder's final hidden states)");
   eval->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
 
   auto* check = app.add_subcommand("check", "Validate CONFIG and print it fully resolved (defaults filled in), "
@@ -296,6 +319,20 @@ int main(int argc, char** argv) {
                    "fashion_mnist: keep only the first N images of each split (a small copy for quick runs and "
                    "machines without the Debian package)")
       ->check(CLI::PositiveNumber);
+
+  auto* exp = app.add_subcommand("export",
+                                 "Write a checkpoint's weights for other tools: DIR/model.safetensors "
+                                 "and DIR/config.json (--names hf: Hugging Face Transformers' names, "
+                                 "layouts and config, for gpt, llama and bert)");
+  exp->add_option("checkpoint", a.checkpoint, "Checkpoint (.h5 file or sharded .shards directory)")
+      ->required();
+  exp->add_option("--out", a.out, "Output directory (created if missing)")->required();
+  exp->add_option("--format", a.export_format, "File format (default safetensors)")
+      ->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--names", a.export_names,
+                  "flowrun (the checkpoint's names; config.json = the resolved config) or hf (Hugging Face: "
+                  "GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM, by the map in models/hf/)")
+      ->check(CLI::IsMember({"flowrun", "hf"}));
 
   auto* generate = app.add_subcommand(
       "generate",
@@ -367,6 +404,7 @@ int main(int argc, char** argv) {
     if (*plan) return run_plan(a);
     if (*inspect) return a.diff.empty() ? (std::cout << flowrun::describe_checkpoint(a.checkpoint), 0) : run_diff(a);
     if (*data) return run_data(a);
+    if (*exp) return run_export(a);
     if (*models) return run_models(a);
     if (*generate) {
       // stdout is the text: log lines go to stderr.

@@ -53,6 +53,7 @@ esac
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libdnnl-dev libopenblas-openmp-dev libyaml-cpp-dev libhdf5-dev libcli11-dev libspdlog-dev
+  nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge
   opencl-headers ocl-icd-opencl-dev debootstrap jq python3-venv

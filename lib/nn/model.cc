@@ -278,6 +278,7 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
     const int64_t before = c.num_params;
     std::string name;
     h = build_layer(c, m.layers[i], cat("layers[", i, "]"), h, false, &name);
+    out.layers[name] = h;
     summary += summary_row(name, shape_str(c.b.shape(h)), with_commas(c.num_params - before));
   }
   out.summary = summary + summary_row("total", "", with_commas(c.num_params));
@@ -315,6 +316,7 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   g.mark_output("loss", out.loss);
   out.init = resolve_init(c, scheme);
   out.num_params = c.num_params;
+  out.env = c.env;
   return out;
 }
 

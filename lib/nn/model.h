@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "graph/builder.h"
+#include "nn/expr.h"
 
 namespace flowrun {
 
@@ -42,6 +43,9 @@ struct BuiltModel {
   std::map<std::string, InitSpec> init;  // param/state name -> how to initialise it
   int64_t num_params = 0;                // total trainable elements (tied weights counted once)
   std::string summary;                   // one line per layer: name, output shape, params (for `check`)
+  std::map<std::string, ValueId> layers;  // top-level layer name (as in the summary) -> its output
+  nn::Env
+      env;  // the built-ins, parameters and `let` values the layers saw (Hugging Face name maps read them)
 };
 
 // Builds the forward graph of `cfg` (zoo or inline) for the given inputs. `training` selects dropout and

@@ -90,12 +90,22 @@ void check_device(const RunConfig& c) {
 }
 
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built, int64_t tensor_rank, int64_t stage, int64_t data_rank) {
+                      BuiltModel* built, int64_t tensor_rank, int64_t stage, int64_t data_rank,
+                      const std::vector<std::string>& layer_outputs) {
   Graph g;
   // Training under data parallelism compiles the global micro-batch, which the data axis's SBP deduction
   // splits into each rank's `batch`.
   const int64_t ranks = training ? cfg.parallel.data : 1;
   *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training);
+  for (const std::string& name : layer_outputs) {
+    auto it = built->layers.find(name);
+    if (it == built->layers.end()) {
+      std::string names;
+      for (const auto& [n, v] : built->layers) names += cat(names.empty() ? "" : ", ", n);
+      throw input_error(cat("--layer: the model has no top-level layer '", name, "'; its layers: ", names));
+    }
+    g.mark_output(cat("layer/", name), it->second);
+  }
   // BERT's masking counts the masked positions of the optimizer step's whole batch, all of its micro-batches
   // (accumulation, or a pipeline's): its loss divides by the step's count over the pieces. An evaluation
   // batch is a step of one.

@@ -29,8 +29,11 @@ void check_device(const RunConfig& cfg);
 // evaluation (forward and loss only: dropout off, batchnorm on running statistics). `batch` is one rank's;
 // a training program is the local program of the mesh coordinates given (data rank, tensor rank, pipeline
 // stage) under the config's layout.
+// `layer_outputs` (evaluation: `flowrun eval --layer`) names top-level layers (as `flowrun check`'s table
+// does) whose outputs the program also hands out, as outputs "layer/<name>".
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
-                      BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0, int64_t data_rank = 0);
+                      BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0, int64_t data_rank = 0,
+                      const std::vector<std::string>& layer_outputs = {});
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {

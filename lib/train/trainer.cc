@@ -18,8 +18,10 @@
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/weights.h"
 #include "core/terminal.h"
 #include "data/loader.h"
+#include "io/h5.h"
 #include "nn/model.h"
 #include "optim/schedule.h"
 #include "train/ckpt_writer.h"
@@ -66,7 +68,9 @@ int64_t eval_batch_count(const RunConfig& cfg, const Dataset& data) {
 // Loss and top-1 accuracy over the validation split, from the eval program's "loss" and "logits". A model
 // that scores other targets than the data's (BERT: the masked positions' original ids, -100 elsewhere) hands
 // them out as "targets": the accuracy and the loss's weight count those.
-EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
+// `each`, when given, sees every evaluated batch after the program ran on it (eval --dump).
+EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg,
+                    const std::function<void(const Batch&)>& each = nullptr) {
   EvalResult r;
   r.text = data.spec().text;
   r.token_unit = data.spec().token_unit;
@@ -79,6 +83,7 @@ EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg) {
     const Batch& batch = loader.next();
     feed(ex, batch);
     ex.run();
+    if (each) each(batch);
     const Tensor loss = ex.output("loss");
     const Tensor logits = ex.output("logits");
     const Tensor targets = own_targets ? ex.output("targets") : batch.y;
@@ -340,7 +345,37 @@ void Run::resume_from(const std::string& path) {
   spdlog::info("resumed from {} at step {}", path, step_);
 }
 
+// The tensors a safetensors file gives `ex`'s program: its parameters (each required unless the model's
+// name map lets a file lack it) and, when `with_state`, its running statistics (optional).
+std::map<std::string, Tensor> import_into(const Executor& ex, const BuiltModel& m, const ModelConfig& model,
+                                          const std::string& path, bool with_state) {
+  const Graph& g = ex.program().graph;
+  std::map<std::string, WantedTensor> want;
+  for (ValueKind kind : {ValueKind::param, ValueKind::state}) {
+    if (kind == ValueKind::state && !with_state) continue;
+    for (const std::string& n : persistent_names(ex.program(), kind)) {
+      if (n.rfind("opt/", 0) == 0 || n.rfind("amp/", 0) == 0 || n.ends_with("/grad_acc")) continue;
+      const Value& v = g.value(g.find_value(n));
+      const Shape& local = v.placement.sharded() ? v.placement.global_shape : v.shape();
+      want[n] = {v.placement.tensor_split() ? v.placement.whole : local, v.dtype(), kind == ValueKind::state};
+    }
+  }
+  return import_safetensors(path, want, load_hf_map(model, m.env));
+}
+
+bool is_safetensors(const std::string& path) {
+  return path.ends_with(".safetensors");
+}
+
 void Run::init_from(const std::string& path) {
+  if (is_safetensors(path)) {
+    const std::map<std::string, Tensor> got = import_into(*ex_, model_, cfg_.model, path, false);
+    std::vector<std::string> names;
+    for (const auto& [n, t] : got) names.push_back(n);
+    restore(*ex_, got, names, path, "parameter", mesh_);
+    spdlog::info("initialised {} of {} parameters from {}", names.size(), params_.size(), path);
+    return;
+  }
   const CheckpointData ck = load_checkpoint(path);
   restore(*ex_, ck.params, params_, path, "parameter", mesh_);
   spdlog::info("initialised parameters from {}", path);
@@ -717,22 +752,77 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& opts) {
   return Run(cfg, opts).go();
 }
 
-EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint) {
+EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint, const EvalOptions& opts) {
   check_device(cfg);
   if (!fs::exists(checkpoint)) throw input_error(cat("--checkpoint: ", checkpoint, " does not exist"));
-  const CheckpointData ck = load_checkpoint(checkpoint);
+  if (!opts.layers.empty() && opts.dump.empty())
+    throw input_error("--layer names what --dump writes: give --dump FILE");
+  if (!opts.dump.empty()) {
+    const fs::path dir = fs::path(opts.dump).parent_path();
+    if (!dir.empty() && !fs::is_directory(dir))
+      throw input_error(cat("--dump ", opts.dump, ": the directory ", dir.string(), " does not exist"));
+  }
+  const bool st = is_safetensors(checkpoint);
+  const CheckpointData ck = st ? CheckpointData{} : load_checkpoint(checkpoint);
   const auto data = open_dataset(cfg.data);
   BuiltModel m;
   RunConfig one_process = cfg;  // checkpoints hold whole tensors: any layout evaluates in one process
   one_process.parallel = ParallelConfig{};
-  Executor ex(compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m), device_of(cfg),
-              cfg.train.seed);
+  Executor ex(
+      compile_model(one_process, data->spec(), cfg.train.eval_batch_size, false, &m, 0, 0, 0, opts.layers),
+      device_of(cfg), cfg.train.seed);
   ex.use_cuda_graphs(cfg.train.cuda_graph);
   const Program& p = ex.program();
   const Mesh one = make_mesh(make_single_communicator(), 1);
-  restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);
-  restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", one);
-  return evaluate(ex, *data, cfg);
+  if (st) {
+    // What the file lacks (a head an encoder-only checkpoint has not) keeps the run's initial values.
+    Tensor unused;
+    init_parameters(m.init, cfg.train.seed, [&](const std::string& n) -> Tensor& {
+      return ex.has_tensor(n) ? ex.tensor(n) : (unused = Tensor::empty({0}, DType::f32));
+    });
+    for (const auto& [n, t] : import_into(ex, m, cfg.model, checkpoint, true))
+      scatter_value(ex, n, t, one, cat("safetensors file ", checkpoint));
+  } else {
+    restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);
+    restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", one);
+  }
+  if (opts.dump.empty()) return evaluate(ex, *data, cfg);
+  // The batches' real rows (the last batch is padded), copied as each batch is evaluated and concatenated
+  // when the file is written.
+  std::map<std::string, std::vector<Tensor>> rows;
+  const EvalResult r = evaluate(ex, *data, cfg, [&](const Batch& b) {
+    auto keep = [&](const std::string& name, const Tensor& t) {
+      Shape s = t.shape();
+      s[0] = b.valid;
+      Tensor head = Tensor::empty(s, t.dtype());
+      std::memcpy(head.raw(), t.raw(), head.nbytes());
+      rows[name].push_back(head);
+    };
+    keep("x", b.x);
+    keep("logits", ex.output("logits"));
+    for (const std::string& l : opts.layers) keep(cat("layer/", l), ex.output(cat("layer/", l)));
+  });
+  replace_file_atomically(opts.dump, [&](const std::string& tmp) {
+    h5::File f(tmp, h5::File::Mode::create);
+    f.set_attr("", "format", std::string("flowrun-eval-dump"));
+    f.set_attr("", "checkpoint", checkpoint);
+    for (const auto& [name, parts] : rows) {
+      if (parts.empty()) continue;
+      Shape s = parts[0].shape();
+      s[0] = 0;
+      for (const Tensor& t : parts) s[0] += t.shape()[0];
+      Tensor all = Tensor::empty(s, parts[0].dtype());
+      size_t at = 0;
+      for (const Tensor& t : parts) {
+        std::memcpy(static_cast<char*>(all.raw()) + at, t.raw(), t.nbytes());
+        at += t.nbytes();
+      }
+      f.write(name, all);
+    }
+    f.close();
+  });
+  spdlog::info("--dump: wrote {} batches to {}", rows.count("x") ? rows["x"].size() : 0, opts.dump);
+  return r;
 }
 
 std::string eval_summary(const EvalResult& e) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 
@@ -42,8 +43,20 @@ struct TrainResult {
 // Runs training as configured; the run directory is cfg.train.run_dir.
 TrainResult train(const RunConfig& cfg, const TrainOptions& opts);
 
-// Evaluates the parameters of `checkpoint` on the validation split of cfg's data.
-EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint);
+// What `flowrun eval` writes besides the scores: with `dump`, an HDF5 file (replaced atomically) of the
+// evaluated batches' model inputs `x` (N, ...), `logits` and, for each of `layers` (top-level layer names,
+// as `flowrun check` lists them), that layer's output as dataset `layer/<name>`, the batches concatenated
+// along dim 0.
+struct EvalOptions {
+  std::string dump;
+  std::vector<std::string> layers;
+};
+
+// Evaluates the parameters of `checkpoint` on the validation split of cfg's data: a flowrun checkpoint
+// (.h5 file or sharded directory), or a safetensors file (flowrun's or Hugging Face names, as --init-from
+// reads them; tensors the file may lack keep their initial values).
+EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoint,
+                               const EvalOptions& opts = {});
 
 // A one-line human-readable summary of an evaluation ("val_loss 0.41, val_accuracy 0.87, ...").
 std::string eval_summary(const EvalResult& e);
