@@ -430,19 +430,22 @@ void sdpa_grad(const KernelCtx& c) {
 
 namespace flowrun::cpu {
 
-// One query row at a time with the online softmax over the keys it sees (no score buffer: the cache may be
-// long), accumulated in double whatever T is: a decode step is a few thousand dot products, and its logits
-// must match the full forward pass's to float rounding. Queries are independent tasks; each writes its own
-// output row, so the result does not depend on the thread count.
+// One query row at a time, its keys in blocks of kCacheBlock: the block's scores (vectorised dot products,
+// summed in T), then the online softmax's rescale and the weighted values added to an accumulator row in T
+// (f32 for the f32 programs, as the flash kernel accumulates). No buffer grows with the cache, and a decode
+// step's attention stays a small part of its time at any position. Queries are independent tasks; each writes
+// its own output row, so the result does not depend on the thread count.
 void sdpa_cache(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int64_t kCacheBlock = 128, kMaxDv = 1024;
     const TensorView &q = c.in[0], &k = c.in[1], &v = c.in[2], &kc = c.in[3], &vc = c.in[4];
     const int64_t BH = q.dim(0) * q.dim(1), n = q.dim(2), D = q.dim(3), Dv = v.dim(3), L = kc.dim(2);
     const int64_t pos = c.in[5].as<int64_t>()[0];
     FR_CHECK(pos >= 0 && pos + n <= L, c.node->name, ": positions [", pos, ", ", pos + n,
              ") outside a cache of ", L);
-    const double scale = c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(D)));
+    FR_CHECK(Dv <= kMaxDv, c.node->name, ": value head dim ", Dv, " above ", kMaxDv);
+    const T scale = static_cast<T>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(D))));
     T* kcache = kc.as<T>();
     T* vcache = vc.as<T>();
     parallel_for(BH, 1, [&](int64_t s, int64_t e) {
@@ -452,32 +455,40 @@ void sdpa_cache(const KernelCtx& c) {
       }
     });
     parallel_for(BH * n, std::max<int64_t>(1, 64 / std::max<int64_t>(n, 1)), [&](int64_t s, int64_t e) {
-      double acc[1024];
-      FR_CHECK(Dv <= 1024, c.node->name, ": value head dim ", Dv, " above 1024");
+      T acc[kMaxDv], w[kCacheBlock];
       for (int64_t r = s; r < e; ++r) {
-        const int64_t bh = r / n, i = r % n;
+        const int64_t bh = r / n, keys = pos + r % n + 1;
         const T* qr = q.as<T>() + r * D;
-        const T* keys = kcache + bh * L * D;
-        const T* vals = vcache + bh * L * Dv;
-        double m = -std::numeric_limits<double>::infinity(), l = 0;
-        std::fill_n(acc, Dv, 0.0);
-        for (int64_t j = 0; j <= pos + i; ++j) {
-          double dot = 0;
-          for (int64_t p = 0; p < D; ++p)
-            dot += static_cast<double>(qr[p]) * static_cast<double>(keys[j * D + p]);
-          const double sc = dot * scale;
-          if (sc > m) {
-            const double shrink = std::exp(m - sc);  // exp(-inf) = 0 on the first key
-            l *= shrink;
-            for (int64_t p = 0; p < Dv; ++p) acc[p] *= shrink;
-            m = sc;
+        const T* kb = kcache + bh * L * D;
+        const T* vb = vcache + bh * L * Dv;
+        T m = -std::numeric_limits<T>::infinity(), l = 0;
+        std::fill_n(acc, Dv, T(0));
+        for (int64_t j0 = 0; j0 < keys; j0 += kCacheBlock) {
+          const int64_t nb = std::min(kCacheBlock, keys - j0);
+          T bm = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < nb; ++j) {
+            const T* kr = kb + (j0 + j) * D;
+            T dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t p = 0; p < D; ++p) dot += qr[p] * kr[p];
+            w[j] = dot * scale;
+            bm = std::max(bm, w[j]);
           }
-          const double w = std::exp(sc - m);
-          l += w;
-          for (int64_t p = 0; p < Dv; ++p) acc[p] += w * static_cast<double>(vals[j * Dv + p]);
+          const T m_new = std::max(m, bm), shrink = std::exp(m - m_new);  // 0 on the first block
+          l *= shrink;
+#pragma omp simd
+          for (int64_t p = 0; p < Dv; ++p) acc[p] *= shrink;
+          m = m_new;
+          for (int64_t j = 0; j < nb; ++j) {
+            const T wj = std::exp(w[j] - m);
+            l += wj;
+            const T* vr = vb + (j0 + j) * Dv;
+#pragma omp simd
+            for (int64_t p = 0; p < Dv; ++p) acc[p] += wj * vr[p];
+          }
         }
         T* o = c.out[0].as<T>() + r * Dv;
-        for (int64_t p = 0; p < Dv; ++p) o[p] = static_cast<T>(acc[p] / l);
+        for (int64_t p = 0; p < Dv; ++p) o[p] = acc[p] / l;
       }
     });
   });
