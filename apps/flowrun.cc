@@ -344,7 +344,8 @@ int main(int argc, char** argv) {
       ->required();
   generate
       ->add_option("--checkpoint", a.gen.checkpoint,
-                   "Checkpoint (.h5), sharded checkpoint (step_N.shards) or run directory (its newest)")
+                   "Checkpoint (.h5), sharded checkpoint (step_N.shards), run directory (its newest) or "
+                   "model.safetensors (flowrun's or Hugging Face names)")
       ->required();
   generate->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
   generate->add_option(

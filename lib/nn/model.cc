@@ -289,6 +289,7 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
     g.mark_output("logits", out.logits);
     out.init = resolve_init(c, scheme);
     out.num_params = c.num_params;
+    out.env = c.env;
     return out;
   }
   // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts). They

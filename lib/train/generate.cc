@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/weights.h"
 #include "data/dataset.h"
 #include "graph/passes.h"
 #include "nn/model.h"
@@ -49,6 +50,23 @@ Program compile_decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int6
   o.compute = compute_dtype(cfg.precision);
   o.loss = "";
   return compile(std::move(g), o);
+}
+
+// The parameters of a safetensors file (flowrun's names or the model's Hugging Face map) for the decoder of
+// cfg's model.
+std::map<std::string, Tensor> import_for_decoder(const RunConfig& cfg, int64_t vocab, int64_t context,
+                                                 const std::string& path) {
+  Graph g;
+  ModelInputs in;
+  in.text = true;
+  in.x_shape = {1, 1};
+  in.num_classes = vocab;
+  in.cache_len = context;
+  const BuiltModel m = build_model(g, cfg.model, in, false);
+  std::map<std::string, WantedTensor> want;
+  for (const Value& v : g.values())
+    if (v.kind == ValueKind::param) want[v.name] = {v.shape(), v.dtype(), false};
+  return import_safetensors(path, want, load_hf_map(cfg.model, m.env));
 }
 
 // A checkpoint path as given, or the newest complete checkpoint of a run directory.
@@ -189,11 +207,18 @@ GenerateResult generate(const RunConfig& cfg, const GenerateOptions& opts,
   std::vector<int64_t> prompt = prompt_tokens(opts.prompt, vocab);
   if (prompt.empty()) throw input_error("--prompt is empty: generation starts from at least one token");
   const std::string path = resolve_checkpoint(opts.checkpoint);
-  const CheckpointData ck = load_checkpoint(path);
-  spdlog::info("generating from {} (step {})", path, ck.step);
+  std::map<std::string, Tensor> params;
+  if (path.ends_with(".safetensors")) {
+    params = import_for_decoder(cfg, vocab, context, path);
+    spdlog::info("generating from {}", path);
+  } else {
+    CheckpointData ck = load_checkpoint(path);
+    params = std::move(ck.params);
+    spdlog::info("generating from {} (step {})", path, ck.step);
+  }
 
   const int64_t B = opts.num_samples;
-  Decoder dec(cfg, vocab, B, context, ck.params, cat("checkpoint ", path));
+  Decoder dec(cfg, vocab, B, context, params, cat("checkpoint ", path));
   GenerateResult r;
   r.bytes = vocab == 256;
   // The sequences so far; a prompt longer than the context keeps its last `context` tokens.

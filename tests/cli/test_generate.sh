@@ -55,6 +55,12 @@ gen "$SCRATCH/bf" --prompt "In the beginning" --max-new-tokens 20 --set precisio
   --max-new-tokens 16 --seed 1 >"$SCRATCH/dir" 2>/dev/null || fail "generate from the run directory failed"
 cmp -s "$SCRATCH/a" "$SCRATCH/dir" || fail "the run directory's checkpoint gave other text"
 
+# A safetensors export (Hugging Face names) gives the checkpoint's text.
+expect_exit 0 "$FLOWRUN" export "$CK" --format safetensors --out "$SCRATCH/hf" --names hf
+"$FLOWRUN" generate "$GPT" --checkpoint "$SCRATCH/hf/model.safetensors" "${MODEL[@]}" --prompt "In the beginning" \
+  --max-new-tokens 16 --seed 1 >"$SCRATCH/st" 2>/dev/null || fail "generate from the safetensors export failed"
+cmp -s "$SCRATCH/a" "$SCRATCH/st" || fail "the safetensors export gave other text"
+
 # A sharded checkpoint (two data-parallel ranks, each writing its own file).
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "$GPT" --run-dir "$SCRATCH/dp" \
   "${TINY[@]}" --set parallel.data=2 --set parallel.zero=1 --set train.sharded_checkpoints=true
@@ -85,4 +91,4 @@ expect_exit 2 "$FLOWRUN" generate "$SRC/configs/fashion_cnn.yaml" --checkpoint "
 expect_log "not text"
 expect_exit 2 "$FLOWRUN" generat "$GPT"
 expect_log "did you mean 'generate'"
-echo "generate: same seed same text, greedy = top-k 1, slides past the context, bf16, sharded and run-directory sources"
+echo "generate: same seed same text, greedy = top-k 1, slides past the context, bf16, sharded, run-directory and safetensors sources"
