@@ -467,8 +467,7 @@ void register_attention_ops(OpRegistry& r) {
         "causal attention with a key/value cache: (q, k, v) of T new positions (B,H,T,D|Dv), k_cache "
         "(B,H,L,D) and v_cache (B,H,L,Dv) (updated in place: k and v written at rows position.. position + "
         "T - 1), position (1) i64 (read at run time) -> out (B,H,T,Dv): query i attends over the cache's "
-        "keys "
-        "0 .. position + i; attr scale (default 1/sqrt(D)). Not differentiable (inference programs)";
+        "keys 0 .. position + i; attr scale (default 1/sqrt(D)). Not differentiable (inference programs)";
     d.num_inputs = 6;
     d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
       check_cache(in, a);

@@ -5,6 +5,17 @@ trap 'rm -rf "$SCRATCH"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# torch_python SRC MODULE...: sets PY to $FLOWRUN_TORCH_PYTHON, else SRC's bench venv, when it imports every
+# MODULE; otherwise skips the test (exit 77), for the Python data checks (scripts/check_*.py).
+torch_python() {
+  local src=$1; shift
+  PY=${FLOWRUN_TORCH_PYTHON:-$src/.venv-bench/bin/python}
+  if ! [[ -x "$PY" ]] || ! "$PY" -c "import $(IFS=,; echo "$*")" 2>/dev/null; then
+    echo "skipped: no Python with $* (set FLOWRUN_TORCH_PYTHON)"
+    exit 77
+  fi
+}
+
 # expect_exit CODE CMD...: runs CMD, capturing stdout+stderr in $SCRATCH/last.log; fails unless it exits CODE.
 expect_exit() {
   local want=$1; shift

