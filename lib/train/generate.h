@@ -69,8 +69,8 @@ struct GenerateResult {
   double prefill_seconds = 0;                // the prompt's prefill
   double decode_seconds = 0;                 // single-token steps
   int64_t decode_steps = 0;
-  int64_t slides = 0;          // times the context window slid (the last 3/4 prefilled again)
-  double slide_seconds = 0;    // those prefills
+  int64_t slides = 0;        // times the context window slid (the last 3/4 prefilled again)
+  double slide_seconds = 0;  // those prefills
   std::vector<int64_t> compiled;
   double compile_seconds = 0;  // compiling the programs (not in the prefill and decode times)
   bool bytes = false;          // a byte-level model: the tokens are text
