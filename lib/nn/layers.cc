@@ -186,6 +186,17 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
     };
     q = rotate(q), k = rotate(k);
   }
+  if (c.position != kNoValue) {
+    // Decoding: k and v of the new positions join this layer's cache, which every later step reads.
+    if (!a.causal || a.pad_id) c.fail("generation needs causal attention without pad_id (a decoder)");
+    // The caches hold the KV key/value heads; sdpa_cache maps each query head to its group's.
+    const Shape kv_shape{B, KV, c.cache_len, D};
+    const ValueId kc = c.state("k_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
+    const ValueId vc = c.state("v_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
+    const ValueId att = c.b.op1("sdpa_cache", {q, k, v, kc, vc, c.position});
+    const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
+    return dense_in(c, "proj", merged, C, a.bias, residual);
+  }
   if (KV < H) {
     // Query head h reads key/value head h / (H / KV) (Hugging Face's repeat_kv): (B, KV, T, D) ->
     // (B, KV, 1, T, D) -> broadcast (B, KV, G, T, D) -> (B, H, T, D). The gradient of the broadcast sums
@@ -197,16 +208,6 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
       return c.b.reshape(b, {B, H, T, D});
     };
     k = expand(k), v = expand(v);
-  }
-  if (c.position != kNoValue) {
-    // Decoding: k and v of the new positions join this layer's cache, which every later step reads.
-    if (!a.causal || a.pad_id) c.fail("generation needs causal attention without pad_id (a decoder)");
-    const Shape kv_shape{B, H, c.cache_len, D};
-    const ValueId kc = c.state("k_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
-    const ValueId vc = c.state("v_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
-    const ValueId att = c.b.op1("sdpa_cache", {q, k, v, kc, vc, c.position});
-    const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
-    return dense_in(c, "proj", merged, C, a.bias, residual);
   }
   std::vector<ValueId> in{q, k, v};
   Attrs attrs{{"causal", a.causal}};

@@ -373,15 +373,24 @@ std::vector<OpSample> rope_samples() {
 void check_cache(const std::vector<TensorType>& in, const Attrs& a) {
   if (in.size() != 6)
     throw input_error(cat("takes q, k, v, k_cache, v_cache, position, got ", in.size(), " inputs"));
+  // Grouped-query attention: k and v (and the caches) may have fewer heads, each serving a group of query
+  // heads (query head h reads key/value head h / (H / KV)), so the caches hold KV heads, not H.
+  const int64_t KV = in[1].shape.size() == 4 ? in[1].shape[1] : 0;
+  if (in[0].shape.size() == 4 && (KV < 1 || in[0].shape[1] % KV != 0))
+    throw input_error(
+        cat("k's heads must divide q's: q ", shape_str(in[0].shape), ", k ", shape_str(in[1].shape)));
+  TensorType k_as_q = in[1], v_as_q = in[2];
+  if (in[0].shape.size() == 4 && in[2].shape.size() == 4 && in[2].shape[1] == KV)
+    k_as_q.shape[1] = v_as_q.shape[1] = in[0].shape[1];
   Attrs causal = a;
   causal.set("causal", false);  // the new keys are as many as the queries; the cache holds the rest
-  const SdpaDims d = check_qkv(in[0], in[1], in[2], causal);
+  const SdpaDims d = check_qkv(in[0], k_as_q, v_as_q, causal);
   const TensorType &kc = in[3], &vc = in[4];
   if (kc.dtype != in[0].dtype || vc.dtype != in[0].dtype)
     throw input_error(cat("the caches (", dtype_name(kc.dtype), ", ", dtype_name(vc.dtype), ") must be q's ",
                           dtype_name(in[0].dtype)));
-  if (kc.shape.size() != 4 || vc.shape.size() != 4 || kc.shape[0] != d.b || kc.shape[1] != d.h ||
-      kc.shape[3] != d.d || vc.shape != Shape{d.b, d.h, kc.shape[2], d.dv} || d.s != d.t)
+  if (kc.shape.size() != 4 || vc.shape.size() != 4 || kc.shape[0] != d.b || kc.shape[1] != KV ||
+      kc.shape[3] != d.d || vc.shape != Shape{d.b, KV, kc.shape[2], d.dv} || d.s != d.t)
     throw input_error(cat("k and v ", shape_str(in[1].shape), ", ", shape_str(in[2].shape),
                           " must be q's positions, and the caches (batch, heads, length, dim) of them, got ",
                           shape_str(kc.shape), ", ", shape_str(vc.shape)));
@@ -398,19 +407,22 @@ std::vector<Tensor> sdpa_cache_reference(const std::vector<Tensor>& in, const At
   const int64_t pos = in[5].data<int64_t>()[0];
   std::vector<Tensor> caches{in[3].clone(), in[4].clone()};
   const Shape& q = in[0].shape();
-  const int64_t BH = q[0] * q[1], T = q[2], L = in[3].shape()[2];
+  const int64_t H = q[1], KV = in[1].shape()[1], BKV = q[0] * KV, T = q[2], L = in[3].shape()[2];
   for (int c = 0; c < 2; ++c) {
     const int64_t D = in[static_cast<size_t>(1 + c)].shape()[3];
-    for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t bk = 0; bk < BKV; ++bk)
       for (int64_t t = 0; t < T * D; ++t)
-        caches[static_cast<size_t>(c)].data<double>()[(bh * L + pos) * D + t] =
-            in[static_cast<size_t>(1 + c)].data<double>()[bh * T * D + t];
+        caches[static_cast<size_t>(c)].data<double>()[(bk * L + pos) * D + t] =
+            in[static_cast<size_t>(1 + c)].data<double>()[bk * T * D + t];
   }
+  // The visible keys of every query head: its group's key/value head's first pos + T rows.
   auto window = [&](const Tensor& cache) {
     const int64_t D = cache.shape()[3], S = pos + T;
-    Tensor w = Tensor::zeros({q[0], q[1], S, D}, DType::f64);
-    for (int64_t bh = 0; bh < BH; ++bh)
-      std::copy_n(cache.data<double>() + bh * L * D, S * D, w.data<double>() + bh * S * D);
+    Tensor w = Tensor::zeros({q[0], H, S, D}, DType::f64);
+    for (int64_t bh = 0; bh < q[0] * H; ++bh) {
+      const int64_t bk = bh / H * KV + bh % H / (H / KV);
+      std::copy_n(cache.data<double>() + bk * L * D, S * D, w.data<double>() + bh * S * D);
+    }
     return w;
   };
   Attrs causal = a;
@@ -422,21 +434,24 @@ std::vector<Tensor> sdpa_cache_reference(const std::vector<Tensor>& in, const At
 std::vector<OpSample> sdpa_cache_samples() {
   struct Case {
     std::string label;
-    int64_t b, h, t, l, d, dv, pos;
+    int64_t b, h, t, l, d, dv, pos, kv = 0;  // kv: key/value heads (0: h)
   };
   const std::vector<Case> cases = {
       {"prefill [2,3,5,4] into 8 at 0", 2, 3, 5, 8, 4, 4, 0},
       {"decode [2,2,1,4] at 6 of 8", 2, 2, 1, 8, 4, 3, 6},
       {"decode [1,2,1,8] at the last position", 1, 2, 1, 9, 8, 8, 8},
       {"chunk [1,1,3,2] at 2 of 7", 1, 1, 3, 7, 2, 5, 2},
+      {"grouped: 6 query heads on 2 kv heads, prefill 4 into 7", 2, 6, 4, 7, 4, 4, 0, 2},
+      {"grouped: 4 query heads on 1 kv head, decode at 5 of 7", 2, 4, 1, 7, 2, 3, 5, 1},
   };
   std::vector<OpSample> out;
   for (const Case& c : cases) {
     OpSample o;
     o.label = c.label;
-    o.inputs = {{{c.b, c.h, c.t, c.d}, DType::f64},  {{c.b, c.h, c.t, c.d}, DType::f64},
-                {{c.b, c.h, c.t, c.dv}, DType::f64}, {{c.b, c.h, c.l, c.d}, DType::f64},
-                {{c.b, c.h, c.l, c.dv}, DType::f64}, {{1}, DType::i64}};
+    const int64_t kv = c.kv ? c.kv : c.h;
+    o.inputs = {{{c.b, c.h, c.t, c.d}, DType::f64}, {{c.b, kv, c.t, c.d}, DType::f64},
+                {{c.b, kv, c.t, c.dv}, DType::f64}, {{c.b, kv, c.l, c.d}, DType::f64},
+                {{c.b, kv, c.l, c.dv}, DType::f64}, {{1}, DType::i64}};
     const int64_t pos = c.pos;
     o.fill = [pos](int i, Tensor& t, uint64_t seed) {
       if (i == 5) {
@@ -464,8 +479,9 @@ void register_attention_ops(OpRegistry& r) {
     OpDef d;
     d.name = "sdpa_cache";
     d.doc =
-        "causal attention with a key/value cache: (q, k, v) of T new positions (B,H,T,D|Dv), k_cache "
-        "(B,H,L,D) and v_cache (B,H,L,Dv) (updated in place: k and v written at rows position.. position + "
+        "causal attention with a key/value cache: q (B,H,T,D) and k, v (B,KV,T,D|Dv) of T new positions "
+        "(KV dividing H: query head h reads key/value head h / (H/KV)), k_cache (B,KV,L,D) and v_cache "
+        "(B,KV,L,Dv) (updated in place: k and v written at rows position.. position + "
         "T - 1), position (1) i64 (read at run time) -> out (B,H,T,Dv): query i attends over the cache's "
         "keys 0 .. position + i; attr scale (default 1/sqrt(D)). Not differentiable (inference programs)";
     d.num_inputs = 6;
@@ -478,7 +494,7 @@ void register_attention_ops(OpRegistry& r) {
     d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) -> Cost {
       // Every query against the whole cache at most (the position is known only when it runs).
       const Shape &q = in[0].shape, &kc = in[3].shape;
-      const double pairs = static_cast<double>(q[0] * q[1] * q[2] * kc[2]);
+      const double pairs = static_cast<double>(q[0] * q[1] * q[2] * kc[2]);  // per query head
       return {pairs * (2.0 * static_cast<double>(q[3] + in[2].shape[3]) + 4.0),
               bytes_of({in[0], in[1], in[2], out[0]}) + bytes_of({in[3], in[4]})};
     };

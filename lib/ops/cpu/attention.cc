@@ -440,7 +440,8 @@ void sdpa_cache(const KernelCtx& c) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int64_t kCacheBlock = 128, kMaxDv = 1024;
     const TensorView &q = c.in[0], &k = c.in[1], &v = c.in[2], &kc = c.in[3], &vc = c.in[4];
-    const int64_t BH = q.dim(0) * q.dim(1), n = q.dim(2), D = q.dim(3), Dv = v.dim(3), L = kc.dim(2);
+    const int64_t H = q.dim(1), KV = k.dim(1), BH = q.dim(0) * H, BKV = q.dim(0) * KV;
+    const int64_t n = q.dim(2), D = q.dim(3), Dv = v.dim(3), L = kc.dim(2);
     const int64_t pos = c.in[5].as<int64_t>()[0];
     FR_CHECK(pos >= 0 && pos + n <= L, c.node->name, ": positions [", pos, ", ", pos + n,
              ") outside a cache of ", L);
@@ -448,19 +449,20 @@ void sdpa_cache(const KernelCtx& c) {
     const T scale = static_cast<T>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(D))));
     T* kcache = kc.as<T>();
     T* vcache = vc.as<T>();
-    parallel_for(BH, 1, [&](int64_t s, int64_t e) {
-      for (int64_t bh = s; bh < e; ++bh) {
-        std::copy_n(k.as<T>() + bh * n * D, n * D, kcache + (bh * L + pos) * D);
-        std::copy_n(v.as<T>() + bh * n * Dv, n * Dv, vcache + (bh * L + pos) * Dv);
+    parallel_for(BKV, 1, [&](int64_t s, int64_t e) {
+      for (int64_t bk = s; bk < e; ++bk) {
+        std::copy_n(k.as<T>() + bk * n * D, n * D, kcache + (bk * L + pos) * D);
+        std::copy_n(v.as<T>() + bk * n * Dv, n * Dv, vcache + (bk * L + pos) * Dv);
       }
     });
     parallel_for(BH * n, std::max<int64_t>(1, 64 / std::max<int64_t>(n, 1)), [&](int64_t s, int64_t e) {
       T acc[kMaxDv], w[kCacheBlock];
       for (int64_t r = s; r < e; ++r) {
         const int64_t bh = r / n, keys = pos + r % n + 1;
+        const int64_t bk = bh / H * KV + bh % H / (H / KV);  // the query head's key/value head
         const T* qr = q.as<T>() + r * D;
-        const T* kb = kcache + bh * L * D;
-        const T* vb = vcache + bh * L * Dv;
+        const T* kb = kcache + bk * L * D;
+        const T* vb = vcache + bk * L * Dv;
         T m = -std::numeric_limits<T>::infinity(), l = 0;
         std::fill_n(acc, Dv, T(0));
         for (int64_t j0 = 0; j0 < keys; j0 += kCacheBlock) {

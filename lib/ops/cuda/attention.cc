@@ -71,7 +71,9 @@ void sdpa_cache(const KernelCtx& c) {
       q.dim(3),
       c.in[2].dim(3),
       static_cast<float>(c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(q.dim(3))))),
-      c.in[5].as<int64_t>()};
+      c.in[5].as<int64_t>(),
+      q.dim(1),
+      c.in[1].dim(1)};
   sdpa_cache(a, q.as<float>(), c.in[1].as<float>(), c.in[2].as<float>(), kc.as<float>(), c.in[4].as<float>(),
              c.out[0].as<float>(), stream_of(c));
 }

@@ -23,7 +23,8 @@ __global__ void slice_at_kernel(const char* x, char* y, const int64_t* start, in
 
 // The new positions' keys and values into the caches at rows position.. of each (batch, head).
 __global__ void cache_write_kernel(CacheAttention a, const float* k, const float* v, float* kc, float* vc) {
-  const int64_t pos = *a.position, nk = a.bh * a.t * a.d, nv = a.bh * a.t * a.dv;
+  const int64_t bkv = a.bh / a.heads * a.kv_heads;
+  const int64_t pos = *a.position, nk = bkv * a.t * a.d, nv = bkv * a.t * a.dv;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < nk + nv;
        i += int64_t{gridDim.x} * blockDim.x) {
     if (i < nk) {
@@ -44,8 +45,9 @@ __global__ void cache_attention_kernel(CacheAttention a, const float* q, const f
   extern __shared__ float shared[];
   float* scores = shared + kWarps;  // shared[0..kWarps): block_reduce's scratch
   const int64_t row = blockIdx.x, bh = row / a.t, i = row % a.t, keys = *a.position + i + 1;
+  const int64_t bk = bh / a.heads * a.kv_heads + bh % a.heads / (a.heads / a.kv_heads);
   const float* qr = q + row * a.d;
-  const float* keys_of = kc + bh * a.l * a.d;
+  const float* keys_of = kc + bk * a.l * a.d;
   float mx = -FLT_MAX;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     float dot = 0;
@@ -57,7 +59,7 @@ __global__ void cache_attention_kernel(CacheAttention a, const float* q, const f
   float sum = 0;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) sum += scores[j] = expf(scores[j] - mx);
   sum = block_reduce<false>(sum, shared);
-  const float* vals = vc + bh * a.l * a.dv;
+  const float* vals = vc + bk * a.l * a.dv;
   for (int64_t p = threadIdx.x; p < a.dv; p += blockDim.x) {
     float acc = 0;
     for (int64_t j = 0; j < keys; ++j) acc = fmaf(scores[j], vals[j * a.dv + p], acc);
@@ -79,7 +81,8 @@ void slice_at(const void* x, void* y, const int64_t* start, int64_t outer, int64
 void sdpa_cache(const CacheAttention& a, const float* q, const float* k, const float* v, float* kc, float* vc,
                 float* out, cudaStream_t s) {
   if (a.bh * a.t == 0) return;
-  cache_write_kernel<<<blocks_for(a.bh * a.t * (a.d + a.dv)), kThreads, 0, s>>>(a, k, v, kc, vc);
+  cache_write_kernel<<<blocks_for(a.bh / a.heads * a.kv_heads * a.t * (a.d + a.dv)), kThreads, 0, s>>>(
+      a, k, v, kc, vc);
   check(cudaGetLastError(), "sdpa_cache write launch");
   const size_t shared = static_cast<size_t>(kWarps + a.l) * sizeof(float);
   cache_attention_kernel<<<static_cast<unsigned>(a.bh * a.t), kThreads, shared, s>>>(a, q, kc, vc, out);

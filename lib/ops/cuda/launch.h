@@ -201,9 +201,10 @@ void rope(Storage st, const Rope& r, const void* x, void* y, cudaStream_t s);
 
 // Decoding with a key/value cache (ops/cuda/decode.cu), the position read from device memory. slice_at:
 // rows start.. start + len of an axis of axis_len (the tensor as [outer, axis, row bytes]). sdpa_cache (f32):
-// q, k, v of t new positions per (batch, head) (bh of them), written into the caches (l positions) at the
-// position, then query i attends over cached keys 0..position + i; the scores of one query in shared memory
-// (l + kWarps floats: l up to kCacheMaxLength).
+// q of t new positions per (batch, head) (bh of them), k and v per (batch, key/value head) (bh / heads *
+// kv_heads of them), written into the caches (l positions) at the position, then query i of head h attends
+// over the cached keys 0..position + i of key/value head h / (heads / kv_heads); the scores of one query in
+// shared memory (l + kWarps floats: l up to kCacheMaxLength).
 void slice_at(const void* x, void* y, const int64_t* start, int64_t outer, int64_t len, int64_t axis_len,
               int64_t row, cudaStream_t s);
 constexpr int64_t kCacheMaxLength = 12000;
@@ -211,6 +212,7 @@ struct CacheAttention {
   int64_t bh, t, l, d, dv;
   float scale;
   const int64_t* position;
+  int64_t heads = 1, kv_heads = 1;
 };
 void sdpa_cache(const CacheAttention& a, const float* q, const float* k, const float* v, float* kc, float* vc,
                 float* out, cudaStream_t s);
