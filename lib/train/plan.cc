@@ -128,6 +128,41 @@ void check_memory_fits(const Program& p, int64_t arenas, const RunConfig& cfg) {
           ". Make the model or train.micro_batch_size smaller, or raise the limit"));
 }
 
+std::string replication_warning(const Program& p, const BuiltModel& built, const RunConfig& cfg) {
+  const int64_t tp = cfg.parallel.tensor;
+  if (tp <= 1) return "";
+  double whole = 0, kept = 0;
+  std::vector<std::pair<double, std::string>> largest;  // the replicated parameters, by size
+  for (const Value& v : p.graph.values()) {
+    if (v.kind != ValueKind::param) continue;
+    const Shape& s = v.placement.tensor_split() ? v.placement.whole : v.shape();
+    const double n = static_cast<double>(numel(s));
+    whole += n;
+    if (!v.placement.tensor_split()) {
+      kept += n;
+      largest.emplace_back(n, cat(v.name, " ", shape_str(s)));
+    }
+  }
+  if (whole == 0 || kept <= 0.5 * whole) return "";
+  std::sort(largest.begin(), largest.end(), std::greater<>());
+  std::string names;
+  for (size_t i = 0; i < std::min<size_t>(3, largest.size()); ++i)
+    names += cat(i ? ", " : "", largest[i].second);
+  std::string why;
+  // Attention splits by whole heads (and key/value heads); a head count the axis does not divide leaves
+  // the projections whole, and what reads them follows.
+  for (const char* key : {"n_head", "n_kv_head"})
+    if (const nn::MValue* h = built.env.find(key); h && h->is_int() && h->as_int() % tp != 0)
+      why += cat("; model.", key, " ", h->as_int(), " is not divisible by parallel.tensor ", tp,
+                 ": attention cannot be split by heads");
+  char share[32];
+  std::snprintf(share, sizeof share, "%.0f%%", 100.0 * kept / whole);
+  return cat("parallel.tensor ", tp, " leaves ", share, " of the parameters (",
+             with_commas(static_cast<int64_t>(kept)), " of ", with_commas(static_cast<int64_t>(whole)),
+             " elements) whole on every tensor rank, largest ", names, why,
+             "; parameter memory is then barely divided by the tensor axis");
+}
+
 PlanReport plan_layout(const RunConfig& cfg) {
   PlanReport r;
   r.data = cfg.parallel.data;
@@ -174,6 +209,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
           ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
           cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n",
           "model: ", with_commas(built.num_params), " parameters\n\n");
+  r.warning = replication_warning(p, built, cfg);
+  if (!r.warning.empty()) t += cat("warning: ", r.warning, "\n\n");
   t += "memory per device\n";
   for (const auto& [what, bytes] : std::vector<std::pair<const char*, double>>{
            {"parameters", r.param_bytes},

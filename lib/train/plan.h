@@ -8,6 +8,7 @@
 
 #include "config/config.h"
 #include "graph/passes.h"
+#include "nn/model.h"
 
 namespace flowrun {
 
@@ -24,8 +25,14 @@ struct PlanReport {
   double param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0, other_state_bytes = 0, input_bytes = 0;
   double arena_bytes = 0, flops_per_step = 0, sent_bytes_per_step = 0;
   std::vector<CollectivePlan> collectives;
+  std::string warning;  // replication_warning's, or ""
   std::string table, json;
 };
+
+// Under parallel.tensor > 1, a warning when most of the program's parameter elements (whole shapes) stay
+// replicated on the tensor axis rather than split: it names the largest such parameters and, where the
+// model's head counts are not divisible by the axis, why. "" otherwise. `flowrun plan` and `train` print it.
+std::string replication_warning(const Program& p, const BuiltModel& built, const RunConfig& cfg);
 
 // The plan of one rank of cfg's layout (every rank's is the same in data parallelism and ZeRO-1).
 PlanReport plan_layout(const RunConfig& cfg);

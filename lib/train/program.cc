@@ -192,6 +192,8 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
   const int64_t slots =
       t.mesh.stages() > 1 ? std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation) : 1;
   if (device_of(cfg).kind == DeviceKind::cpu) check_memory_fits(p, slots, cfg);
+  if (t.mesh.world->rank() == 0)
+    if (const std::string w = replication_warning(p, t.model, cfg); !w.empty()) spdlog::warn("{}", w);
   t.params = persistent_names(p, ValueKind::param);
   // Gradient accumulators are scratch within a step (its first micro-batch overwrites them): checkpoints,
   // taken between steps, leave them out.

@@ -70,3 +70,19 @@ expect_log "6,738,415,616"
 expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/llama2_7b.yaml" --set model.n_kv_head=8 --set model.ffn=14336
 expect_log "7,241,732,096"
 echo "Llama-2-7B and Mistral-7B shapes: the published parameter counts"
+
+# A tensor-parallel layout that leaves most parameters whole is named, with why; a split one is not.
+expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/gpt_tiny.yaml" --set model.n_head=3 --set model.d_model=96 \
+  --set parallel.tensor=2
+expect_log "warning: parallel.tensor 2 leaves"
+expect_log "model.n_head 3 is not divisible by parallel.tensor 2: attention cannot be split by heads"
+expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/gpt_tiny.yaml" --set model.n_head=4 --set model.d_model=96 \
+  --set parallel.tensor=2
+grep -q "^warning:" "$SCRATCH/last.log" && fail "a Megatron-split GPT was warned about"
+# train says it too (rank 0), before the first step.
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "$SRC/configs/kjv_gpt.yaml" \
+  --run-dir "$SCRATCH/tp3" --set model.n_layer=2 --set model.n_head=3 --set model.d_model=96 \
+  --set data.seq_len=32 --set train.batch_size=4 --set train.steps=1 --set data.eval_batches=1 \
+  --set schedule.warmup_steps=0 --set parallel.tensor=2 --no-progress
+expect_log "parallel.tensor 2 leaves"
+echo "a mostly replicated tensor-parallel layout is warned about, naming the head count"
