@@ -174,17 +174,16 @@ int run_generate(Args a) {
     std::cout << text << std::flush;
   };
   const flowrun::GenerateResult r = flowrun::generate(cfg, a.gen, emit);
-  for (size_t s = 0; s < r.tokens.size(); ++s) {
-    if (stream) {
-      if (!started) std::cout << a.gen.prompt;
-      break;
-    }
-    std::cout << "--- sample " << s + 1 << " ---\n" << a.gen.prompt;
-    for (int64_t t : r.tokens[s])
-      std::cout << (r.bytes ? std::string(1, static_cast<char>(t)) : flowrun::cat(" ", t));
+  if (stream) {
+    if (!started) std::cout << a.gen.prompt;  // no token was made (--max-new-tokens 0)
     std::cout << "\n";
+  } else {
+    for (size_t s = 0; s < r.tokens.size(); ++s) {
+      std::cout << "--- sample " << s + 1 << " ---\n" << a.gen.prompt;
+      for (int64_t t : r.tokens[s]) std::cout << flowrun::token_text(t, r.bytes);
+      std::cout << "\n";
+    }
   }
-  if (stream) std::cout << "\n";
   std::cout.flush();
   const int64_t made = static_cast<int64_t>(r.tokens.size()) * a.gen.max_new_tokens;
   const double total = r.prefill_seconds + r.decode_seconds + r.slide_seconds;
@@ -213,15 +212,20 @@ int run_models(const Args&) {
   return 0;
 }
 
+// Log lines to `Sink`'s stream (stdout, or stderr where stdout carries the output). spdlog's default sink
+// colours whenever the stream is a terminal, including the pseudo-terminal mpirun gives each rank: colour
+// only for a person reading it.
+template <typename Sink>
+void log_to(int fd) {
+  const auto colour =
+      flowrun::interactive_terminal(fd) ? spdlog::color_mode::always : spdlog::color_mode::never;
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("", std::make_shared<Sink>(colour)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // spdlog's default sink colours whenever stdout is a terminal, including the pseudo-terminal mpirun gives
-  // each rank: colour only for a person reading it.
-  const auto colour = flowrun::interactive_terminal(STDOUT_FILENO) ? spdlog::color_mode::always
-                                                                   : spdlog::color_mode::never;
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stdout_color_sink_mt>(colour)));
+  log_to<spdlog::sinks::stdout_color_sink_mt>(STDOUT_FILENO);
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};
   app.require_subcommand(1);
   Args a;
@@ -408,11 +412,7 @@ int main(int argc, char** argv) {
     if (*exp) return run_export(a);
     if (*models) return run_models(a);
     if (*generate) {
-      // stdout is the text: log lines go to stderr.
-      spdlog::set_default_logger(std::make_shared<spdlog::logger>(
-          "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>(
-                  flowrun::interactive_terminal(STDERR_FILENO) ? spdlog::color_mode::always
-                                                               : spdlog::color_mode::never)));
+      log_to<spdlog::sinks::stderr_color_sink_mt>(STDERR_FILENO);  // stdout is the text
       if (a.gen.prompt.empty() && a.prompt_file.empty()) a.gen.prompt = "\n";
       return run_generate(a);
     }

@@ -592,6 +592,10 @@ std::string describe_checkpoint(const std::string& path) {
   return os.str();
 }
 
+bool is_model_state(const std::string& name) {
+  return name.rfind("opt/", 0) != 0 && name.rfind("amp/", 0) != 0 && !name.ends_with("/grad_acc");
+}
+
 std::string checkpoint_file_name(int64_t step) {
   std::ostringstream os;
   os << "step_" << std::setw(8) << std::setfill('0') << step << ".h5";

@@ -63,6 +63,10 @@ std::string commit_sharded_checkpoint(const std::string& dir, const std::string&
 std::vector<std::string> compare_checkpoints(const CheckpointData& a, const CheckpointData& b, double rtol,
                                              double* worst = nullptr);
 
+// Whether state value `name` is the model's own (running statistics), not the optimizer's ("opt/...",
+// gradient accumulators) or the loss scaler's ("amp/..."): what an export writes and an import restores.
+bool is_model_state(const std::string& name);
+
 // "step_<step zero-padded to 8>.h5": the name a checkpoint of `step` gets in its directory.
 std::string checkpoint_file_name(int64_t step);
 

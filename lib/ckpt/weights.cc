@@ -18,6 +18,7 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "nn/model.h"
+#include "train/run_dir.h"
 
 namespace flowrun {
 namespace {
@@ -137,27 +138,11 @@ Shape transposed_shape(const Shape& s) {
   return s.size() == 2 ? Shape{s[1], s[0]} : s;
 }
 
-bool is_float(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
-}
-
 std::string list_names(const std::vector<std::string>& names, size_t most = 8) {
   std::string s;
   for (size_t k = 0; k < names.size() && k < most; ++k) s += cat(k ? ", " : "", names[k]);
   if (names.size() > most) s += cat(" and ", names.size() - most, " more");
   return s;
-}
-
-void write_text_file(const std::string& path, const std::string& text) {
-  replace_file_atomically(path, [&](const std::string& tmp) {
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw runtime_error(cat("cannot create ", tmp, ": ", std::strerror(errno)));
-    const size_t n = std::fwrite(text.data(), 1, text.size(), f);
-    const bool ok = n == text.size() && std::fflush(f) == 0;
-    const int saved = errno;
-    if (std::fclose(f) != 0 || !ok)
-      throw runtime_error(cat("cannot write ", tmp, ": ", std::strerror(ok ? errno : saved)));
-  });
 }
 
 }  // namespace
@@ -319,7 +304,7 @@ std::map<std::string, Tensor> import_safetensors(const std::string& path,
               " but the model's is ", shape_str(w.shape)));
       continue;
     }
-    if (is_float(w.dtype) != is_float(t.dtype())) {
+    if (is_floating(w.dtype) != is_floating(t.dtype())) {
       problems.push_back(cat(label, " is ", safetensors::format_dtype(t.dtype()), " but the model's is ",
                              dtype_name(w.dtype)));
       continue;
@@ -365,8 +350,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   // scaler's state.
   std::map<std::string, Tensor> weights = ck.params;
   for (const auto& [n, t] : ck.state)
-    if (n.rfind("opt/", 0) != 0 && n.rfind("amp/", 0) != 0 && !n.ends_with("/grad_acc"))
-      weights.emplace(n, t);
+    if (is_model_state(n)) weights.emplace(n, t);
   // No step or date: the same weights give the same file (export -> --init-from -> export is bit-identical).
   std::map<std::string, std::string> meta = {
       {"format", "pt"},  // Transformers refuses other formats
@@ -419,7 +403,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   if (ec) throw runtime_error(cat("cannot create ", out_dir, ": ", ec.message()));
   const std::string st = (fs::path(out_dir) / "model.safetensors").string();
   replace_file_atomically(st, [&](const std::string& tmp) { safetensors::write(tmp, out, meta); });
-  write_text_file((fs::path(out_dir) / "config.json").string(), config);
+  write_file_atomically((fs::path(out_dir) / "config.json").string(), config);
   return cat("wrote ", st, " (", out.size(), " tensors, ", names, " names) and ",
              (fs::path(out_dir) / "config.json").string());
 }

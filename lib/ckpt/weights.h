@@ -54,6 +54,11 @@ std::map<std::string, Tensor> import_safetensors(const std::string& path,
                                                  const std::map<std::string, WantedTensor>& want,
                                                  const std::optional<HfMap>& map);
 
+// A path that names a safetensors file (by its extension), rather than a flowrun checkpoint.
+inline bool is_safetensors(const std::string& path) {
+  return path.ends_with(".safetensors");
+}
+
 // `flowrun export CKPT --format safetensors --out DIR --names flowrun|hf`: DIR/model.safetensors (the
 // checkpoint's parameters and running statistics, no optimizer state) and DIR/config.json (hf: the
 // Transformers config of the map; flowrun: the resolved config), each replaced atomically. The checkpoint

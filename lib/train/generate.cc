@@ -36,37 +36,22 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The forward program of cfg's model on `len` new tokens per sequence, with the key/value caches.
-Program compile_decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t len, int64_t context) {
+// The forward program of cfg's model on `len` new tokens per sequence, with the key/value caches; `built`
+// receives the model.
+Program compile_decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t len, int64_t context,
+                        BuiltModel* built) {
   Graph g;
   ModelInputs in;
   in.text = true;
   in.x_shape = {batch, len};
   in.num_classes = vocab;
   in.cache_len = context;
-  build_model(g, cfg.model, in, false);
+  *built = build_model(g, cfg.model, in, false);
   CompileOptions o;
   o.device = device_of(cfg).kind;
   o.compute = compute_dtype(cfg.precision);
   o.loss = "";
   return compile(std::move(g), o);
-}
-
-// The parameters of a safetensors file (flowrun's names or the model's Hugging Face map) for the decoder of
-// cfg's model.
-std::map<std::string, Tensor> import_for_decoder(const RunConfig& cfg, int64_t vocab, int64_t context,
-                                                 const std::string& path) {
-  Graph g;
-  ModelInputs in;
-  in.text = true;
-  in.x_shape = {1, 1};
-  in.num_classes = vocab;
-  in.cache_len = context;
-  const BuiltModel m = build_model(g, cfg.model, in, false);
-  std::map<std::string, WantedTensor> want;
-  for (const Value& v : g.values())
-    if (v.kind == ValueKind::param) want[v.name] = {v.shape(), v.dtype(), false};
-  return import_safetensors(path, want, load_hf_map(cfg.model, m.env));
 }
 
 // A checkpoint path as given, or the newest complete checkpoint of a run directory.
@@ -87,10 +72,12 @@ std::string resolve_checkpoint(const std::string& path) {
 
 }  // namespace
 
-Decoder::Decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t context,
-                 const std::map<std::string, Tensor>& params, const std::string& source)
+Decoder::Decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t context, const Weights& weights,
+                 const std::string& source)
     : cfg_(cfg), vocab_(vocab), batch_(batch), context_(context) {
-  Executor& first = program(1);
+  BuiltModel built;
+  Executor& first = *program(1, &built).ex;
+  const std::map<std::string, Tensor> params = weights(first.program(), built);
   const Mesh one = make_mesh(make_single_communicator(), 1);
   for (const std::string& name : persistent_names(first.program(), ValueKind::param)) {
     auto it = params.find(name);
@@ -103,22 +90,25 @@ Decoder::Decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t con
 
 Decoder::~Decoder() = default;
 
-Executor& Decoder::program(int64_t len) {
+Decoder::Compiled& Decoder::program(int64_t len, BuiltModel* built) {
   auto it = by_len_.find(len);
-  if (it != by_len_.end()) return *it->second;
+  if (it != by_len_.end()) return it->second;
   // Every program reads the parameters and writes the caches of the first one.
   std::map<std::string, Tensor> shared;
   if (!by_len_.empty())
-    for (const auto& [name, t] : by_len_.begin()->second->persistent())
+    for (const auto& [name, t] : by_len_.begin()->second.ex->persistent())
       if (name != "x" && name != "position") shared.emplace(name, t);
   const auto t0 = Clock::now();
-  auto ex = std::make_unique<Executor>(compile_decoder(cfg_, vocab_, batch_, len, context_), device_of(cfg_),
-                                       cfg_.train.seed, shared);
-  ex->use_cuda_graphs(cfg_.train.cuda_graph);
+  BuiltModel model;
+  Compiled c;
+  c.ex =
+      std::make_unique<Executor>(compile_decoder(cfg_, vocab_, batch_, len, context_, built ? built : &model),
+                                 device_of(cfg_), cfg_.train.seed, shared);
+  c.ex->use_cuda_graphs(cfg_.train.cuda_graph);
   compile_seconds_ += seconds_since(t0);
-  flops_[len] = step_flops(ex->program(), 1);
+  c.flops = step_flops(c.ex->program(), 1);
   compiled_.push_back(len);
-  return *by_len_.emplace(len, std::move(ex)).first->second;
+  return by_len_.emplace(len, std::move(c)).first->second;
 }
 
 Tensor Decoder::step(const std::vector<int64_t>& tokens, int64_t len, int64_t position) {
@@ -126,14 +116,15 @@ Tensor Decoder::step(const std::vector<int64_t>& tokens, int64_t len, int64_t po
            batch_, " x ", len);
   FR_CHECK(position >= 0 && position + len <= context_, "step: positions [", position, ", ", position + len,
            ") outside the context of ", context_);
-  Executor& ex = program(len);
+  const Compiled& c = program(len);
+  Executor& ex = *c.ex;
   std::copy(tokens.begin(), tokens.end(), ex.tensor("x").data<int64_t>());
   ex.tensor("position").data<int64_t>()[0] = position;
   // A step of a few MFLOP (a small model's decode step) is shorter than waking the other threads for each of
   // its kernels: on 2 cores, 0.5 ms/token in one thread against 2.8-16 ms in two while the other core was
   // busy (kjv_gpt). Such steps run in one thread; larger ones in all of them.
   const int threads = omp_get_max_threads();
-  if (device_of(cfg_).kind == DeviceKind::cpu && flops_.at(len) < kInlineFlops) omp_set_num_threads(1);
+  if (device_of(cfg_).kind == DeviceKind::cpu && c.flops < kInlineFlops) omp_set_num_threads(1);
   ex.run();
   omp_set_num_threads(threads);
   return ex.output("logits");
@@ -165,6 +156,10 @@ int64_t sample_token(const float* logits, int64_t vocab, double temperature, int
     if (u * sum < acc) return order[i];
   }
   return order[keep - 1];  // u * sum rounded up to the total
+}
+
+std::string token_text(int64_t t, bool bytes) {
+  return bytes ? std::string(1, static_cast<char>(t)) : cat(" ", t);
 }
 
 std::vector<int64_t> prompt_tokens(const std::string& prompt, int64_t vocab) {
@@ -207,18 +202,18 @@ GenerateResult generate(const RunConfig& cfg, const GenerateOptions& opts,
   std::vector<int64_t> prompt = prompt_tokens(opts.prompt, vocab);
   if (prompt.empty()) throw input_error("--prompt is empty: generation starts from at least one token");
   const std::string path = resolve_checkpoint(opts.checkpoint);
-  std::map<std::string, Tensor> params;
-  if (path.ends_with(".safetensors")) {
-    params = import_for_decoder(cfg, vocab, context, path);
-    spdlog::info("generating from {}", path);
-  } else {
+  const auto weights = [&](const Program& p, const BuiltModel& m) {
+    if (is_safetensors(path)) {
+      spdlog::info("generating from {}", path);
+      return import_weights(p, m, cfg.model, path, false);
+    }
     CheckpointData ck = load_checkpoint(path);
-    params = std::move(ck.params);
     spdlog::info("generating from {} (step {})", path, ck.step);
-  }
+    return std::move(ck.params);
+  };
 
   const int64_t B = opts.num_samples;
-  Decoder dec(cfg, vocab, B, context, params, cat("checkpoint ", path));
+  Decoder dec(cfg, vocab, B, context, weights, cat("checkpoint ", path));
   GenerateResult r;
   r.bytes = vocab == 256;
   // The sequences so far; a prompt longer than the context keeps its last `context` tokens.
@@ -249,11 +244,11 @@ GenerateResult generate(const RunConfig& cfg, const GenerateOptions& opts,
       const double u = RngStream{opts.seed, mix_stream(0x67656e, static_cast<uint64_t>(b))}.uniform(
           static_cast<uint64_t>(n));
       const float* row = logits.data<float>() + ((b * len) + len - 1) * vocab;
-      next[static_cast<size_t>(b)] = sample_token(row, vocab, opts.temperature, opts.top_k, opts.top_p, u);
-      seqs[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
-      r.tokens[static_cast<size_t>(b)].push_back(next[static_cast<size_t>(b)]);
-      const int64_t t = next[static_cast<size_t>(b)];
-      emit(b, r.bytes ? std::string(1, static_cast<char>(t)) : cat(" ", t));
+      const int64_t t = sample_token(row, vocab, opts.temperature, opts.top_k, opts.top_p, u);
+      next[static_cast<size_t>(b)] = t;
+      seqs[static_cast<size_t>(b)].push_back(t);
+      r.tokens[static_cast<size_t>(b)].push_back(t);
+      emit(b, token_text(t, r.bytes));
     }
     if (n + 1 == opts.max_new_tokens) break;
     if (pos == context) {

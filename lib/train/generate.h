@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "core/tensor.h"
+#include "nn/model.h"
 #include "runtime/executor.h"
 
 namespace flowrun {
@@ -21,10 +22,12 @@ namespace flowrun {
 // data.seq_len): one program per step length, made on first use.
 class Decoder {
  public:
-  // `params`: every parameter of the model, whole (a checkpoint's), loaded once into the first program and
-  // shared by the others. An input_error when a parameter is missing or of another shape.
-  Decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t context,
-          const std::map<std::string, Tensor>& params, const std::string& source);
+  // `weights(program, model)`: every parameter of the model, whole (a checkpoint's, or a safetensors file's
+  // through import_weights), given the first program and the model it was built from; loaded once into
+  // that program and shared by the others. An input_error when a parameter is missing or of another shape.
+  using Weights = std::function<std::map<std::string, Tensor>(const Program&, const BuiltModel&)>;
+  Decoder(const RunConfig& cfg, int64_t vocab, int64_t batch, int64_t context, const Weights& weights,
+          const std::string& source);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -41,12 +44,16 @@ class Decoder {
   double compile_seconds() const { return compile_seconds_; }
 
  private:
-  Executor& program(int64_t len);
+  struct Compiled {
+    std::unique_ptr<Executor> ex;
+    double flops = 0;  // of one step
+  };
+  // The program of steps of `len` tokens, compiled on first use (`built`, when given, receives its model).
+  Compiled& program(int64_t len, BuiltModel* built = nullptr);
   RunConfig cfg_;
   int64_t vocab_, batch_, context_;
-  std::map<int64_t, std::unique_ptr<Executor>> by_len_;  // the program cache, by the step's length
+  std::map<int64_t, Compiled> by_len_;  // the program cache, by the step's length
   std::vector<int64_t> compiled_;
-  std::map<int64_t, double> flops_;  // of each program's step
   double compile_seconds_ = 0;
 };
 
@@ -82,6 +89,9 @@ struct GenerateResult {
 // vocabulary) are input_errors.
 GenerateResult generate(const RunConfig& cfg, const GenerateOptions& opts,
                         const std::function<void(int64_t sample, const std::string& text)>& emit);
+
+// How `generate` prints token `t`: the byte itself for a byte-level model (`bytes`), else " <id>".
+std::string token_text(int64_t t, bool bytes);
 
 // The prompt's tokens: its bytes for a byte-level model (vocab 256), else integers separated by white space,
 // each below vocab (an input_error naming the word and its place otherwise).

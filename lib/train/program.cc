@@ -15,6 +15,7 @@
 #include "core/cuda/runtime.h"
 #include "parallel/cuda/nccl.h"
 #endif
+#include "ckpt/weights.h"
 #include "ops/registry.h"
 #include "optim/schedule.h"
 #include "train/plan.h"
@@ -142,6 +143,22 @@ std::vector<std::string> persistent_names(const Program& p, ValueKind kind) {
   for (const Value& v : p.graph.values())
     if (v.kind == kind) names.push_back(v.name);
   return names;
+}
+
+std::map<std::string, Tensor> import_weights(const Program& p, const BuiltModel& m, const ModelConfig& model,
+                                             const std::string& path, bool with_state) {
+  const Graph& g = p.graph;
+  std::map<std::string, WantedTensor> want;
+  for (ValueKind kind : {ValueKind::param, ValueKind::state}) {
+    if (kind == ValueKind::state && !with_state) continue;
+    for (const std::string& n : persistent_names(p, kind)) {
+      if (!is_model_state(n)) continue;
+      const Value& v = g.value(g.find_value(n));
+      const Shape& local = v.placement.sharded() ? v.placement.global_shape : v.shape();
+      want[n] = {v.placement.tensor_split() ? v.placement.whole : local, v.dtype(), kind == ValueKind::state};
+    }
+  }
+  return import_safetensors(path, want, load_hf_map(model, m.env));
 }
 
 Mesh join_world(const RunConfig& cfg) {

@@ -68,6 +68,12 @@ std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, 
 LoaderPosition resume_position(const CheckpointData& ck, const YAML::Node& saved, const RunConfig& cfg,
                                const std::string& path);
 
+// The tensors a safetensors file gives program `p` (of model `m`, built from `model`): its parameters
+// (each required unless the model's Hugging Face name map lets a file lack it) and, when `with_state`, its
+// running statistics (optional), by flowrun's or Hugging Face names (import_safetensors), whole.
+std::map<std::string, Tensor> import_weights(const Program& p, const BuiltModel& m, const ModelConfig& model,
+                                             const std::string& path, bool with_state);
+
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);
 

@@ -345,31 +345,9 @@ void Run::resume_from(const std::string& path) {
   spdlog::info("resumed from {} at step {}", path, step_);
 }
 
-// The tensors a safetensors file gives `ex`'s program: its parameters (each required unless the model's
-// name map lets a file lack it) and, when `with_state`, its running statistics (optional).
-std::map<std::string, Tensor> import_into(const Executor& ex, const BuiltModel& m, const ModelConfig& model,
-                                          const std::string& path, bool with_state) {
-  const Graph& g = ex.program().graph;
-  std::map<std::string, WantedTensor> want;
-  for (ValueKind kind : {ValueKind::param, ValueKind::state}) {
-    if (kind == ValueKind::state && !with_state) continue;
-    for (const std::string& n : persistent_names(ex.program(), kind)) {
-      if (n.rfind("opt/", 0) == 0 || n.rfind("amp/", 0) == 0 || n.ends_with("/grad_acc")) continue;
-      const Value& v = g.value(g.find_value(n));
-      const Shape& local = v.placement.sharded() ? v.placement.global_shape : v.shape();
-      want[n] = {v.placement.tensor_split() ? v.placement.whole : local, v.dtype(), kind == ValueKind::state};
-    }
-  }
-  return import_safetensors(path, want, load_hf_map(model, m.env));
-}
-
-bool is_safetensors(const std::string& path) {
-  return path.ends_with(".safetensors");
-}
-
 void Run::init_from(const std::string& path) {
   if (is_safetensors(path)) {
-    const std::map<std::string, Tensor> got = import_into(*ex_, model_, cfg_.model, path, false);
+    const std::map<std::string, Tensor> got = import_weights(ex_->program(), model_, cfg_.model, path, false);
     std::vector<std::string> names;
     for (const auto& [n, t] : got) names.push_back(n);
     restore(*ex_, got, names, path, "parameter", mesh_);
@@ -490,7 +468,7 @@ EvalResult Run::run_eval() {
     // The parameters and running statistics (never ZeRO-sharded: only the data index 0 ranks take part).
     std::vector<std::string> names = params_;
     for (const auto& n : state_)
-      if (n.rfind("opt/", 0) != 0 && n.rfind("amp/", 0) != 0) names.push_back(n);
+      if (is_model_state(n)) names.push_back(n);
     const std::map<std::string, Tensor> model = whole(names, false);
     if (!lead_) return {};
     for (const auto& [n, t] : model)
@@ -780,7 +758,7 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
     init_parameters(m.init, cfg.train.seed, [&](const std::string& n) -> Tensor& {
       return ex.has_tensor(n) ? ex.tensor(n) : (unused = Tensor::empty({0}, DType::f32));
     });
-    for (const auto& [n, t] : import_into(ex, m, cfg.model, checkpoint, true))
+    for (const auto& [n, t] : import_weights(p, m, cfg.model, checkpoint, true))
       scatter_value(ex, n, t, one, cat("safetensors file ", checkpoint));
   } else {
     restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);

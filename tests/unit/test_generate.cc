@@ -58,7 +58,8 @@ Reference full_forward(const RunConfig& cfg) {
 double worst_step_error(const RunConfig& cfg, const std::vector<int64_t>& lengths,
                         std::vector<int64_t>* compiled) {
   const Reference ref = full_forward(cfg);
-  Decoder dec(cfg, kVocab, kBatch, kContext, ref.params, "test");
+  Decoder dec(
+      cfg, kVocab, kBatch, kContext, [&](const Program&, const BuiltModel&) { return ref.params; }, "test");
   double scale = 0, worst = 0;
   for (int64_t i = 0; i < ref.logits.numel(); ++i)
     scale = std::max(scale, std::fabs(double(ref.logits.data<float>()[i])));
@@ -119,7 +120,8 @@ TEST(Generate, EncodersDoNotDecode) {
   RunConfig bidir = cfg;
   bidir.model.zoo = "bert";
   bidir.model.params = YAML::Load("{n_layer: 1, n_head: 2, d_model: 16}");
-  EXPECT_THROW(Decoder(bidir, kVocab, 1, kContext, {}, "test"), Error);
+  const auto none = [](const Program&, const BuiltModel&) { return std::map<std::string, Tensor>{}; };
+  EXPECT_THROW(Decoder(bidir, kVocab, 1, kContext, none, "test"), Error);
 }
 
 TEST(Generate, SamplerIsGreedyAtZeroTemperatureAndCutsTopKAndTopP) {
