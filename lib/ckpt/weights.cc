@@ -138,11 +138,11 @@ Shape transposed_shape(const Shape& s) {
   return s.size() == 2 ? Shape{s[1], s[0]} : s;
 }
 
+// The first `most` names, and how many more there are.
 std::string list_names(const std::vector<std::string>& names, size_t most = 8) {
-  std::string s;
-  for (size_t k = 0; k < names.size() && k < most; ++k) s += cat(k ? ", " : "", names[k]);
-  if (names.size() > most) s += cat(" and ", names.size() - most, " more");
-  return s;
+  if (names.size() <= most) return join(names);
+  return cat(join({names.begin(), names.begin() + static_cast<std::ptrdiff_t>(most)}), " and ",
+             names.size() - most, " more");
 }
 
 }  // namespace

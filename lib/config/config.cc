@@ -90,12 +90,6 @@ class Reader {
   }
 
  private:
-  static std::string join(const std::vector<std::string>& names) {
-    std::string out;
-    for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-    return out;
-  }
-
   static YAML::Node parse_value(const std::string& text, const Origin& o, const std::string& path) {
     try {
       return load_yaml(text);

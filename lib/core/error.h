@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace flowrun {
 
@@ -29,6 +30,13 @@ std::string cat(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
   return os.str();
+}
+
+// `parts` with `sep` between them (names listed in messages).
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
 }
 
 }  // namespace flowrun

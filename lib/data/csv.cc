@@ -92,12 +92,6 @@ struct RawTable {
   std::vector<int64_t> lines;         // per row: its line number
 };
 
-std::string join_names(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += cat(out.empty() ? "" : ", ", n);
-  return out;
-}
-
 RawTable read_raw(const std::string& path, const std::string& label) {
   const auto lines = read_lines(path);
   if (lines.empty()) throw input_error(cat(path, ": empty file (a CSV table needs a header row and rows)"));
@@ -112,7 +106,7 @@ RawTable read_raw(const std::string& path, const std::string& label) {
   const auto label_at = std::find(names.begin(), names.end(), label);
   if (label_at == names.end())
     throw input_error(cat(path, ": no column '", label, "' (data.label) in the header (line ", lines[0].first,
-                          ": ", join_names(names), ")", config::did_you_mean(label, names)));
+                          ": ", join(names), ")", config::did_you_mean(label, names)));
   const auto label_col = static_cast<size_t>(label_at - names.begin());
   if (names.size() < 2)
     throw input_error(cat(head_where, ": the header has only the label column '", label, "': no features"));
@@ -165,8 +159,8 @@ std::vector<Table> read_csv_tables(const std::vector<std::string>& paths, const 
   for (const auto& p : paths) {
     raw.push_back(read_raw(p, label));
     if (raw.back().features != raw[0].features)
-      throw input_error(cat(p, ": its feature columns (", join_names(raw.back().features), ") differ from ",
-                            paths[0], "'s (", join_names(raw[0].features), ")"));
+      throw input_error(cat(p, ": its feature columns (", join(raw.back().features), ") differ from ",
+                            paths[0], "'s (", join(raw[0].features), ")"));
   }
   bool integer = true;
   for (const auto& t : raw)

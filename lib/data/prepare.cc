@@ -95,12 +95,6 @@ std::pair<Tensor, Tensor> take_rows(const Table& t, const std::vector<int64_t>& 
   return {x, y};
 }
 
-std::string join(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const auto& p : parts) out += out.empty() ? p : cat(",", p);
-  return out;
-}
-
 std::string table_file(const std::string& name) {
   if (name == "wine") return "wine_data.csv";
   if (name == "iris") return "iris.csv";
@@ -216,7 +210,7 @@ void prepare_sklearn_table(const std::string& name, const std::string& out_path)
     f.write("feature_mean", f64(stats.mean));
     f.write("feature_std", f64(stats.std));
     f.set_attr("", "source", cat("scikit-learn ", csv));
-    f.set_attr("", "classes", join(t.class_names));
+    f.set_attr("", "classes", join(t.class_names, ","));
   });
 }
 

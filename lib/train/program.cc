@@ -101,9 +101,10 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   for (const std::string& name : layer_outputs) {
     auto it = built->layers.find(name);
     if (it == built->layers.end()) {
-      std::string names;
-      for (const auto& [n, v] : built->layers) names += cat(names.empty() ? "" : ", ", n);
-      throw input_error(cat("--layer: the model has no top-level layer '", name, "'; its layers: ", names));
+      std::vector<std::string> names;
+      for (const auto& [n, v] : built->layers) names.push_back(n);
+      throw input_error(
+          cat("--layer: the model has no top-level layer '", name, "'; its layers: ", join(names)));
     }
     g.mark_output(cat("layer/", name), it->second);
   }
