@@ -186,6 +186,7 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
     };
     q = rotate(q), k = rotate(k);
   }
+  ValueId att;
   if (c.position != kNoValue) {
     // Decoding: k and v of the new positions join this layer's cache, which every later step reads.
     if (!a.causal || a.pad_id) c.fail("generation needs causal attention without pad_id (a decoder)");
@@ -193,31 +194,30 @@ ValueId attention(Ctx& c, ValueId x, const AttnSpec& a, bool residual) {
     const Shape kv_shape{B, KV, c.cache_len, D};
     const ValueId kc = c.state("k_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
     const ValueId vc = c.state("v_cache", kv_shape, ParamInfo::of(ParamInfo::kv_cache));
-    const ValueId att = c.b.op1("sdpa_cache", {q, k, v, kc, vc, c.position});
-    const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
-    return dense_in(c, "proj", merged, C, a.bias, residual);
+    att = c.b.op1("sdpa_cache", {q, k, v, kc, vc, c.position});
+  } else {
+    if (KV < H) {
+      // Query head h reads key/value head h / (H / KV) (Hugging Face's repeat_kv): (B, KV, T, D) ->
+      // (B, KV, 1, T, D) -> broadcast (B, KV, G, T, D) -> (B, H, T, D). The gradient of the broadcast sums
+      // over each group.
+      const int64_t G = H / KV;
+      auto expand = [&](ValueId t) {
+        const ValueId b =
+            c.b.op1("broadcast_to", {c.b.reshape(t, {B, KV, 1, T, D})}, {{"shape", Shape{B, KV, G, T, D}}});
+        return c.b.reshape(b, {B, H, T, D});
+      };
+      k = expand(k), v = expand(v);
+    }
+    std::vector<ValueId> in{q, k, v};
+    Attrs attrs{{"causal", a.causal}};
+    if (a.pad_id) {
+      if (c.ids == kNoValue || c.b.shape(c.ids) != Shape{B, T})
+        c.fail("pad_id needs the model's input token ids (B, T) (text data)");
+      in.push_back(c.ids);
+      attrs.set("pad_id", *a.pad_id);
+    }
+    att = c.b.op("sdpa", in, attrs)[0];
   }
-  if (KV < H) {
-    // Query head h reads key/value head h / (H / KV) (Hugging Face's repeat_kv): (B, KV, T, D) ->
-    // (B, KV, 1, T, D) -> broadcast (B, KV, G, T, D) -> (B, H, T, D). The gradient of the broadcast sums
-    // over each group.
-    const int64_t G = H / KV;
-    auto expand = [&](ValueId t) {
-      const ValueId b =
-          c.b.op1("broadcast_to", {c.b.reshape(t, {B, KV, 1, T, D})}, {{"shape", Shape{B, KV, G, T, D}}});
-      return c.b.reshape(b, {B, H, T, D});
-    };
-    k = expand(k), v = expand(v);
-  }
-  std::vector<ValueId> in{q, k, v};
-  Attrs attrs{{"causal", a.causal}};
-  if (a.pad_id) {
-    if (c.ids == kNoValue || c.b.shape(c.ids) != Shape{B, T})
-      c.fail("pad_id needs the model's input token ids (B, T) (text data)");
-    in.push_back(c.ids);
-    attrs.set("pad_id", *a.pad_id);
-  }
-  const ValueId att = c.b.op("sdpa", in, attrs)[0];
   const ValueId merged = c.b.reshape(transpose12(c, att), {B, T, C});
   return dropout(c, dense_in(c, "proj", merged, C, a.bias, residual), a.dropout);
 }

@@ -283,13 +283,13 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   }
   out.summary = summary + summary_row("total", "", with_commas(c.num_params));
   out.logits = h;
+  g.mark_output("logits", out.logits);
+  out.init = resolve_init(c, scheme);
+  out.num_params = c.num_params;
+  out.env = c.env;
   if (in.cache_len > 0) {
     if (c.targets != kNoValue)
       fail(m.src, m.layers, "layers", "an mlm_mask model (an encoder) does not generate");
-    g.mark_output("logits", out.logits);
-    out.init = resolve_init(c, scheme);
-    out.num_params = c.num_params;
-    out.env = c.env;
     return out;
   }
   // An mlm_mask layer's labels are the targets (the data's next tokens are not what BERT predicts). They
@@ -313,11 +313,7 @@ BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, 
   // Eval programs also hand out the labels the loss scored (-100 where not masked), for an accuracy over
   // the masked positions rather than against the data's next tokens.
   if (c.targets != kNoValue && !training) g.mark_output("targets", targets);
-  g.mark_output("logits", out.logits);
   g.mark_output("loss", out.loss);
-  out.init = resolve_init(c, scheme);
-  out.num_params = c.num_params;
-  out.env = c.env;
   return out;
 }
 
