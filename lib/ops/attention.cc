@@ -354,16 +354,7 @@ std::vector<OpSample> rope_samples() {
   OpSample p = s[1];
   p.label = "[1,2,7,6] theta=500 offset=3 position input 37";
   p.inputs.push_back({{1}, DType::i64});
-  p.fill = [](int i, Tensor& t, uint64_t seed) {
-    if (i == 1) {
-      t.data<int64_t>()[0] = 37;
-      return;
-    }
-    std::vector<double> v(static_cast<size_t>(t.numel()));
-    const RngStream r{seed, 11};
-    for (size_t k = 0; k < v.size(); ++k) v[k] = 2.0 * r.uniform(k) - 1.0;
-    t.fill_from(v);
-  };
+  p.fill = sample_fill({{1, 37}});
   s.push_back(p);
   return s;
 }
@@ -452,17 +443,7 @@ std::vector<OpSample> sdpa_cache_samples() {
     o.inputs = {{{c.b, c.h, c.t, c.d}, DType::f64}, {{c.b, kv, c.t, c.d}, DType::f64},
                 {{c.b, kv, c.t, c.dv}, DType::f64}, {{c.b, kv, c.l, c.d}, DType::f64},
                 {{c.b, kv, c.l, c.dv}, DType::f64}, {{1}, DType::i64}};
-    const int64_t pos = c.pos;
-    o.fill = [pos](int i, Tensor& t, uint64_t seed) {
-      if (i == 5) {
-        t.data<int64_t>()[0] = pos;
-        return;
-      }
-      std::vector<double> v(static_cast<size_t>(t.numel()));
-      const RngStream r{seed, static_cast<uint64_t>(20 + i)};
-      for (size_t k = 0; k < v.size(); ++k) v[k] = 2.0 * r.uniform(k) - 1.0;
-      t.fill_from(v);
-    };
+    o.fill = sample_fill({{5, static_cast<double>(c.pos)}});
     o.reference = sdpa_cache_reference;
     o.gradcheck = false;
     out.push_back(o);

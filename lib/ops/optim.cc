@@ -22,24 +22,6 @@ void check_i64_scalar(const TensorType& t, const char* op, const char* what) {
     throw input_error(cat(op, ": ", what, " must be i64, got ", dtype_name(t.dtype)));
 }
 
-// Sample inputs: uniform [-1, 1] by default; `constants` (input -> value) for lr, step, micro and coef;
-// inputs [nonnegative_begin, nonnegative_end) get [0, 1) (Adam's second moments).
-std::function<void(int, Tensor&, uint64_t)> sample_fill(std::map<int, double> constants,
-                                                        int nonnegative_begin = 0, int nonnegative_end = 0) {
-  return [constants, nonnegative_begin, nonnegative_end](int i, Tensor& t, uint64_t seed) {
-    const bool nonnegative = i >= nonnegative_begin && i < nonnegative_end;
-    const RngStream r{seed, 300 + static_cast<uint64_t>(i)};
-    std::vector<double> v(static_cast<size_t>(t.numel()));
-    for (size_t k = 0; k < v.size(); ++k) {
-      if (auto it = constants.find(i); it != constants.end())
-        v[k] = it->second;
-      else
-        v[k] = nonnegative ? r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
-    }
-    t.fill_from(v);
-  };
-}
-
 Tensor f32_scalar(double v) {
   Tensor t = Tensor::empty({}, DType::f32);
   t.fill_from({v});

@@ -112,4 +112,20 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best;
 }
 
+std::function<void(int, Tensor&, uint64_t)> sample_fill(std::map<int, double> constants,
+                                                        int nonnegative_begin, int nonnegative_end) {
+  return [constants, nonnegative_begin, nonnegative_end](int i, Tensor& t, uint64_t seed) {
+    const bool nonnegative = i >= nonnegative_begin && i < nonnegative_end;
+    const RngStream r{seed, 300 + static_cast<uint64_t>(i)};
+    std::vector<double> v(static_cast<size_t>(t.numel()));
+    for (size_t k = 0; k < v.size(); ++k) {
+      if (auto it = constants.find(i); it != constants.end())
+        v[k] = it->second;
+      else
+        v[k] = nonnegative ? r.uniform(k) : 2.0 * r.uniform(k) - 1.0;
+    }
+    t.fill_from(v);
+  };
+}
+
 }  // namespace flowrun

@@ -104,6 +104,12 @@ struct OpSample {
   bool gradcheck = true;    // false for samples whose outputs are not f64 (e.g. a cast to bf16)
 };
 
+// An OpSample::fill: uniform [-1, 1] by default; `constants` (input -> value) for inputs that must hold a
+// given value (an optimizer's lr, step and coefficient; a decode step's position); inputs
+// [nonnegative_begin, nonnegative_end) get [0, 1) (Adam's second moments).
+std::function<void(int, Tensor&, uint64_t)> sample_fill(std::map<int, double> constants,
+                                                        int nonnegative_begin = 0, int nonnegative_end = 0);
+
 struct OpDef {
   std::string name;
   std::string doc;

@@ -417,16 +417,7 @@ void register_slice(OpRegistry& r) {
     auto s = [&](Shape x, int64_t axis, int64_t length, int64_t start, DType t) {
       OpSample o = sample(cat(shape_str(x), " axis ", axis, " [", start, ", +", length, ") ", dtype_name(t)),
                           {{x, t}, {{1}, DType::i64}}, {{"axis", axis}, {"length", length}});
-      o.fill = [start](int i, Tensor& v, uint64_t seed) {
-        if (i == 1) {
-          v.data<int64_t>()[0] = start;
-          return;
-        }
-        std::vector<double> vals(static_cast<size_t>(v.numel()));
-        const RngStream r{seed, 5};
-        for (size_t k = 0; k < vals.size(); ++k) vals[k] = 2.0 * r.uniform(k) - 1.0;
-        v.fill_from(vals);
-      };
+      o.fill = sample_fill({{1, static_cast<double>(start)}});
       o.reference = ref;
       o.gradcheck = false;
       return o;
