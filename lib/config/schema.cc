@@ -111,8 +111,7 @@ std::vector<Section> build_schema() {
                   "then uint16), auto = llmc when the file starts with llm.c's magic 20240520, else uint16"),
            key("label", Type::string, "\"\"", field(d, &D::label),
                "csv: the label column's name (integer classes 0, 1, ..., or text classes in sorted order); "
-               "every "
-               "other column is a numeric feature"),
+               "every other column is a numeric feature"),
            key("shuffle", Type::boolean, "true", field(d, &D::shuffle),
                "shuffle the training set every epoch"),
            key("prefetch", Type::integer, "2", field(d, &D::prefetch),
@@ -226,13 +225,12 @@ std::vector<Section> build_schema() {
        "How the run is split over devices (sizes of the device-mesh axes).",
        {
            key("data", Type::integer, "1", field(par, &Par::data),
-               "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of the "
-               "batch)",
+               "data-parallel ranks (processes started by mpirun -np / srun -n; each takes 1/data of "
+               "the batch)",
                positive),
            key("tensor", Type::integer, "1", field(par, &Par::tensor),
                "tensor-parallel ranks: layers split Megatron-style (column- then row-parallel linears, "
-               "heads, "
-               "vocabulary), derived by SBP deduction",
+               "heads, vocabulary), derived by SBP deduction",
                positive),
            key("pipeline", Type::integer, "1", field(par, &Par::pipeline),
                "pipeline stages: the model cut into consecutive stages, one per rank, run 1F1B over "
@@ -248,8 +246,8 @@ std::vector<Section> build_schema() {
                "gradients exist, overlapping the rest of the backward pass",
                positive),
            key("micro_batches", Type::integer, "1", field(par, &Par::micro_batches),
-               "pipeline micro-batches per step (the accumulation window: train.grad_accumulation follows "
-               "it)",
+               "pipeline micro-batches per step (the accumulation window: train.grad_accumulation "
+               "follows it)",
                positive),
        }},
   };

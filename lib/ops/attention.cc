@@ -491,8 +491,8 @@ void register_attention_ops(OpRegistry& r) {
         "even: y[i] = x[i] cos - x[i+D/2] sin, y[i+D/2] = x[i+D/2] cos + x[i] sin, angle = (offset + t) * "
         "theta^(-2i/D) formed in float32 as HF does; attrs theta (default 10000), inverse (bool, default "
         "false: rotates by -angle, the gradient), offset (int, default 0: the position of row t = 0); "
-        "optional "
-        "2nd input position (1) i64, added to offset at run time (a KV-cache decode step's position)";
+        "optional 2nd input position (1) i64, added to offset at run time (a KV-cache decode step's "
+        "position)";
     d.num_inputs = -1;  // x, or x and position
     d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
       check_rope(in, a);

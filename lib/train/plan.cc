@@ -145,9 +145,8 @@ std::string replication_warning(const Program& p, const BuiltModel& built, const
   }
   if (whole == 0 || kept <= 0.5 * whole) return "";
   std::sort(largest.begin(), largest.end(), std::greater<>());
-  std::string names;
-  for (size_t i = 0; i < std::min<size_t>(3, largest.size()); ++i)
-    names += cat(i ? ", " : "", largest[i].second);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < std::min<size_t>(3, largest.size()); ++i) names.push_back(largest[i].second);
   std::string why;
   // Attention splits by whole heads (and key/value heads); a head count the axis does not divide leaves
   // the projections whole, and what reads them follows.
@@ -159,7 +158,7 @@ std::string replication_warning(const Program& p, const BuiltModel& built, const
   std::snprintf(share, sizeof share, "%.0f%%", 100.0 * kept / whole);
   return cat("parallel.tensor ", tp, " leaves ", share, " of the parameters (",
              with_commas(static_cast<int64_t>(kept)), " of ", with_commas(static_cast<int64_t>(whole)),
-             " elements) whole on every tensor rank, largest ", names, why,
+             " elements) whole on every tensor rank, largest ", join(names), why,
              "; parameter memory is then barely divided by the tensor axis");
 }
 
@@ -209,8 +208,7 @@ PlanReport plan_layout(const RunConfig& cfg) {
           ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
           cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n",
           "model: ", with_commas(built.num_params), " parameters\n\n");
-  r.warning = replication_warning(p, built, cfg);
-  if (!r.warning.empty()) t += cat("warning: ", r.warning, "\n\n");
+  if (const std::string w = replication_warning(p, built, cfg); !w.empty()) t += cat("warning: ", w, "\n\n");
   t += "memory per device\n";
   for (const auto& [what, bytes] : std::vector<std::pair<const char*, double>>{
            {"parameters", r.param_bytes},

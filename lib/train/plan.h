@@ -25,7 +25,6 @@ struct PlanReport {
   double param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0, other_state_bytes = 0, input_bytes = 0;
   double arena_bytes = 0, flops_per_step = 0, sent_bytes_per_step = 0;
   std::vector<CollectivePlan> collectives;
-  std::string warning;  // replication_warning's, or ""
   std::string table, json;
 };
 
