@@ -8,6 +8,13 @@ FLOWRUN=$1 SRC=$2
 CFG="$SRC/tests/configs/tiny_gpt.yaml"
 
 num() { grep -o "\"$2\": [0-9.e+-]*" "$1" | head -1 | awk '{print $2}'; }
+# time_json OUT: the JSON object of the last `flowrun time --json` under mpirun (rank 0 prints it; another
+# rank's log may share its line), or a failure that shows the output: under `set -e` a grep that finds
+# nothing would end the test without a word.
+time_json() {
+  grep -o '{"config".*' "$SCRATCH/last.log" | head -1 >"$1" || true
+  [[ -s "$1" ]] || { cat "$SCRATCH/last.log" >&2; fail "no JSON line in the output of flowrun time --json"; }
+}
 same() { awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= t * b)}' ||
   fail "$1: plan $2, run $3 (tolerance $4)"; }
 
@@ -33,7 +40,7 @@ tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan2.json"
 expect_log "all_gather_into"
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
   --profile 0 --json --set parallel.data=2 --set parallel.zero=1
-grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time2.json"
+time_json "$SCRATCH/time2.json"
 compare "ZeRO-1 on 2 ranks" "$SCRATCH/plan2.json" "$SCRATCH/time2.json"
 # Half the optimizer state of one process (AdamW: two moments; shards round up, so at least half).
 awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRATCH/plan1.json" optimizer_state_bytes)" \
@@ -46,7 +53,7 @@ expect_log "sbp_all_reduce"
 expect_log "blocks.0/attn/qkv/w [96,32] S(0)x3"
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
   --profile 0 --json --set parallel.tensor=2
-grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time3.json"
+time_json "$SCRATCH/time3.json"
 compare "TP2" "$SCRATCH/plan3.json" "$SCRATCH/time3.json"
 awk -v t="$(num "$SCRATCH/plan3.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
   'BEGIN {exit !(t < 0.7 * o)}' || fail "TP2 parameters are not split (plan: $(num "$SCRATCH/plan3.json" param_bytes) bytes)"
@@ -58,7 +65,7 @@ tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan4.json"
 expect_log "pipeline stage 0 of 2: 2 micro-batch slots"
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
   --profile 0 --json "${PP[@]}"
-grep '^{"config"' "$SCRATCH/last.log" | head -1 >"$SCRATCH/time4.json"
+time_json "$SCRATCH/time4.json"
 compare "PP2 stage 0" "$SCRATCH/plan4.json" "$SCRATCH/time4.json"
 
 expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
