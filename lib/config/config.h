@@ -70,6 +70,7 @@ struct TrainConfig {
   std::string run_dir;                    // default runs/<config file stem>
   std::string device = "cpu";             // cpu | cuda
   bool cuda_graph = true;                 // cuda: replay the step as a CUDA graph
+  std::string recompute = "none";         // none | blocks | full (activation recompute, graph/recompute.cc)
   int64_t threads = 0;                    // 0 = OpenMP default
 };
 

@@ -168,6 +168,12 @@ std::vector<Section> build_schema() {
                "launch a step (false: launch kernel by kernel)"),
            key("threads", Type::integer, "0", field(t, &T::threads), "CPU threads (0 = the OpenMP default)",
                non_negative),
+           choice("recompute", {"none", "blocks", "full"}, "none", field(t, &T::recompute),
+                  "activation recompute: layers whose activations are dropped after the forward pass and "
+                  "computed again in the backward pass (the same losses and weights, bit for bit, for less "
+                  "memory and about one more forward pass of time): none (only layers marked `recompute: "
+                  "true`), blocks (every transformer_block and residual layer), full (every top-level layer "
+                  "and each repeated one)"),
        }},
       {"optimizer",
        "The optimizer and its hyper-parameters.",

@@ -11,7 +11,9 @@ std::string GraphBuilder::scoped(const std::string& name) const {
 
 std::vector<ValueId> GraphBuilder::op(const std::string& type, const std::vector<ValueId>& in, Attrs attrs,
                                       const std::string& name) {
-  return g_.add_node(type, in, std::move(attrs), scoped(name.empty() ? type : name));
+  std::vector<ValueId> out = g_.add_node(type, in, std::move(attrs), scoped(name.empty() ? type : name));
+  g_.nodes().back().segment = segment_;
+  return out;
 }
 
 ValueId GraphBuilder::reduce_to_shape(ValueId grad, Shape target) {

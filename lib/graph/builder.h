@@ -20,6 +20,9 @@ class GraphBuilder {
   void push_scope(const std::string& s) { scopes_.push_back(s); }
   void pop_scope() { scopes_.pop_back(); }
   std::string scoped(const std::string& name) const;
+  // The recompute segment (Node::segment) of the nodes added from now on; -1: none.
+  void set_segment(int s) { segment_ = s; }
+  int segment() const { return segment_; }
 
   ValueId input(const std::string& name, const Shape& s, DType t = DType::f32) {
     return g_.add_input(scoped(name), s, t);
@@ -60,6 +63,7 @@ class GraphBuilder {
  private:
   Graph& g_;
   std::vector<std::string> scopes_;
+  int segment_ = -1;
 };
 
 }  // namespace flowrun

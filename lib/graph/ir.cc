@@ -5,6 +5,7 @@
 #include <functional>
 #include <queue>
 #include <sstream>
+#include <utility>
 
 #include "ops/registry.h"
 
@@ -137,7 +138,14 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
   for (int phase = 0; phase <= last_phase; ++phase) {
     std::vector<int> pending(nodes_.size(), 0);
     std::vector<std::vector<NodeId>> readers(nodes_.size());
-    std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready, eager;
+    // Ordered by (key, id): a node's key is its id, a recomputed node's that of the backward node it
+    // precedes, so that it runs just in time instead of as soon as its saved inputs exist.
+    using Key = std::pair<NodeId, NodeId>;
+    std::priority_queue<Key, std::vector<Key>, std::greater<>> ready, eager;
+    auto key = [&](NodeId id) {
+      const NodeId as = nodes_[static_cast<size_t>(id)].schedule_as;
+      return Key{as >= 0 ? as : id, id};
+    };
     std::vector<NodeId> last;
     for (const auto& n : nodes_) {
       if (n.dead || n.phase != phase) continue;
@@ -156,15 +164,15 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
         ++pending[static_cast<size_t>(n.id)];
         readers[static_cast<size_t>(p)].push_back(n.id);
       }
-      if (pending[static_cast<size_t>(n.id)] == 0) ready.push(n.id);
+      if (pending[static_cast<size_t>(n.id)] == 0) ready.push(key(n.id));
     }
     auto push = [&](NodeId id) {
       const OpDef* def = OpRegistry::get().find(nodes_[static_cast<size_t>(id)].op);
-      (def && def->eager ? eager : ready).push(id);
+      (def && def->eager ? eager : ready).push(key(id));
     };
     while (!ready.empty() || !eager.empty()) {
       auto& from = eager.empty() ? ready : eager;
-      const NodeId id = from.top();
+      const NodeId id = from.top().second;
       from.pop();
       order.push_back(id);
       for (NodeId r : readers[static_cast<size_t>(id)])

@@ -128,6 +128,13 @@ struct Node {
   // 0: runs every step; 1 ("apply"): runs only on the last micro-step of a gradient-accumulation window
   // (optimizer updates), see Executor::run.
   int phase = 0;
+  // Activation recompute (graph/recompute.cc). `segment`: the recompute segment (a model layer marked for
+  // it) this forward node belongs to, -1 for none. On a node the recompute pass re-emitted in the backward
+  // pass: `recomputes`, the forward node it repeats (whose name keys its random draws, so that a dropout
+  // mask is drawn again as it was), and `schedule_as`, the backward node it is scheduled just before.
+  int segment = -1;
+  NodeId recomputes = -1;
+  NodeId schedule_as = -1;
 };
 
 class Graph {

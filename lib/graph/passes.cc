@@ -65,6 +65,7 @@ void fuse_linear_gelu(Graph& g, DeviceKind device) {
     attrs.set("activation", std::string("gelu"));
     attrs.set("approximate", std::string("tanh"));
     const std::vector<ValueId> fused = g.add_node("linear", lin.inputs, attrs, lin.name + "+gelu");
+    g.nodes().back().segment = lin.segment;
     replace_uses(g, ge.outputs[0], fused[0]);
     g.node(ge.id).dead = true;
     g.node(lin.id).dead = true;
@@ -89,6 +90,7 @@ void fuse_ops(Graph& g, DeviceKind device) {
     if (ls.attrs.i("axis", -1) != -1 && ls.attrs.i("axis", -1) != rank - 1) continue;
     const std::vector<ValueId> fused =
         g.add_node("cross_entropy", {ls.inputs[0], nll.inputs[1]}, nll.attrs, nll.name + "+fused");
+    g.nodes().back().segment = nll.segment;
     replace_uses(g, nll.outputs[0], fused[0]);
     g.node(nll.id).dead = true;
     g.node(ls.id).dead = true;
@@ -365,6 +367,7 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                      throw input_error(cat("the graph has no output named '", o.loss, "'"));
                    autodiff(g, it->second, seed);
                  }});
+    p.push_back({"recompute", [](Graph& g, const CompileOptions&) { recompute_segments(g); }});
     if (opts.data_parallel > 1)
       p.push_back({"reduce_gradients", [](Graph& g, const CompileOptions& o) {
                      reduce_gradients(g, o.data_parallel, o.zero >= 2, o.bucket_bytes);

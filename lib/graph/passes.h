@@ -83,6 +83,10 @@ void fuse_ops(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);
+// Activation recompute (after autodiff): the forward nodes of each segment (Node::segment) whose outputs the
+// backward pass reads are emitted again, scheduled just before the first backward node that needs them, and
+// the backward pass reads those copies; values that cross a segment's edge are kept (graph/recompute.cc).
+void recompute_segments(Graph& g);
 void add_optimizer(Graph& g, const OptimizerSpec& spec);  // appends update ops (and their state)
 // Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa) run in the low dtype,
 // `f32` ops (softmax, losses, norms, reductions) in f32, and the rest `follow` their inputs, promoting mixed

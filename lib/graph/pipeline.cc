@@ -134,6 +134,7 @@ void pipeline_stage(Graph& g, int64_t stages, int64_t stage) {
     std::vector<ValueId> in;
     for (ValueId v : node.inputs) in.push_back(local.at(v));
     const std::vector<ValueId> out = ng.add_node(node.op, in, node.attrs, node.name);
+    ng.nodes().back().segment = node.segment;
     for (size_t o = 0; o < out.size(); ++o) local[node.outputs[o]] = out[o];
   }
   if (stage < stages - 1) {

@@ -253,6 +253,7 @@ class SbpAxisPass {
       const Node& node = g_.node(id);
       const Choice& c = choice_.at(id);
       const OpDef& def = OpRegistry::get().at(node.op);
+      const size_t first = ng_.nodes().size();
       std::vector<ValueId> in;
       for (size_t i = 0; i < node.inputs.size(); ++i) {
         const ValueId v = node.inputs[i];
@@ -277,6 +278,8 @@ class SbpAxisPass {
       if (c.sig.partial_mean)
         outs[0] = ng_.add_node("mul_scalar", {outs[0]}, {{"value", 1.0 / static_cast<double>(parts_)}},
                                node.name + suffix("mean"))[0];
+      // The node's local pieces and the boxing of its inputs belong to its recompute segment.
+      for (size_t i = first; i < ng_.nodes().size(); ++i) ng_.nodes()[i].segment = node.segment;
       for (size_t o = 0; o < node.outputs.size(); ++o) {
         const Value& whole = g_.value(node.outputs[o]);
         const Shape want = local_shape(whole.shape(), c.sig.out[o], parts_);

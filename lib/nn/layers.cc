@@ -798,6 +798,16 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
   const Opts o(c, e.options, lpath, def);
   const std::string name = layer_name(c, o, type, anonymous);
   if (name_out) *name_out = name;
+  // An activation-recompute segment (graph/recompute.cc): the layer's forward nodes run again in the
+  // backward pass instead of keeping what they made. `recompute: true|false` on the layer decides, else
+  // train.recompute: blocks takes the repeated units of the zoo's models, full every layer at the outermost
+  // level (repeat, for and if have no scope of their own: their layers are outermost). Nested in a segment,
+  // a layer is part of it.
+  const bool by_mode = c.recompute == "full"
+                           ? def.own_scope
+                           : c.recompute == "blocks" && (type == "transformer_block" || type == "residual");
+  const bool segment = o.flag("recompute", by_mode) && c.training && c.b.segment() < 0;
+  if (segment) c.b.set_segment(c.segments++);
   ValueId y;
   try {
     Scope s(c, def.own_scope ? name : "");
@@ -808,6 +818,7 @@ ValueId build_layer(Ctx& c, const YAML::Node& entry, const std::string& path, Va
     if (err.code() != ExitCode::bad_input) throw;
     fail(c.src, entry, lpath, err.what());  // a graph op rejected the wiring (shapes, dtypes)
   }
+  if (segment) c.b.set_segment(-1);
   c.check_size("the output", c.b.shape(y));
   c.cur_node = outer_node;
   c.cur_path = outer_path;

@@ -105,6 +105,8 @@ struct Ctx {
   ValueId position = kNoValue;
   int64_t cache_len = 0;
   int64_t layers_built = 0;  // layer entries built so far, repeat/for iterations unrolled (kMaxLayers)
+  std::string recompute = "none";  // train.recompute: which layers open a recompute segment (build_layer)
+  int segments = 0;                // recompute segments opened so far
   // The layer being built, for errors raised by builders. A pointer: assigning to a yaml-cpp Node that
   // already refers to a node rewrites the referred node instead of rebinding.
   const YAML::Node* cur_node = nullptr;

@@ -247,10 +247,12 @@ std::string zoo_directory(const ModelConfig& cfg) {
   return FLOWRUN_MODELS_DIR;
 }
 
-BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, bool training) {
+BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, bool training,
+                       const std::string& recompute) {
   FR_CHECK(in.x_shape.size() >= 2 && in.num_classes > 0, "model inputs need (B, ...) and classes");
   const ModelFile m = cfg.zoo.empty() ? inline_model(cfg) : load_zoo(cfg);
   Ctx c(g, m.src, training);
+  c.recompute = recompute;
   set_builtins(c.env, in);
   if (in.cache_len > 0) {
     FR_CHECK(in.text, "decoding needs text inputs");

@@ -50,9 +50,12 @@ struct BuiltModel {
 
 // Builds the forward graph of `cfg` (zoo or inline) for the given inputs. `training` selects dropout and
 // batch statistics (false for eval programs: dropout is identity, batchnorm uses running statistics).
+// `recompute` (train.recompute: none | blocks | full) picks the layers whose nodes form activation-recompute
+// segments (Node::segment) in a training graph, besides those marked `recompute: true`.
 // Errors in a zoo file or in the config's model section are input_errors with file:line:col and the key
 // path ("models/gpt.yaml:12:7: layers[3].attention.heads: ...", or the config's origin for parameters).
-BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, bool training);
+BuiltModel build_model(Graph& g, const ModelConfig& cfg, const ModelInputs& in, bool training,
+                       const std::string& recompute = "none");
 
 // Fills every parameter/state tensor named in `init` from the run seed: the stream of a tensor is
 // RngStream{seed, hash of its name}, so a parameter's initial value does not depend on build order.

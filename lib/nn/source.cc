@@ -183,6 +183,7 @@ Opts::Opts(Ctx& ctx, const YAML::Node& map, const std::string& path, const Layer
              cat("options of '", def.type, "' must be a map, got '", abbreviate(map.Scalar()), "'"));
   std::vector<std::string> known = def.options;
   known.push_back("name");
+  known.push_back("recompute");
   for (const auto& kv : map) {
     const std::string key = kv.first.Scalar();
     if (std::find(known.begin(), known.end(), key) == known.end()) {
@@ -190,7 +191,7 @@ Opts::Opts(Ctx& ctx, const YAML::Node& map, const std::string& path, const Layer
       for (const auto& k : def.options) list += cat(list.empty() ? "" : ", ", k);
       nn::fail(ctx.src, kv.first, cat(path, ".", abbreviate(key)),
                cat("unknown option of ", def.type, did_you_mean(key, known),
-                   "; its options: ", list.empty() ? "none" : list, ", name"));
+                   "; its options: ", list.empty() ? "none" : list, ", name, recompute"));
     }
   }
 }

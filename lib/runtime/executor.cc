@@ -159,7 +159,8 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     s.ctx.num_out = static_cast<int>(n.outputs.size());
     s.ctx.comm = comm;
     s.ctx.tp = tp;
-    s.stream = name_stream(n.name);
+    // A recomputed node draws what the node it repeats drew (a dropout mask).
+    s.stream = name_stream(n.recomputes >= 0 ? g.node(n.recomputes).name : n.name);
     s.ctx.stream = stream_;
     s.ctx.device_step = device_step_;
     s.ctx.node_stream = s.stream;

@@ -206,7 +206,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
       cat("flowrun plan ", cfg.file, ": ", r.world, " process", r.world == 1 ? "" : "es", " (data ",
           cfg.parallel.data, " x tensor ", cfg.parallel.tensor, " x pipeline ", cfg.parallel.pipeline,
           ", zero ", cfg.parallel.zero, "), micro-batch ", cfg.train.micro_batch_size, " x ",
-          cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype, "\n\n",
+          cfg.train.grad_accumulation, " accumulation per rank, ", cfg.precision.dtype,
+          cfg.train.recompute == "none" ? "" : cat(", recompute ", cfg.train.recompute), "\n\n",
           "model: ", with_commas(built.num_params), " parameters\n\n");
   if (const std::string w = replication_warning(p, built, cfg); !w.empty()) t += cat("warning: ", w, "\n\n");
   t += "memory per device\n";

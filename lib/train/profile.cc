@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "ops/registry.h"
 #include "train/metrics.h"
@@ -38,15 +39,16 @@ double peak_rss_mib() {
 // pass names nodes "update/..." and "opt/..."), or the forward pass; and the model layer it came from.
 enum class Part { forward, backward, update };
 
+// A node the recompute pass re-emitted counts in its layer's backward pass, which it serves.
 Part part_of(const Node& n) {
-  if (n.name.rfind("grad/", 0) == 0) return Part::backward;
+  if (n.name.rfind("grad/", 0) == 0 || n.recomputes >= 0) return Part::backward;
   if (n.name.rfind("update/", 0) == 0 || n.name.rfind("opt/", 0) == 0 || n.phase == 1) return Part::update;
   return Part::forward;
 }
 
 std::string layer_of(const Node& n) {
   std::string name = n.name;
-  for (const char* prefix : {"grad/", "update/", "opt/"})
+  for (const char* prefix : {"grad/", "update/", "opt/", "recompute/"})
     if (name.rfind(prefix, 0) == 0) name = name.substr(std::char_traits<char>::length(prefix));
   const auto slash = name.find('/');
   return slash == std::string::npos ? name : name.substr(0, slash);
@@ -132,16 +134,19 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   for (const auto& [name, b] : layers) kernel_total += b.total();
   std::ostringstream os;
   char line[256];
-  std::snprintf(line, sizeof line,
-                "flowrun time %s: %lld steps after %lld warmup, %lld threads\n"
+  // The header names the config file, whatever the length of its path.
+  std::vector<char> head(512 + cfg.file.size());
+  std::snprintf(head.data(), head.size(),
+                "flowrun time %s: %lld steps after %lld warmup, %lld threads%s\n"
                 "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
                 "memory: arena %.2f MiB, peak resident %.1f MiB; %lld parameters\n\n",
                 cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
-                static_cast<long long>(r.threads), r.median_ms, r.p10_ms, r.p90_ms,
-                static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3), r.text ? "tokens" : "samples",
-                r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms, r.arena_mib, r.peak_rss_mib,
-                static_cast<long long>(r.params));
-  os << line;
+                static_cast<long long>(r.threads),
+                cfg.train.recompute == "none" ? "" : (", recompute " + cfg.train.recompute).c_str(),
+                r.median_ms, r.p10_ms, r.p90_ms, static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3),
+                r.text ? "tokens" : "samples", r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms,
+                r.arena_mib, r.peak_rss_mib, static_cast<long long>(r.params));
+  os << head.data();
   if (opts.profile > 0) {
     std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward",
                   "backward", "update", "share");

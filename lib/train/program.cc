@@ -97,7 +97,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
   // Training under data parallelism compiles the global micro-batch, which the data axis's SBP deduction
   // splits into each rank's `batch`.
   const int64_t ranks = training ? cfg.parallel.data : 1;
-  *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training);
+  *built = build_model(g, cfg.model, model_inputs(spec, batch * ranks), training, cfg.train.recompute);
   for (const std::string& name : layer_outputs) {
     auto it = built->layers.find(name);
     if (it == built->layers.end()) {
