@@ -118,29 +118,6 @@ void check_model(const RunConfig& cfg, const std::map<std::string, Origin>& bare
     throw input_error(cfg.where("model.layers") + "expected at least one layer");
 }
 
-void check_supported(const RunConfig& cfg) {
-  for (const auto& section : schema()) {
-    for (const auto& key : section.keys) {
-      if (key.supported.empty()) continue;
-      const std::string value = to_yaml(key.bind.load(cfg)).Scalar();
-      // `supported` lists the accepted values as "a", "a or b" or "a, b or c".
-      std::string list = key.supported;
-      for (size_t comma = list.find(", "); comma != std::string::npos; comma = list.find(", "))
-        list.replace(comma, 2, " or ");
-      bool ok = false;
-      for (size_t at = 0; at <= list.size();) {
-        const size_t end = std::min(list.find(" or ", at), list.size());
-        ok = ok || list.compare(at, end - at, value) == 0;
-        at = end + 4;
-      }
-      if (!ok) {
-        throw input_error(cat(cfg.where(section.name + "." + key.name), value, " is not supported yet (",
-                              key.unsupported_why, "); use ", key.supported));
-      }
-    }
-  }
-}
-
 void fill_derived(RunConfig& cfg) {
   if (cfg.model.zoo_dir.empty()) cfg.model.zoo_dir = env_or("FLOWRUN_MODELS", FLOWRUN_MODELS_DIR);
   const std::string& ds = cfg.data.dataset;

@@ -12,8 +12,6 @@ namespace flowrun::config {
 // `model` names exactly one of a zoo model and inline layers; parameters written directly under `model`
 // (`bare_keys`: name -> where the key is written) belong to a zoo model.
 void check_model(const RunConfig& cfg, const std::map<std::string, Origin>& bare_keys);
-// Valid values that are not implemented yet (fp16, parallel sizes above 1) are rejected with the reason.
-void check_supported(const RunConfig& cfg);
 // Defaults that depend on other values: model.zoo_dir, data.path, train.run_dir, the batch split
 // (micro_batch_size, grad_accumulation, eval_batch_size), and a warmup capped at the run's length (with a
 // note).

@@ -280,7 +280,6 @@ RunConfig build(Input& in) {
   store_values(in, cfg);
   config::check_model(cfg, in.bare_keys);
   cfg.model.origins = in.model_origins;
-  config::check_supported(cfg);
   config::fill_derived(cfg);
   config::check_consistency(cfg);
   cfg.resolved = resolve(cfg);

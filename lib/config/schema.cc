@@ -41,13 +41,6 @@ Key choice(const char* name, std::vector<std::string> choices, const char* defau
   return k;
 }
 
-// A key whose other valid values are accepted by the schema but not implemented yet.
-Key only(Key k, const char* supported, const char* why) {
-  k.supported = supported;
-  k.unsupported_why = why;
-  return k;
-}
-
 constexpr Bounds positive{Bounds::positive};
 constexpr Bounds non_negative{Bounds::non_negative};
 constexpr Bounds unit_interval{Bounds::half_open, 0, 1};  // [0, 1)
@@ -242,11 +235,11 @@ std::vector<Section> build_schema() {
                "pipeline stages: the model cut into consecutive stages, one per rank, run 1F1B over "
                "parallel.micro_batches",
                positive),
-           only(key("zero", Type::integer, "0", field(par, &Par::zero),
-                    "ZeRO stage over the data-parallel ranks: shard optimizer state (1), gradients (2), "
-                    "parameters (3)",
-                    Bounds{Bounds::closed, 0, 3}),
-                "0, 1 or 2", "ZeRO-3 is a later milestone"),
+           key("zero", Type::integer, "0", field(par, &Par::zero),
+               "ZeRO stage over the data-parallel ranks: shard optimizer state (1), gradients (2), "
+               "parameters (3: each gathered where the step reads it, in the forward and again in the "
+               "backward pass)",
+               Bounds{Bounds::closed, 0, 3}),
            key("bucket_mb", Type::number, "25", field(par, &Par::bucket_mb),
                "data parallel: gradient all-reduce bucket size in MiB; each bucket starts as soon as its "
                "gradients exist, overlapping the rest of the backward pass",
@@ -590,11 +583,8 @@ std::string schema_markdown() {
        << section.doc << "\n\n"
        << "| key | type | default | description |\n|---|---|---|---|\n";
     for (const auto& k : section.keys) {
-      std::string doc = k.doc;
-      if (!k.supported.empty())
-        doc += cat("; only ", k.supported, " is supported yet (", k.unsupported_why, ")");
       md << "| `" << section.name << "." << k.name << "` | " << k.type_text() << " | `" << k.default_yaml
-         << "` | " << doc << " |\n";
+         << "` | " << k.doc << " |\n";
     }
   }
   return md.str();

@@ -55,8 +55,6 @@ struct Key {
   std::vector<std::string> choices;  // Type::choice
   std::string doc;
   Binding bind;
-  std::string supported;        // if set: the only value accepted yet (YAML text) ...
-  std::string unsupported_why;  // ... and why the others are not
 
   // What a value is, "positive integer", "one of sgd, adam, adamw", ... (the reference's type column)
   std::string type_text() const;

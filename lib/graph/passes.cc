@@ -199,18 +199,22 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
                 ValueId coef) {
   GraphBuilder b(g);
   const Value pv = g.value(p);
-  // Biases and norm scales (rank < 2) are left undecayed when decay_1d is off, as in common PyTorch recipes.
-  const double wd = !spec.decay_1d && pv.shape().size() < 2 ? 0.0 : spec.weight_decay;
+  // Biases and norm scales (rank < 2) are left undecayed when decay_1d is off, as in common PyTorch recipes
+  // (the rank of the parameter, not of the flat shard ZeRO-3 keeps).
+  const size_t rank = (pv.placement.sharded() ? pv.placement.global_shape : pv.shape()).size();
+  const double wd = !spec.decay_1d && rank < 2 ? 0.0 : spec.weight_decay;
   const bool zero = spec.zero_shards > 1;
+  // ZeRO-3 keeps the parameter as this shard already (shard_parameters): nothing to cut or gather back.
+  const bool cut = zero && !pv.placement.sharded();
   const Attrs shards{{"shards", spec.zero_shards}};
-  const ValueId target = zero ? b.op1("local_shard", {p}, shards, cat("zero/", pv.name, "/param")) : p;
-  if (zero && !spec.sharded_grads)
-    grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
+  const ValueId target = cut ? b.op1("local_shard", {p}, shards, cat("zero/", pv.name, "/param")) : p;
+  if (cut && !spec.sharded_grads) grad = b.op1("local_shard", {grad}, shards, cat("zero/", pv.name, "/grad"));
   const Shape state_shape = g.value(target).shape();
   auto state = [&](const std::string& name, const Shape& shape) {
     const ValueId v = g.add_state(cat("opt/", pv.name, "/", name), shape, pv.dtype());
     if (numel(shape) > 0) split_like(g, v, pv);
-    if (zero && numel(shape) > 0) g.value(v).placement.global_shape = pv.shape();
+    if (zero && numel(shape) > 0)
+      g.value(v).placement.global_shape = cut ? pv.shape() : pv.placement.global_shape;
     return v;
   };
   std::vector<ValueId> in;
@@ -235,7 +239,7 @@ void add_update(Graph& g, const OptimizerSpec& spec, ValueId p, ValueId grad, Va
   if (coef != kNoValue) in.push_back(coef);
   b.op(spec.type == "sgd" ? "sgd_update" : "adamw_update", in, attrs, "update/" + pv.name);
   // Created after the update: among the nodes that only mutate, the schedule keeps creation order.
-  if (zero) b.op("all_gather_into", {p, target}, shards, cat("zero/", pv.name, "/gather"));
+  if (cut) b.op("all_gather_into", {p, target}, shards, cat("zero/", pv.name, "/gather"));
 }
 
 }  // namespace
@@ -348,6 +352,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     p.push_back({"tensor_parallel", [](Graph& g, const CompileOptions& o) {
                    split_over_axis(g, MeshAxis::tensor, o.tensor_parallel, o.tensor_rank);
                  }});
+  if (opts.zero >= 3 && opts.data_parallel > 1)
+    p.push_back({"zero3", [](Graph& g, const CompileOptions& o) { shard_parameters(g, o.data_parallel); }});
   if (opts.compute != DType::f32)
     p.push_back(
         {"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});

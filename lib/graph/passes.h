@@ -37,7 +37,8 @@ struct OptimizerSpec {
   // parameter ("all_gather_into"). State values carry Placement::global_shape.
   int64_t zero_shards = 1;
   // ZeRO-2: the gradients arrive as this rank's flat shards already (reduce_gradients' reduce-scatter), and
-  // the gradient norm sums its squares over the data axis.
+  // the gradient norm sums its squares over the data axis. ZeRO-3's parameters are such shards themselves
+  // (Placement::sharded), updated where they are.
   bool sharded_grads = false;
   // A pipeline stage: the updates are apply-phase nodes even without accumulation (they run once every
   // micro-batch has gone through every stage), and the gradients of parameters several stages hold are
@@ -109,6 +110,12 @@ void split_over_axis(Graph& g, MeshAxis axis, int64_t parts, int64_t rank);
 // for before the optimizer; with shard_grads (ZeRO-2) a reduce-scatter of each instead, param_grads then
 // holding this rank's flat shard of the summed gradient.
 void reduce_gradients(Graph& g, int64_t ranks, bool shard_grads, int64_t bucket_bytes);
+// ZeRO-3 over the data axis's `ranks` (forward graph, after the data and tensor axes' passes): every trained
+// parameter becomes this rank's flat shard (Placement::global_shape: its local shape), and its data-axis
+// entry (sbp_enter) a gather_shards, whose gradient is the reduce-scatter of the summed gradient into the
+// shard. The backward pass gathers again (recompute_segments), so a whole parameter lives only around its
+// uses.
+void shard_parameters(Graph& g, int64_t ranks);
 // Pipeline parallelism (forward graph, first of the parallel passes): keeps stage `stage` of `stages`, with
 // the input "pp/in" and the output "pp/out" (see graph/pipeline.cc).
 void pipeline_stage(Graph& g, int64_t stages, int64_t stage);

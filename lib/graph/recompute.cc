@@ -40,16 +40,9 @@ void adopt_helpers(Graph& g, const std::vector<NodeId>& forward,
   }
 }
 
-}  // namespace
-
-void recompute_segments(Graph& g) {
-  if (g.backward_begin < 0) return;
+// The segments' nodes emitted again (see recompute_segments); `forward`: the forward nodes in schedule order.
+void recompute_forward(Graph& g, const std::vector<NodeId>& forward) {
   const NodeId bb = g.backward_begin;
-  std::vector<NodeId> forward;
-  for (NodeId id : g.live_nodes_topological())
-    if (id < bb) forward.push_back(id);
-  if (std::none_of(forward.begin(), forward.end(), [&](NodeId id) { return g.node(id).segment >= 0; }))
-    return;
   const std::vector<std::vector<NodeId>> readers = g.consumers();
   std::set<ValueId> outputs;
   for (const auto& [name, v] : g.outputs()) outputs.insert(v);
@@ -128,6 +121,48 @@ void recompute_segments(Graph& g) {
     Node& copy = g.node(id);
     copy.schedule_as = first_reader.at(g.node(copy.recomputes).segment);
   }
+}
+
+// The backward pass gathers ZeRO-3's parameters again: each gather_shards of the forward pass gets a copy
+// that every backward reader of its output reads instead (recomputed segments included), scheduled just
+// before the first of them, so that a whole parameter lives only around its uses.
+void regather_parameters(Graph& g) {
+  const NodeId bb = g.backward_begin, end = static_cast<NodeId>(g.nodes().size());
+  const auto readers = g.consumers();
+  for (NodeId id = 0; id < bb; ++id) {
+    if (g.node(id).dead || g.node(id).op != "gather_shards") continue;
+    const ValueId whole = g.node(id).outputs[0];
+    std::vector<NodeId> late;
+    for (NodeId r : readers[static_cast<size_t>(whole)])
+      if (r >= bb && r < end) late.push_back(r);
+    if (late.empty()) continue;
+    const Node orig = g.node(id);  // a copy: add_node may reallocate the node list
+    const ValueId again = g.add_node(orig.op, orig.inputs, orig.attrs, "recompute/" + orig.name)[0];
+    g.value(again).placement = g.value(whole).placement;
+    const NodeId copy = g.nodes().back().id;
+    g.node(copy).recomputes = id;
+    NodeId first = -1;
+    for (NodeId r : late) {
+      Node& n = g.node(r);
+      for (ValueId& v : n.inputs)
+        if (v == whole) v = again;
+      const NodeId key = n.schedule_as >= 0 ? n.schedule_as : r;
+      first = first < 0 ? key : std::min(first, key);
+    }
+    g.node(copy).schedule_as = first;
+  }
+}
+
+}  // namespace
+
+void recompute_segments(Graph& g) {
+  if (g.backward_begin < 0) return;
+  std::vector<NodeId> forward;
+  for (NodeId id : g.live_nodes_topological())
+    if (id < g.backward_begin) forward.push_back(id);
+  if (std::any_of(forward.begin(), forward.end(), [&](NodeId id) { return g.node(id).segment >= 0; }))
+    recompute_forward(g, forward);
+  regather_parameters(g);
 }
 
 }  // namespace flowrun

@@ -23,6 +23,7 @@
 #include "graph/builder.h"
 #include "graph/passes.h"
 #include "ops/registry.h"
+#include "parallel/comm.h"
 
 namespace flowrun {
 
@@ -318,6 +319,28 @@ void split_over_axis(Graph& g, MeshAxis axis, int64_t parts, int64_t rank) {
   if (parts <= 1) return;
   FR_CHECK(g.param_grads().empty(), "SBP deduction runs on the forward graph, before autodiff");
   g = SbpAxisPass(g, axis, parts, rank).run();
+}
+
+void shard_parameters(Graph& g, int64_t ranks) {
+  if (ranks <= 1) return;
+  // Each parameter enters the data axis once (SbpAxisPass::entered): its sbp_enter becomes the gather.
+  std::map<ValueId, NodeId> entry;
+  for (const Node& n : g.nodes())
+    if (!n.dead && n.op == "sbp_enter" && n.attrs.is("mesh", "data") &&
+        g.value(n.inputs[0]).kind == ValueKind::param)
+      entry.emplace(n.inputs[0], n.id);
+  const auto readers = g.consumers();
+  for (const auto& [p, id] : entry) {
+    Value& pv = g.value(p);
+    const Shape local = pv.shape();
+    for (NodeId r : readers[static_cast<size_t>(p)])
+      FR_CHECK(r == id, "ZeRO-3: parameter ", pv.name, " is read by ", g.node(r).name, " besides its entry");
+    pv.type.shape = {shard_size(numel(local), ranks)};
+    pv.placement.global_shape = local;
+    Node& n = g.node(id);
+    n.op = "gather_shards";
+    n.attrs = {{"shards", ranks}, {"shape", std::vector<int64_t>(local.begin(), local.end())}};
+  }
 }
 
 void reduce_gradients(Graph& g, int64_t ranks, bool shard_grads, int64_t bucket_bytes) {

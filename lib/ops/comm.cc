@@ -266,6 +266,45 @@ void register_comm_ops(OpRegistry& r) {
   };
   r.add(ag);
 
+  // ZeRO-3's parameter: kept as this rank's flat shard, gathered whole where the step reads it.
+  OpDef gs;
+  gs.name = "gather_shards";
+  gs.doc =
+      "the whole tensor (attr shape) from every rank's flat shard, in rank order, the padding dropped: "
+      "local_shard's inverse as a value; attr shards (the data-parallel ranks); its gradient is "
+      "reduce_scatter_shard (each rank's shard of the gradient summed over the ranks)";
+  gs.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const Shape shape = a.ints("shape");
+    const int64_t s = shard_size(numel(shape), a.i("shards"));
+    if (in[0].shape != Shape{s})
+      throw input_error(cat("gather_shards: the shard of ", shape_str(shape), " must be [", s, "], got ",
+                            shape_str(in[0].shape)));
+    return {{shape, in[0].dtype}};
+  };
+  gs.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
+    return Cost{
+        0, 2.0 * static_cast<double>(numel(out[0].shape) * static_cast<int64_t>(dtype_size(out[0].dtype)))};
+  };
+  gs.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+    return static_cast<size_t>(numel(in[0].shape) * a.i("shards")) * dtype_size(in[0].dtype);
+  };
+  gs.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    return {
+        c.b.op1("reduce_scatter_shard", {c.dout(0)}, {{"shards", c.attrs().i("shards")}, {"scale", 1.0}})};
+  };
+  gs.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::gather_shards}};
+  gs.samples = [] {
+    OpSample o;
+    o.label = "one shard";
+    o.inputs = {{{15}, DType::f64}};
+    o.attrs = Attrs{{"shards", int64_t{1}}, {"shape", std::vector<int64_t>{3, 5}}};
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      return std::vector<Tensor>{in[0].clone().reshape({3, 5})};
+    };
+    return std::vector<OpSample>{o};
+  };
+  r.add(gs);
+
   OpDef rs;
   rs.name = "reduce_scatter_shard";
   rs.doc =

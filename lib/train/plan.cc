@@ -179,15 +179,16 @@ PlanReport plan_layout(const RunConfig& cfg) {
     const bool boxing = n.op == "sbp_all_reduce" || n.op == "sbp_all_gather" || n.op == "sbp_reduce_scatter";
     const bool tensor_axis = boxing && n.attrs.is("mesh", "tensor");
     const bool data_axis = (boxing && !tensor_axis) || n.op == "all_reduce" || n.op == "all_reduce_start" ||
-                           n.op == "all_gather_into" || n.op == "reduce_scatter_shard";
+                           n.op == "all_gather_into" || n.op == "reduce_scatter_shard" ||
+                           n.op == "gather_shards";
     if (!data_axis && !tensor_axis) continue;
     CollectivePlan c;
     c.node = n.name;
     c.op = n.op;
     c.axis = tensor_axis ? "tensor" : "data";
     // What the collective covers: the whole tensor (the gathered output, the reduced input).
-    c.tensor_bytes =
-        static_cast<double>(g.value(n.op == "sbp_all_gather" ? n.outputs[0] : n.inputs[0]).nbytes());
+    c.tensor_bytes = static_cast<double>(
+        g.value(n.op == "sbp_all_gather" || n.op == "gather_shards" ? n.outputs[0] : n.inputs[0]).nbytes());
     if (n.op == "all_reduce")
       for (size_t i = 1; i < n.inputs.size(); ++i)
         c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
@@ -236,7 +237,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     std::vector<std::pair<std::string, CollectivePlan>> lines;
     for (const CollectivePlan& c : r.collectives) {
       const std::string key = c.op == "all_gather_into"        ? "zero/*/gather"
-                              : c.op == "reduce_scatter_shard" ? "reduce_gradients/* (ZeRO-2)"
+                              : c.op == "reduce_scatter_shard" ? "gradient shards (ZeRO-2/3)"
+                              : c.op == "gather_shards"        ? "parameters (ZeRO-3: forward, backward)"
                               : c.op.rfind("sbp_", 0) == 0     ? cat(c.axis, " axis boxing")
                                                                : c.node;
       auto it = std::find_if(lines.begin(), lines.end(),

@@ -155,8 +155,7 @@ std::map<std::string, Tensor> import_weights(const Program& p, const BuiltModel&
     for (const std::string& n : persistent_names(p, kind)) {
       if (!is_model_state(n)) continue;
       const Value& v = g.value(g.find_value(n));
-      const Shape& local = v.placement.sharded() ? v.placement.global_shape : v.shape();
-      want[n] = {v.placement.tensor_split() ? v.placement.whole : local, v.dtype(), kind == ValueKind::state};
+      want[n] = {whole_shape(v), v.dtype(), kind == ValueKind::state};
     }
   }
   return import_safetensors(path, want, load_hf_map(model, m.env));
@@ -232,8 +231,7 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
     const ValueId id = t.ex->program().graph.find_value(n);
     if (id == kNoValue) return elsewhere;
     const Value& v = t.ex->program().graph.value(id);
-    const Shape shape = v.placement.tensor_split() ? v.placement.whole : v.shape();
-    return whole.emplace(n, Tensor::empty(shape, v.dtype())).first->second;
+    return whole.emplace(n, Tensor::empty(whole_shape(v), v.dtype())).first->second;
   });
   for (const auto& [n, w] : whole)
     if (t.ex->has_tensor(n)) scatter_value(*t.ex, n, w, t.mesh, "initialisation");
@@ -290,17 +288,27 @@ const Value& value_named(const Executor& ex, const std::string& name) {
 }
 }  // namespace
 
-Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh) {
+Shape whole_shape(const Value& v) {
+  if (v.placement.tensor_split()) return v.placement.whole;
+  return v.placement.sharded() ? v.placement.global_shape : v.shape();
+}
+
+Tensor unshard_value(Executor& ex, const std::string& name, const Mesh& mesh) {
   const Value& v = value_named(ex, name);
   Tensor local = ex.tensor(name);
-  if (v.placement.sharded()) {  // ZeRO: flat shards over the data axis
-    const int64_t s = local.numel();
-    Tensor all = Tensor::empty({s * mesh.data->size()}, local.dtype());
-    mesh.data->all_gather(local.raw(), all.raw(), s, local.dtype());
-    Tensor piece = Tensor::empty(v.placement.global_shape, local.dtype());
-    std::memcpy(piece.raw(), all.raw(), piece.nbytes());
-    local = piece;
-  }
+  if (!v.placement.sharded()) return local;
+  // ZeRO: flat shards over the data axis
+  const int64_t s = local.numel();
+  Tensor all = Tensor::empty({s * mesh.data->size()}, local.dtype());
+  mesh.data->all_gather(local.raw(), all.raw(), s, local.dtype());
+  Tensor piece = Tensor::empty(v.placement.global_shape, local.dtype());
+  std::memcpy(piece.raw(), all.raw(), piece.nbytes());
+  return piece;
+}
+
+Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh) {
+  const Value& v = value_named(ex, name);
+  Tensor local = unshard_value(ex, name, mesh);
   if (!v.placement.tensor_split()) return local;
   const int64_t parts = v.placement.tensor_parts, n = local.numel();
   Tensor all = Tensor::empty({n * parts}, local.dtype());
@@ -320,8 +328,7 @@ void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, c
                    const std::string& source) {
   const Value& v = value_named(ex, name);
   Tensor& t = ex.tensor(name);
-  const Shape& local_shape = v.placement.sharded() ? v.placement.global_shape : t.shape();
-  const Shape& want = v.placement.tensor_split() ? v.placement.whole : local_shape;
+  const Shape want = whole_shape(v);
   if (whole.shape() != want || whole.dtype() != t.dtype())
     throw input_error(cat(source, ": '", name, "' is ", dtype_name(whole.dtype()), shape_str(whole.shape()),
                           " but the model has ", dtype_name(t.dtype()), shape_str(want)));

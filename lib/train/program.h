@@ -77,10 +77,15 @@ std::map<std::string, Tensor> import_weights(const Program& p, const BuiltModel&
 // Names of the values of one kind in a program.
 std::vector<std::string> persistent_names(const Program& p, ValueKind kind);
 
+// The shape of value v as one process holds it: of the whole tensor where it is split over the tensor axis
+// (Placement::whole) or sharded over the data axis (Placement::global_shape), else its own.
+Shape whole_shape(const Value& v);
 // The whole tensor of persistent value `name`: the value itself, or for a sharded one (ZeRO optimizer state,
 // Placement::global_shape; a split over the tensor axis, Placement::tensor) every rank's piece gathered.
 // Collective for sharded values: every rank calls it, for the same names in the same order.
 Tensor gather_value(Executor& ex, const std::string& name, const Mesh& mesh);
+// The same over the data axis only: the tensor-axis piece this rank holds, whole for a value ZeRO shards.
+Tensor unshard_value(Executor& ex, const std::string& name, const Mesh& mesh);
 // Loads `whole` into value `name`: a copy, or this rank's piece of it for a sharded value. An input_error
 // when its shape is not the value's (whole) shape.
 void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Mesh& mesh,

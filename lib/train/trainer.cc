@@ -219,6 +219,9 @@ class Run {
   // The ranks of rank 0's tensor-parallel group: they run the eval program together (under pipeline
   // parallelism: the ranks of data index 0, which gather the model for the lead, who evaluates it whole).
   bool evaluates_ = true;
+  // ZeRO-3: every rank takes part in an evaluation, gathering the parameter shards; the evaluating ranks run
+  // it.
+  bool zero3_ = false;
   std::string run_dir_, ckpt_dir_;
   std::unique_ptr<RunDirLock> lock_;  // held by rank 0 for the whole run
   std::string last_checkpoint_;       // written by this run (or resumed from): finite weights
@@ -272,6 +275,7 @@ void Run::setup() {
   comm_ = mesh_.world.get();
   lead_ = comm_->rank() == 0;
   evaluates_ = mesh_.data->rank() == 0;
+  zero3_ = cfg_.parallel.zero >= 3 && mesh_.data->size() > 1;
   if (comm_->size() > 1) {
     // Every rank keeps a log of its own; only the lead rank prints.
     const std::string log = (fs::path(run_dir_) / cat("rank_", comm_->rank(), ".log")).string();
@@ -298,9 +302,11 @@ void Run::setup() {
     return;
   }
 
-  // The eval program reads the training program's parameters and running statistics in place.
+  // The eval program reads the training program's parameters and running statistics in place; under ZeRO-3
+  // the parameters are shards, which run_eval gathers into the eval program's own copies.
   std::map<std::string, Tensor> shared;
-  for (const auto& n : params_) shared.emplace(n, ex_->tensor(n));
+  if (!zero3_)
+    for (const auto& n : params_) shared.emplace(n, ex_->tensor(n));
   for (const auto& n : state_) shared.emplace(n, ex_->tensor(n));
   Program eval = compile_model(cfg_, data_->spec(), cfg_.train.eval_batch_size, false, &eval_model_,
                                mesh_.tensor->rank());
@@ -465,7 +471,8 @@ std::map<std::string, Tensor> Run::whole(const std::vector<std::string>& names, 
 
 EvalResult Run::run_eval() {
   if (mesh_.stages() > 1) {
-    // The parameters and running statistics (never ZeRO-sharded: only the data index 0 ranks take part).
+    // The parameters and running statistics (gathered by the data index 0 ranks, and under ZeRO-3, whose
+    // parameters are shards, by every rank).
     std::vector<std::string> names = params_;
     for (const auto& n : state_)
       if (is_model_state(n)) names.push_back(n);
@@ -473,6 +480,12 @@ EvalResult Run::run_eval() {
     if (!lead_) return {};
     for (const auto& [n, t] : model)
       if (eval_ex_->has_tensor(n)) std::memcpy(eval_ex_->tensor(n).raw(), t.raw(), t.nbytes());
+  } else if (zero3_) {
+    for (const auto& n : params_) {
+      const Tensor t = unshard_value(*ex_, n, mesh_);
+      if (evaluates_) std::memcpy(eval_ex_->tensor(n).raw(), t.raw(), t.nbytes());
+    }
+    if (!evaluates_) return {};
   }
   return evaluate(*eval_ex_, *data_, cfg_);
 }
@@ -681,7 +694,8 @@ TrainResult Run::go() {
                             : std::nan("");
       log_step(step_, loss, lr, gn, dt);
     }
-    if (evaluates_ && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 && step_ != total) {
+    if ((evaluates_ || zero3_) && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0 &&
+        step_ != total) {
       result.eval = run_eval();
       if (lead_) log_eval(step_, result.eval);
     }
@@ -711,8 +725,9 @@ TrainResult Run::go() {
   if (live_) std::fprintf(stderr, "\n");
   result.step = step_;
   result.loss = loss;
-  if (!evaluates_) return result;
+  if (!evaluates_ && !zero3_) return result;
   result.eval = run_eval();
+  if (!evaluates_) return result;
   if (!lead_) return result;
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);

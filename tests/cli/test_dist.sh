@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Parallel layouts against one process: the MLP (SGD Nesterov, dropout) and the GPT (AdamW, dropout,
-# clipping, tied embeddings; also with gradient accumulation) trained 20 steps under DP2, ZeRO-1 on DP2, TP2,
+# clipping, tied embeddings; also with gradient accumulation) trained 20 steps under DP2, ZeRO-1/2/3 on DP2, TP2,
 # DP2 x TP2, PP2 (4 micro-batches), DP2 x PP2 and TP2 x PP2, all with the same global batch, log the same
 # per-step losses within 1e-5 relative and end with the same weights and optimizer state; checkpoints resume
-# across layouts (DP2 -> 1 process, ZeRO-1 <-> 1 process, DP2 x TP2 -> DP4, TP2 and 1 process, PP2 -> 1
-# process), also from sharded checkpoint files; a layout that does not match the launch is refused; a killed
-# rank ends the job.
+# across layouts (DP2 -> 1 process, ZeRO-1 <-> 1 process, ZeRO-3 -> 1 process and ZeRO-1, DP2 x TP2 -> DP4,
+# TP2 and 1 process, PP2 -> 1 process), also from sharded checkpoint files; a layout that does not match the
+# launch is refused; a killed rank ends the job.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe -np 2)
@@ -42,6 +42,26 @@ check_case mlp-zero2 "${MLP[@]}" 2:2:1 --set train.steps=20 --set parallel.zero=
 check_case gpt-zero2 "${GPT[@]}" 2:2:1 --set parallel.zero=2
 check_case gpt-zero2 "${GPT[@]}" 4:2:2 --set parallel.zero=2
 check_case gpt-zero2-accum "${GPT[@]}" 2:2:1 --set parallel.zero=2 --set train.grad_accumulation=2
+# ZeRO-3: each rank keeps a flat shard of every parameter and gathers it where the step reads it; also with
+# tensor and pipeline parallelism and accumulation.
+check_case mlp-zero3 "${MLP[@]}" 2:2:1 --set train.steps=20 --set parallel.zero=3
+check_case gpt-zero3 "${GPT[@]}" 2:2:1 --set parallel.zero=3
+check_case gpt-zero3 "${GPT[@]}" 4:2:2 --set parallel.zero=3
+check_case gpt-zero3-accum "${GPT[@]}" 2:2:1 --set parallel.zero=3 --set train.grad_accumulation=2
+check_case gpt-pp-zero3 "${GPT[@]}" 4:2:1:2 --set train.grad_accumulation=4 --set parallel.zero=3
+# A ZeRO-3 checkpoint (whole tensors, gathered) resumes in one process and under ZeRO-1, each continuing as
+# the uninterrupted one-process run.
+for to in 1:1 2:1; do
+  IFS=: read -r n z <<<"$to"
+  run="$SCRATCH/from-zero3-to-$n-$z"
+  expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$run" "${COMMON[@]}" \
+    --set parallel.data=2 --set parallel.zero=3 --exit-at-step 10
+  expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np "$n" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" \
+    --run-dir "$run" "${COMMON[@]}" --set parallel.data="$n" --set parallel.zero="$z" --resume auto
+  rel=$(max_rel "$SCRATCH/gpt-1/metrics.jsonl" "$run/metrics.jsonl")
+  within "$rel" 1e-5 || fail "ZeRO-3 on DP2 -> $n process(es), ZeRO-$z: losses differ by $rel"
+  echo "ZeRO-3 checkpoint resumed on $n process(es) under ZeRO-$z: losses within $rel"
+done
 
 # Pipeline parallelism: 2 stages, 4 micro-batches (1F1B), against one process accumulating 4 micro-batches;
 # also with data and tensor parallelism (3-D: 8 ranks is too slow on 2 cores, see the README).

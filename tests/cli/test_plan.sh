@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `flowrun plan` against what a run holds (`flowrun time --json` of the same layout): parameter and state
 # bytes exactly, the arena within 10%, and the FLOPs per step; in one process, under ZeRO-1 on 2 ranks,
-# where each rank holds half of the optimizer state, under TP2, where each holds its pieces, and for the first
-# stage of PP2.
+# where each rank holds half of the optimizer state, under ZeRO-3, where it holds half of the parameters
+# too, under TP2, where each holds its pieces, and for the first stage of PP2.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 CFG="$SRC/tests/configs/tiny_gpt.yaml"
@@ -45,6 +45,17 @@ compare "ZeRO-1 on 2 ranks" "$SCRATCH/plan2.json" "$SCRATCH/time2.json"
 # Half the optimizer state of one process (AdamW: two moments; shards round up, so at least half).
 awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRATCH/plan1.json" optimizer_state_bytes)" \
   'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-1 state is not half of one process's"
+
+# ZeRO-3 on 2 ranks: each holds half of every parameter too (shards round up), and gathers them.
+expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.zero=3 --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan5.json"
+expect_log "parameters (ZeRO-3: forward, backward)"
+expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
+  --profile 0 --json --set parallel.data=2 --set parallel.zero=3
+time_json "$SCRATCH/time5.json"
+compare "ZeRO-3 on 2 ranks" "$SCRATCH/plan5.json" "$SCRATCH/time5.json"
+awk -v z="$(num "$SCRATCH/plan5.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
+  'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-3 parameters are not half of one process's"
 
 # Tensor parallelism on 2 ranks: each holds its pieces of the split parameters (and their state).
 expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.tensor=2 --json

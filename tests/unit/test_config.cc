@@ -126,7 +126,7 @@ TEST(ConfigSchema, MarkdownMentionsEveryKey) {
   }
   EXPECT_TRUE(Contains(md, "| `optimizer.lr` | positive number | `0.001` |"));
   EXPECT_TRUE(Contains(md, "| `optimizer.type` | one of sgd, adam, adamw | `adamw` |"));
-  EXPECT_TRUE(Contains(md, "only 0, 1 or 2 is supported yet"));
+  EXPECT_TRUE(Contains(md, "| `parallel.zero` | integer in [0, 3] | `0` |"));
   // Sections in schema order.
   EXPECT_LT(md.find("## model"), md.find("## data"));
   EXPECT_LT(md.find("## schedule"), md.find("## precision"));
@@ -325,7 +325,7 @@ TEST(ConfigErrors, ModelSection) {
   EXPECT_EQ(error_of("model:\n  layers: []\n"), "cfg.yaml:2:11: model.layers: expected at least one layer");
 }
 
-TEST(ConfigErrors, CrossFieldAndUnsupported) {
+TEST(ConfigErrors, CrossFieldAndOutOfRange) {
   EXPECT_EQ(error_of(kZoo + "schedule:\n  type: step\n"),
             "cfg.yaml:4:9: schedule.type: step needs schedule.step_size > 0 or schedule.milestones");
   EXPECT_EQ(error_of(kZoo + "schedule:\n  milestones: [10, 5]\n"),
@@ -338,9 +338,8 @@ TEST(ConfigErrors, CrossFieldAndUnsupported) {
   EXPECT_EQ(error_of(kZoo + "optimizer:\n  type: sgd\n  nesterov: true\n"),
             "cfg.yaml:5:13: optimizer.nesterov: Nesterov momentum needs optimizer.momentum > 0 and "
             "optimizer.dampening 0");
-  EXPECT_EQ(
-      error_of(kZoo + "parallel:\n  zero: 3\n"),
-      "cfg.yaml:4:9: parallel.zero: 3 is not supported yet (ZeRO-3 is a later milestone); use 0, 1 or 2");
+  EXPECT_EQ(error_of(kZoo + "parallel:\n  zero: 4\n"),
+            "cfg.yaml:4:9: parallel.zero: expected an integer in [0, 3], got \"4\"");
   EXPECT_EQ(error_of(kZoo + "parallel:\n  micro_batches: 2\n"),
             "cfg.yaml:4:18: parallel.micro_batches: 2 micro-batches need parallel.pipeline > 1 (use "
             "train.grad_accumulation)");

@@ -3,6 +3,7 @@
 // one process, and the pipeline's cut into stages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -475,7 +476,21 @@ std::map<std::string, Tensor> train_gpt(const Program& p, const BuiltModel& buil
                                         int64_t accumulation, Communicator* data = nullptr,
                                         int64_t first_row = 0) {
   Executor ex(p, kCpu, 5, {}, data, nullptr);
-  init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& { return ex.tensor(n); });
+  // ZeRO-3's parameters are flat shards: drawn whole, as one process draws them, and cut (zero-padded).
+  std::map<std::string, Tensor> whole;
+  init_parameters(built.init, 5, [&](const std::string& n) -> Tensor& {
+    const Value& v = p.graph.value(p.graph.find_value(n));
+    if (!v.placement.sharded()) return ex.tensor(n);
+    return whole.emplace(n, Tensor::empty(v.placement.global_shape, v.dtype())).first->second;
+  });
+  for (const auto& [n, w] : whole) {
+    Tensor& t = ex.tensor(n);
+    const int64_t s = t.numel(), first = (data ? data->rank() : 0) * s;
+    const size_t esize = dtype_size(t.dtype());
+    std::memset(t.raw(), 0, t.nbytes());
+    std::memcpy(t.raw(), static_cast<const char*>(w.raw()) + static_cast<size_t>(first) * esize,
+                static_cast<size_t>(std::clamp<int64_t>(w.numel() - first, 0, s)) * esize);
+  }
   for (int64_t step = 0; step < steps; ++step) {
     ex.tensor("lr").data<float>()[0] = 0.05f / static_cast<float>(step + 1);
     if (p.graph.find_value("opt/step") != kNoValue) ex.tensor("opt/step").data<int64_t>()[0] = step + 1;
@@ -573,6 +588,82 @@ TEST(MultiTensorUpdates, ZeroShardsAreUpdatedAlikeGroupedOrNot) {
   }
   for (int r = 0; r < kParts; ++r)
     expect_bitwise_equal(runs[0][static_cast<size_t>(r)], runs[1][static_cast<size_t>(r)]);
+}
+
+// ZeRO-3: every parameter is a flat shard, gathered where the forward pass reads it and again, just before
+// its first reader, in the backward pass; the gradients arrive reduce-scattered and the shards are updated
+// in place. On two data ranks (threads) each rank ends with its part of ZeRO-2's parameters and with its
+// optimizer state, bit for bit (grouped updates or not).
+TEST(Zero3, ShardedParametersGatheredAroundTheirUsesTrainAsZero2) {
+  const ModelInputs in{true, {4, 8}, 32};
+  constexpr int kParts = 2;
+  auto train = [&](int zero, bool grouped, BuiltModel* built, std::vector<Program>* programs) {
+    CompileOptions o = update_options("adamw", grouped);
+    o.optimizer.clip_grad_norm = 0.5;
+    o.optimizer.zero_shards = kParts;
+    o.optimizer.sharded_grads = true;
+    o.zero = zero;
+    o.data_parallel = kParts;
+    for (int r = 0; r < kParts; ++r) {
+      o.data_rank = r;
+      programs->push_back(compile_gpt(o, in, built));
+    }
+    ThreadGroup group(kParts);
+    std::vector<std::map<std::string, Tensor>> runs(kParts);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kParts; ++r)
+      threads.emplace_back([&, r] {
+        ThreadCommunicator comm(group, r);
+        runs[static_cast<size_t>(r)] =
+            train_gpt((*programs)[static_cast<size_t>(r)], *built, 3, 1, &comm, r * 4 / kParts);
+      });
+    for (auto& t : threads) t.join();
+    return runs;
+  };
+  BuiltModel built;
+  std::vector<Program> zero2_programs;
+  const auto zero2 = train(2, false, &built, &zero2_programs);
+  for (bool grouped : {false, true}) {
+    SCOPED_TRACE(grouped ? "grouped updates" : "one update per parameter");
+    std::vector<Program> programs;
+    const auto zero3 = train(3, grouped, &built, &programs);
+    const Program& p = programs[0];
+    const Graph& g = p.graph;
+    std::vector<size_t> pos(g.nodes().size());
+    for (size_t i = 0; i < p.order.size(); ++i) pos[static_cast<size_t>(p.order[i])] = i;
+    int forward = 0, backward = 0;
+    for (NodeId id : p.order) {
+      const Node& n = g.node(id);
+      EXPECT_NE(n.op, "all_gather_into");
+      EXPECT_NE(n.op, "local_shard");
+      if (n.op != "gather_shards") continue;
+      const Value& shard = g.value(n.inputs[0]);
+      EXPECT_EQ(shard.kind, ValueKind::param);
+      EXPECT_EQ(shard.shape(), Shape{shard_size(numel(shard.placement.global_shape), kParts)});
+      if (n.recomputes < 0) {
+        ++forward;
+        continue;
+      }
+      ++backward;
+      EXPECT_GE(id, g.backward_begin);
+      EXPECT_LT(pos[static_cast<size_t>(id)], pos[static_cast<size_t>(n.schedule_as)]) << n.name;
+    }
+    EXPECT_EQ(forward, static_cast<int>(g.param_grads().size()));
+    EXPECT_GT(backward, 0);  // the weights the backward pass reads (the matmuls' and the tied embedding)
+    for (int r = 0; r < kParts; ++r) {
+      for (const auto& [name, t] : zero3[static_cast<size_t>(r)]) {
+        const Tensor& want = zero2[static_cast<size_t>(r)].at(name);
+        if (g.value(g.find_value(name)).kind != ValueKind::param) {
+          EXPECT_EQ(std::memcmp(t.raw(), want.raw(), t.nbytes()), 0) << name << " rank " << r;
+          continue;
+        }
+        // This rank's part of the parameter ZeRO-2 keeps whole.
+        const int64_t s = t.numel(), first = r * s, n = std::clamp<int64_t>(want.numel() - first, 0, s);
+        EXPECT_EQ(std::memcmp(t.raw(), want.data<float>() + first, static_cast<size_t>(n) * sizeof(float)), 0)
+            << name << " rank " << r;
+      }
+    }
+  }
 }
 
 }  // namespace

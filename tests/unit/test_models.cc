@@ -753,7 +753,7 @@ TEST_F(ModelErrors, UnknownOptionAndWrongType) {
   EXPECT_EQ(build("m", "layers:\n  - flatten\n  - linear: {out: 10, bais: false}\n"),
             file("m") +
                 ":3:23: layers[1].linear.bais: unknown option of linear (did you mean 'bias'?); its options: "
-                "out, bias, init, sbp, name");
+                "out, bias, init, sbp, name, recompute");
   EXPECT_EQ(build("m", "layers:\n  - flatten\n  - linear: {out: ten}\n"),
             file("m") + ":3:19: layers[1].linear.out: expected an integer, got 'ten' (string)");
   EXPECT_EQ(build("m", "layers:\n  - flatten\n  - linear:\n      out: 10\n      bias: ${1}\n"),

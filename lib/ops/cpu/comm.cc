@@ -69,16 +69,26 @@ void local_shard(const KernelCtx& c) {
               static_cast<size_t>(s - have) * esize);
 }
 
-void all_gather_into(const KernelCtx& c) {
+namespace {
+// Every rank's flat shard of `shard`, in rank order, into dst (n elements: the padding dropped).
+void gather_to(const KernelCtx& c, const TensorView& dst, const TensorView& shard) {
   check_shards(c);
-  const int64_t n = c.in[0].numel(), s = c.in[1].numel();
-  const size_t esize = dtype_size(c.in[0].dtype);
+  const int64_t n = dst.numel(), s = shard.numel();
+  const size_t esize = dtype_size(dst.dtype);
   if (!c.comm || c.comm->size() == 1) {
-    std::memcpy(c.in[0].data, c.in[1].data, static_cast<size_t>(n) * esize);
+    std::memcpy(dst.data, shard.data, static_cast<size_t>(n) * esize);
     return;
   }
-  c.comm->all_gather(c.in[1].data, c.workspace, s, c.in[0].dtype);
-  std::memcpy(c.in[0].data, c.workspace, static_cast<size_t>(n) * esize);
+  c.comm->all_gather(shard.data, c.workspace, s, dst.dtype);
+  std::memcpy(dst.data, c.workspace, static_cast<size_t>(n) * esize);
+}
+}  // namespace
+
+void all_gather_into(const KernelCtx& c) {
+  gather_to(c, c.in[0], c.in[1]);
+}
+void gather_shards(const KernelCtx& c) {
+  gather_to(c, c.out[0], c.in[0]);
 }
 
 void all_reduce_start(const KernelCtx& c) {

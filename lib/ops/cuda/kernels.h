@@ -108,6 +108,7 @@ Communicator* on_stream(Communicator* g, const KernelCtx& c);
 void all_reduce(const KernelCtx& c);
 void local_shard(const KernelCtx& c);
 void all_gather_into(const KernelCtx& c);
+void gather_shards(const KernelCtx& c);
 void reduce_scatter_shard(const KernelCtx& c);
 void all_reduce_start(const KernelCtx& c);
 void all_reduce_wait(const KernelCtx& c);

@@ -90,6 +90,7 @@ void register_cuda_kernels(OpRegistry& r) {
       {"all_reduce", cuda::all_reduce},
       {"local_shard", cuda::local_shard},
       {"all_gather_into", cuda::all_gather_into},
+      {"gather_shards", cuda::gather_shards},
       {"reduce_scatter_shard", cuda::reduce_scatter_shard},
       {"all_reduce_start", cuda::all_reduce_start},
       {"all_reduce_wait", cuda::all_reduce_wait},
