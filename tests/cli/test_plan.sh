@@ -35,49 +35,45 @@ expect_exit 0 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 --profile 0 --json
 tail -1 "$SCRATCH/last.log" >"$SCRATCH/time1.json"
 compare "one process" "$SCRATCH/plan1.json" "$SCRATCH/time1.json"
 
-expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.zero=1 --json
-tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan2.json"
-expect_log "all_gather_into"
-expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
-  --profile 0 --json --set parallel.data=2 --set parallel.zero=1
-time_json "$SCRATCH/time2.json"
-compare "ZeRO-1 on 2 ranks" "$SCRATCH/plan2.json" "$SCRATCH/time2.json"
-# Half the optimizer state of one process (AdamW: two moments; shards round up, so at least half).
-awk -v z="$(num "$SCRATCH/plan2.json" optimizer_state_bytes)" -v o="$(num "$SCRATCH/plan1.json" optimizer_state_bytes)" \
-  'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-1 state is not half of one process's"
+# against_run NAME N ARGS...: `flowrun plan` of the 2-rank layout ARGS against `flowrun time` of it under
+# mpirun (rank 0's figures); keeps $SCRATCH/planN.json, planN.log (the plan's output) and timeN.json.
+against_run() {
+  local name=$1 n=$2
+  shift 2
+  expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 "$@" --json
+  cp "$SCRATCH/last.log" "$SCRATCH/plan$n.log"
+  tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan$n.json"
+  expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
+    --profile 0 --json "$@"
+  time_json "$SCRATCH/time$n.json"
+  compare "$name" "$SCRATCH/plan$n.json" "$SCRATCH/time$n.json"
+}
+plan_says() { grep -qF -- "$2" "$SCRATCH/plan$1.log" || { cat "$SCRATCH/plan$1.log" >&2; fail "plan $1 lacks '$2'"; }; }
+# half N FIELD WHAT: plan N's FIELD is half of one process's (shards round up, so at least half).
+half() {
+  awk -v z="$(num "$SCRATCH/plan$1.json" "$2")" -v o="$(num "$SCRATCH/plan1.json" "$2")" \
+    'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "$3 is not half of one process's"
+}
 
-# ZeRO-3 on 2 ranks: each holds half of every parameter too (shards round up), and gathers them.
-expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.zero=3 --json
-tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan5.json"
-expect_log "parameters (ZeRO-3: forward, backward)"
-expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
-  --profile 0 --json --set parallel.data=2 --set parallel.zero=3
-time_json "$SCRATCH/time5.json"
-compare "ZeRO-3 on 2 ranks" "$SCRATCH/plan5.json" "$SCRATCH/time5.json"
-awk -v z="$(num "$SCRATCH/plan5.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
-  'BEGIN {exit !(z >= o / 2 && z < o / 2 + 4096)}' || fail "ZeRO-3 parameters are not half of one process's"
+against_run "ZeRO-1 on 2 ranks" 2 --set parallel.data=2 --set parallel.zero=1
+plan_says 2 "all_gather_into"
+half 2 optimizer_state_bytes "ZeRO-1 state"  # AdamW: two moments
+
+# ZeRO-3 on 2 ranks: each holds half of every parameter too, and gathers them.
+against_run "ZeRO-3 on 2 ranks" 5 --set parallel.data=2 --set parallel.zero=3
+plan_says 5 "parameters (ZeRO-3: forward, backward)"
+half 5 param_bytes "ZeRO-3 parameters"
 
 # Tensor parallelism on 2 ranks: each holds its pieces of the split parameters (and their state).
-expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --set parallel.tensor=2 --json
-tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan3.json"
-expect_log "sbp_all_reduce"
-expect_log "blocks.0/attn/qkv/w [96,32] S(0)x3"
-expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
-  --profile 0 --json --set parallel.tensor=2
-time_json "$SCRATCH/time3.json"
-compare "TP2" "$SCRATCH/plan3.json" "$SCRATCH/time3.json"
+against_run TP2 3 --set parallel.tensor=2
+plan_says 3 "sbp_all_reduce"
+plan_says 3 "blocks.0/attn/qkv/w [96,32] S(0)x3"
 awk -v t="$(num "$SCRATCH/plan3.json" param_bytes)" -v o="$(num "$SCRATCH/plan1.json" param_bytes)" \
   'BEGIN {exit !(t < 0.7 * o)}' || fail "TP2 parameters are not split (plan: $(num "$SCRATCH/plan3.json" param_bytes) bytes)"
 
 # Two pipeline stages: rank 0 holds the first stage's parameters and one arena per micro-batch slot.
-PP=(--set parallel.pipeline=2 --set parallel.micro_batches=4)
-expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 "${PP[@]}" --json
-tail -1 "$SCRATCH/last.log" >"$SCRATCH/plan4.json"
-expect_log "pipeline stage 0 of 2: 2 micro-batch slots"
-expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" time "$CFG" --steps 2 --warmup 0 \
-  --profile 0 --json "${PP[@]}"
-time_json "$SCRATCH/time4.json"
-compare "PP2 stage 0" "$SCRATCH/plan4.json" "$SCRATCH/time4.json"
+against_run "PP2 stage 0" 4 --set parallel.pipeline=2 --set parallel.micro_batches=4
+plan_says 4 "pipeline stage 0 of 2: 2 micro-batch slots"
 
 expect_exit 2 "$FLOWRUN" plan "$CFG" --world-size 3 --set parallel.tensor=2
 
