@@ -103,9 +103,22 @@ class SbpAxisPass {
         {std::vector<Sbp>(q.in.size(), Sbp::broadcast()), std::vector<Sbp>(q.out.size(), Sbp::broadcast())});
     // The cheapest signature; among equally cheap ones, the one with the fewest conversions (a free slice of
     // a B value is still a change of layout that later ops may have to undo), then the one that splits more.
+    //
+    // Before all of that, on the tensor axis, a matmul or linear splits a free weight (a parameter of rank >=
+    // 2 no node has placed yet) whenever a signature can: tensor parallelism is there to divide the weights,
+    // and a node-by-node choice cannot weigh a whole copy (memory, held throughout) against the collectives a
+    // split may need later (traffic). Otherwise, once a layout splits the batch on this axis (attention whose
+    // heads the axis does not divide), every later weight would find keeping it whole cheapest.
+    const bool split_weights = axis_ == MeshAxis::tensor && (node.op == "linear" || node.op == "matmul");
+    auto keeps_weight_whole = [&](const SbpSignature& s) {
+      for (size_t i = 0; i < q.in.size(); ++i)
+        if (!q.cur[i] && q.in[i].shape.size() >= 2 && s.in[i].kind == Sbp::B) return true;
+      return false;
+    };
     const SbpSignature* best = nullptr;
     double best_cost = 0;
     int best_boxes = 0, best_split = 0;
+    bool best_whole = false;
     for (const SbpSignature& s : sigs) {
       double cost = 0;
       bool ok = s.in.size() == q.in.size() && s.out.size() == q.out.size();
@@ -129,14 +142,18 @@ class SbpAxisPass {
       if (!ok) continue;
       int split = 0;
       for (const Sbp& o : s.out) split += o.kind != Sbp::B;
+      const bool whole = split_weights && keeps_weight_whole(s);
       const bool better =
-          !best || cost < best_cost ||
-          (cost == best_cost && (boxes < best_boxes || (boxes == best_boxes && split > best_split)));
+          !best || (!whole && best_whole) ||
+          (whole == best_whole &&
+           (cost < best_cost ||
+            (cost == best_cost && (boxes < best_boxes || (boxes == best_boxes && split > best_split)))));
       if (better) {
         best = &s;
         best_cost = cost;
         best_boxes = boxes;
         best_split = split;
+        best_whole = whole;
       }
     }
     FR_CHECK(best, "no signature for ", node.name);

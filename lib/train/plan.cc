@@ -143,22 +143,27 @@ std::string replication_warning(const Program& p, const BuiltModel& built, const
       largest.emplace_back(n, cat(v.name, " ", shape_str(s)));
     }
   }
-  if (whole == 0 || kept <= 0.5 * whole) return "";
+  // Attention splits by whole heads (and key/value heads): with a head count the axis does not divide, its
+  // projections are split by columns and their outputs gathered, so every rank computes every head.
+  std::vector<std::string> heads;
+  for (const char* key : {"n_head", "n_kv_head"})
+    if (const nn::MValue* h = built.env.find(key); h && h->is_int() && h->as_int() % tp != 0)
+      heads.push_back(cat("model.", key, " ", h->as_int(), " is not divisible by parallel.tensor ", tp));
+  const std::string attention =
+      heads.empty() ? ""
+                    : cat(join(heads),
+                          ": attention cannot be split by heads (every tensor rank computes every "
+                          "head, on the q, k and v projections gathered whole)");
+  if (whole == 0 || kept <= 0.5 * whole) return attention;
   std::sort(largest.begin(), largest.end(), std::greater<>());
   std::vector<std::string> names;
   for (size_t i = 0; i < std::min<size_t>(3, largest.size()); ++i) names.push_back(largest[i].second);
-  std::string why;
-  // Attention splits by whole heads (and key/value heads); a head count the axis does not divide leaves
-  // the projections whole, and what reads them follows.
-  for (const char* key : {"n_head", "n_kv_head"})
-    if (const nn::MValue* h = built.env.find(key); h && h->is_int() && h->as_int() % tp != 0)
-      why += cat("; model.", key, " ", h->as_int(), " is not divisible by parallel.tensor ", tp,
-                 ": attention cannot be split by heads");
   char share[32];
   std::snprintf(share, sizeof share, "%.0f%%", 100.0 * kept / whole);
   return cat("parallel.tensor ", tp, " leaves ", share, " of the parameters (",
              with_commas(static_cast<int64_t>(kept)), " of ", with_commas(static_cast<int64_t>(whole)),
-             " elements) whole on every tensor rank, largest ", join(names), why,
+             " elements) whole on every tensor rank, largest ", join(names),
+             attention.empty() ? "" : "; " + attention,
              "; parameter memory is then barely divided by the tensor axis");
 }
 

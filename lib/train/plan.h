@@ -28,9 +28,10 @@ struct PlanReport {
   std::string table, json;
 };
 
-// Under parallel.tensor > 1, a warning when most of the program's parameter elements (whole shapes) stay
-// replicated on the tensor axis rather than split: it names the largest such parameters and, where the
-// model's head counts are not divisible by the axis, why. "" otherwise. `flowrun plan` and `train` print it.
+// Under parallel.tensor > 1, a warning when the model's head counts are not divisible by the axis (attention
+// then runs whole on every rank), and when most of the program's parameter elements (whole shapes) stay
+// replicated on the tensor axis rather than split, naming the largest. "" otherwise. `flowrun plan` and
+// `train` print it.
 std::string replication_warning(const Program& p, const BuiltModel& built, const RunConfig& cfg);
 
 // The plan of one rank of cfg's layout (every rank's is the same in data parallelism and ZeRO-1).

@@ -24,6 +24,11 @@ SGD=(--set optimizer.type=sgd --set optimizer.momentum=0.9 --set optimizer.lr=0.
 check_case gpt-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 2:2:1 "${SGD[@]}"
 check_case gpt-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 2:1:2 "${SGD[@]}"
 check_case gpt-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 4:2:2 "${SGD[@]}"
+# 3 heads on 2 tensor ranks: attention cannot be split by heads, the MLP is split around it (column- then
+# row-parallel after a batch-split layernorm) and still follows one process.
+H3=(--set model.n_head=3 --set model.d_model=48)
+check_case gpt-h3-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 2:1:2 "${SGD[@]}" "${H3[@]}"
+check_case gpt-h3-sgd "$SRC/tests/configs/tiny_gpt.yaml" "" 4:2:2 "${SGD[@]}" "${H3[@]}"
 GPT=("$SRC/tests/configs/tiny_gpt.yaml" "/attn/qkv/b: |/wte/w: ")
 check_case gpt "${GPT[@]}" 2:2:1
 check_case gpt "${GPT[@]}" 2:1:2

@@ -85,18 +85,34 @@ expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/llama2_7b.yaml" --set model.n_
 expect_log "7,241,732,096"
 echo "Llama-2-7B and Mistral-7B shapes: the published parameter counts"
 
-# A tensor-parallel layout that leaves most parameters whole is named, with why; a split one is not.
+# Attention whose heads the tensor axis does not divide is named; the MLP around it is split all the same
+# (column- then row-parallel), so parameter memory is divided; a Megatron-split GPT is not warned about.
 expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/gpt_tiny.yaml" --set model.n_head=3 --set model.d_model=96 \
   --set parallel.tensor=2
-expect_log "warning: parallel.tensor 2 leaves"
-expect_log "model.n_head 3 is not divisible by parallel.tensor 2: attention cannot be split by heads"
+expect_log "warning: model.n_head 3 is not divisible by parallel.tensor 2: attention cannot be split by heads"
+expect_log "blocks.0/mlp/fc/w [384,96] S(0)"
+expect_log "blocks.0/mlp/proj/w [96,384] S(1)"
+grep -q "leaves" "$SCRATCH/last.log" && fail "the MLP of a 3-head GPT under TP2 was left whole"
 expect_exit 0 "$FLOWRUN" plan "$SRC/configs/bench/gpt_tiny.yaml" --set model.n_head=4 --set model.d_model=96 \
   --set parallel.tensor=2
 grep -q "^warning:" "$SCRATCH/last.log" && fail "a Megatron-split GPT was warned about"
+# Parameters left whole (here by the model's own `sbp: {w: B}`) are named, with the largest.
+cat >"$SCRATCH/whole.yaml" <<EOF
+model:
+  layers:
+    - flatten
+    - linear: {out: 256, sbp: {w: B, b: B}}
+    - relu
+    - linear: {out: 10}
+data: {dataset: fashion_mnist}
+EOF
+expect_exit 0 "$FLOWRUN" plan "$SCRATCH/whole.yaml" --set parallel.tensor=2
+expect_log "warning: parallel.tensor 2 leaves"
+expect_log "largest linear0/w [256,784]"
 # train says it too (rank 0), before the first step.
 expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train "$SRC/configs/kjv_gpt.yaml" \
   --run-dir "$SCRATCH/tp3" --set model.n_layer=2 --set model.n_head=3 --set model.d_model=96 \
   --set data.seq_len=32 --set train.batch_size=4 --set train.steps=1 --set data.eval_batches=1 \
   --set schedule.warmup_steps=0 --set parallel.tensor=2 --no-progress
-expect_log "parallel.tensor 2 leaves"
-echo "a mostly replicated tensor-parallel layout is warned about, naming the head count"
+expect_log "attention cannot be split by heads"
+echo "attention whose heads the axis does not divide, and parameters left whole, are warned about"
