@@ -1,6 +1,7 @@
 // Activation recompute: the forward nodes of a marked segment (a model layer, Node::segment) are emitted a
 // second time for the backward pass, which reads their fresh outputs instead of the ones the forward pass
-// made, so those die after the forward pass and the memory planner reuses their bytes.
+// made, so those die after the forward pass and the memory planner reuses their bytes. ZeRO-3's parameter
+// gathers are emitted again the same way, so that a whole parameter lives only around its uses.
 #include <algorithm>
 #include <map>
 #include <set>
