@@ -186,13 +186,9 @@ Opts::Opts(Ctx& ctx, const YAML::Node& map, const std::string& path, const Layer
   known.push_back("recompute");
   for (const auto& kv : map) {
     const std::string key = kv.first.Scalar();
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
-      std::string list;
-      for (const auto& k : def.options) list += cat(list.empty() ? "" : ", ", k);
+    if (std::find(known.begin(), known.end(), key) == known.end())
       nn::fail(ctx.src, kv.first, cat(path, ".", abbreviate(key)),
-               cat("unknown option of ", def.type, did_you_mean(key, known),
-                   "; its options: ", list.empty() ? "none" : list, ", name, recompute"));
-    }
+               cat("unknown option of ", def.type, did_you_mean(key, known), "; its options: ", join(known)));
   }
 }
 

@@ -727,7 +727,6 @@ TrainResult Run::go() {
   result.loss = loss;
   if (!evaluates_ && !zero3_) return result;
   result.eval = run_eval();
-  if (!evaluates_) return result;
   if (!lead_) return result;
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);
