@@ -225,6 +225,7 @@ void log_to(int fd) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowrun::process_baseline_bytes();  // before any work: the baseline `plan` predicts a process from
   log_to<spdlog::sinks::stdout_color_sink_mt>(STDOUT_FILENO);
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};
   app.require_subcommand(1);

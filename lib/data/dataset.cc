@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <set>
 
 #include "data/csv.h"
 #include "data/tokens.h"
@@ -137,6 +138,12 @@ class ImageDataset final : public Dataset {
     y.data<int64_t>()[row] = d.y.data<int64_t>()[i];
   }
 
+  int64_t memory_bytes() const override {
+    int64_t n = 0;
+    for (const Labelled& d : splits_) n += static_cast<int64_t>(d.x.nbytes() + d.y.nbytes());
+    return n;
+  }
+
  private:
   std::array<Labelled, 2> splits_;
   DataSpec spec_;
@@ -187,6 +194,12 @@ class TableDataset final : public Dataset {
     FR_CHECK(i >= 0 && i < size(s) && row >= 0 && row < x.shape()[0], "sample ", i, " row ", row);
     std::copy_n(d.x.data<float>() + i * f, f, x.data<float>() + row * f);
     y.data<int64_t>()[row] = d.y.data<int64_t>()[i];
+  }
+
+  int64_t memory_bytes() const override {
+    int64_t n = 0;
+    for (const Labelled& d : splits_) n += static_cast<int64_t>(d.x.nbytes() + d.y.nbytes());
+    return n;
   }
 
  private:
@@ -255,6 +268,17 @@ class TextDataset final : public Dataset {
         yo[t] = span.at(in, t + 1);
       }
     });
+  }
+  // The splits may share one file or one buffer: each is counted once. A file read per sample (pread, when
+  // it cannot be mapped) keeps nothing.
+  int64_t memory_bytes() const override {
+    std::set<const void*> seen;
+    int64_t n = 0;
+    for (const TokenSpan& t : tokens_) {
+      if (t.file ? seen.insert(t.file.get()).second && t.file->whole() : seen.insert(t.bytes.raw()).second)
+        n += t.file ? t.file->size() : static_cast<int64_t>(t.bytes.nbytes());
+    }
+    return n;
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "graph/builder.h"
+#include "ops/cpu/dnnl_conv.h"
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/registry.h"
 
@@ -90,6 +91,13 @@ double bytes_of(const std::vector<TensorType>& ts) {
 size_t col_bytes(const Shape& x, const Shape& w, const Attrs& a, DType t) {
   if (t == DType::f32) return 0;
   return static_cast<size_t>(cpu::conv_geom(x, w, a).col_elems()) * dtype_size(t);
+}
+
+// The oneDNN kernels' buffers (the f64 kernels are loops of ours and keep none).
+std::vector<std::pair<std::string, size_t>> conv_buffers(DType t, const cpu::ConvGeom& g, cpu::ConvPass pass,
+                                                         bool bias) {
+  if (t == DType::f64 || g.n == 0) return {};
+  return cpu::dnnl_conv2d_buffers(t, g, pass, bias);
 }
 
 // ---- references: direct loops, deliberately independent of the kernels' im2col formulation ----
@@ -363,6 +371,12 @@ void register_conv_ops(OpRegistry& r) {
   conv.sbp = batch_split;
   conv.kernels = {{DeviceKind::cpu, kF, cpu::conv2d},
                   {DeviceKind::cpu, {DType::bf16}, cpu::conv2d, cpu::has_native_bf16}};
+  for (KernelDef& k : conv.kernels)
+    if (k.device == DeviceKind::cpu)
+      k.host_buffers = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+        return conv_buffers(in[0].dtype, cpu::conv_geom(in[0].shape, in[1].shape, a), cpu::ConvPass::forward,
+                            in.size() > 2);
+      };
   conv.samples = conv_samples;
   r.add(conv);
 
@@ -390,6 +404,13 @@ void register_conv_ops(OpRegistry& r) {
   };
   gi.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_input},
                 {DeviceKind::cpu, {DType::bf16}, cpu::conv2d_grad_input, cpu::has_native_bf16}};
+  for (KernelDef& k : gi.kernels)
+    if (k.device == DeviceKind::cpu)
+      k.host_buffers = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                          const Attrs& a) {
+        return conv_buffers(in[0].dtype, cpu::conv_geom(out[0].shape, in[1].shape, a),
+                            cpu::ConvPass::grad_input, false);
+      };
   gi.covered_by = {"conv2d"};
   r.add(gi);
 
@@ -418,6 +439,13 @@ void register_conv_ops(OpRegistry& r) {
   };
   gw.kernels = {{DeviceKind::cpu, kF, cpu::conv2d_grad_weight},
                 {DeviceKind::cpu, {DType::bf16}, cpu::conv2d_grad_weight, cpu::has_native_bf16}};
+  for (KernelDef& k : gw.kernels)
+    if (k.device == DeviceKind::cpu)
+      k.host_buffers = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                          const Attrs& a) {
+        return conv_buffers(in[0].dtype, cpu::conv_geom(in[1].shape, out[0].shape, a),
+                            cpu::ConvPass::grad_weight, false);
+      };
   gw.covered_by = {"conv2d"};
   r.add(gw);
 

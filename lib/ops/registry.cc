@@ -48,6 +48,18 @@ WorkspaceLayout workspace_layout(const OpDef& def, const KernelChoice& k, const 
   return w;
 }
 
+std::vector<std::pair<std::string, size_t>> host_buffers(const KernelChoice& k,
+                                                         const std::vector<TensorType>& in,
+                                                         const std::vector<TensorType>& out,
+                                                         const Attrs& attrs) {
+  if (!k.kernel || !k.kernel->host_buffers) return {};
+  std::vector<TensorType> kin = in, kout = out;
+  for (auto* types : {&kin, &kout})
+    for (TensorType& t : *types)
+      if (k.widened && is_low_precision(t.dtype)) t.dtype = DType::f32;
+  return k.kernel->host_buffers(kin, kout, attrs);
+}
+
 ValueId GradCtx::dout(int i) const {
   const ValueId g = out_grads.at(static_cast<size_t>(i));
   return g != kNoValue ? g : b.zeros_like(out(i));

@@ -72,6 +72,12 @@ struct KernelDef {
   // e.g. cuDNN's convolutions); null: the op's.
   std::function<size_t(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&)>
       workspace = nullptr;
+  // Memory the kernel's library keeps outside the arena for this call, as (pool, bytes): each pool is shared
+  // by every call and grows to its largest need; pools add up (oneDNN's convolution scratchpad and reorder
+  // buffers). `flowrun plan` adds them to its prediction of the process. null: none.
+  std::function<std::vector<std::pair<std::string, size_t>>(const std::vector<TensorType>& in,
+                                                            const std::vector<TensorType>& out, const Attrs&)>
+      host_buffers = nullptr;
 };
 
 struct Cost {
@@ -175,6 +181,12 @@ struct WorkspaceLayout {
 };
 WorkspaceLayout workspace_layout(const OpDef& def, const KernelChoice& k, const std::vector<TensorType>& in,
                                  const std::vector<TensorType>& out, const Attrs& attrs);
+
+// The kernel's KernelDef::host_buffers for a node of these types (the f32 types a widened kernel sees).
+std::vector<std::pair<std::string, size_t>> host_buffers(const KernelChoice& k,
+                                                         const std::vector<TensorType>& in,
+                                                         const std::vector<TensorType>& out,
+                                                         const Attrs& attrs);
 
 // f16 and bf16: the storage types that widened kernels and the mixed-precision pass deal in.
 inline bool is_low_precision(DType t) {

@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <tuple>
 
+#include "data/dataset.h"
 #include "ops/registry.h"
 #include "train/metrics.h"
 #include "train/program.h"
@@ -63,7 +65,145 @@ double cgroup_value(const std::string& path) {
   return std::strtod(v.c_str(), nullptr);
 }
 
+// Open MPI 4.1's shared-memory transport and its buffers, per process: VmRSS after MPI_Init_thread less
+// before it, measured here with 2 ranks (7.8 MiB).
+constexpr double kMpiProcessBytes = 8.0 * 1048576.0;
+
+// What every run's process adds on first use beyond the parts counted: library code paged in (oneDNN's,
+// HDF5's), oneDNN's generated kernels, the OpenMP threads' stacks, the compiled graph and the executor's
+// tables. Measured here as the peak less every counted part: 12.1 to 15.4 MiB over the bench models (mlp,
+// cnn, resnet, gpt-tiny) in one process and 10.5 to 14.3 MiB per rank under 2 (`flowrun time`).
+constexpr double kRuntimeBytes = 12.0 * 1048576.0;
+
+// The loader's ring (prefetch + 1 batches of `rows` samples, x and y).
+double loader_bytes(const DataSpec& spec, int64_t rows, int64_t prefetch) {
+  const auto sample = static_cast<double>(numel(spec.sample_shape));
+  const double per_row =
+      spec.text ? 2.0 * sample * sizeof(int64_t) : sample * sizeof(float) + sizeof(int64_t);
+  return static_cast<double>(rows) * per_row * static_cast<double>(prefetch + 1);
+}
+
+// The kernels' library buffers outside the arena: each pool at the largest need of any node of `programs`.
+double library_bytes(const std::vector<const Program*>& programs, DeviceKind device) {
+  std::map<std::string, size_t> pools;
+  for (const Program* p : programs) {
+    if (!p) continue;
+    const Graph& g = p->graph;
+    for (NodeId id : p->order) {
+      const Node& n = g.node(id);
+      std::vector<TensorType> in, out;
+      for (ValueId v : n.inputs) in.push_back(g.value(v).type);
+      for (ValueId v : n.outputs) out.push_back(g.value(v).type);
+      const KernelChoice k = select_kernel(OpRegistry::get().at(n.op), device, kernel_dtype(g, n));
+      for (const auto& [pool, bytes] : host_buffers(k, in, out, n.attrs))
+        pools[pool] = std::max(pools[pool], bytes);
+    }
+  }
+  double total = 0;
+  for (const auto& [pool, bytes] : pools) total += static_cast<double>(bytes);
+  return total;
+}
+
+// The whole (unsplit, unsharded) bytes of the parameters and state a checkpoint holds, of this program's
+// stage: what gathering them for a checkpoint makes.
+double whole_checkpoint_bytes(const Program& p) {
+  double bytes = 0;
+  for (const Value& v : p.graph.values())
+    if ((v.kind == ValueKind::param || v.kind == ValueKind::state) && !v.name.ends_with("/grad_acc"))
+      bytes += static_cast<double>(numel(whole_shape(v))) * static_cast<double>(dtype_size(v.dtype()));
+  return bytes;
+}
+
+double resident_field(const char* field) {
+  return proc_kb_field("/proc/self/status", field);
+}
+
 }  // namespace
+
+double process_baseline_bytes() {
+  static const double at_start = resident_field("VmRSS");
+  return at_start;
+}
+
+double peak_resident_bytes() {
+  return resident_field("VmHWM");
+}
+
+ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, const Dataset& data,
+                                     const RunConfig& cfg, const Program* eval) {
+  ProcessMemory m;
+  auto add = [&](std::string what, double bytes) {
+    if (bytes <= 0) return;
+    m.parts.emplace_back(std::move(what), bytes);
+    m.total += bytes;
+  };
+  PlanReport r;
+  count_memory(p, r);
+  const int64_t world = cfg.parallel.data * cfg.parallel.tensor * cfg.parallel.pipeline;
+  // Rank 0 is the first pipeline stage: its micro-batch slots under 1F1B each have an arena and inputs.
+  const auto slots = static_cast<double>(
+      cfg.parallel.pipeline > 1 ? std::min(cfg.parallel.pipeline, cfg.train.grad_accumulation) : 1);
+  const DeviceKind device = device_of(cfg).kind;
+  const bool host = device == DeviceKind::cpu;
+  add("this binary and its libraries at start (measured)", process_baseline_bytes());
+  add("runtime (libraries paged in, threads, the graph)", kRuntimeBytes);
+  if (world > 1) add("MPI (Open MPI's shared-memory transport)", kMpiProcessBytes);
+  add("dataset (held in memory or mapped)", static_cast<double>(data.memory_bytes()));
+  double loaders = loader_bytes(data.spec(), cfg.train.micro_batch_size, cfg.data.prefetch);
+  if (eval) loaders += loader_bytes(data.spec(), cfg.train.eval_batch_size, cfg.data.prefetch);
+  add(eval ? "loader batches (train and evaluation)" : "loader batches", loaders);
+  if (host) {
+    add("parameters", r.param_bytes);
+    add("optimizer and other state", r.optimizer_state_bytes + r.other_state_bytes);
+    add("inputs", r.input_bytes * slots);
+    add(slots > 1 ? cat("arena x ", static_cast<int64_t>(slots), " micro-batch slots") : std::string("arena"),
+        r.arena_bytes * slots);
+    add("oneDNN buffers (convolution scratchpad, reorders)", library_bytes({&p, eval}, device));
+  }
+  // Open MPI's non-blocking all-reduce copies its whole message (measured: the peak grows by the message's
+  // size), and the gradient buckets are all in flight by the end of the backward pass; a blocking
+  // all-reduce of p ranks keeps (p - 1) / p of its message.
+  if (host && world > 1) {
+    double started = 0, blocking = 0;
+    for (NodeId id : p.order) {
+      const Node& n = p.graph.node(id);
+      if (n.op == "all_reduce_start") started += static_cast<double>(p.graph.value(n.outputs[0]).nbytes());
+      if (n.op == "all_reduce")
+        for (ValueId v : n.inputs)
+          blocking = std::max(blocking, static_cast<double>(p.graph.value(v).nbytes()));
+    }
+    const auto ranks = static_cast<double>(cfg.parallel.data);
+    add("MPI all-reduce buffers", started + blocking * (ranks - 1) / ranks);
+  }
+  if (!eval) return m;
+  if (host) {
+    // The evaluation program shares the training program's parameters and state, except whole copies of
+    // ZeRO-3's shards and, under pipeline parallelism, the lead's whole model.
+    PlanReport e;
+    count_memory(*eval, e);
+    const bool own = cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;
+    add("evaluation program (arena, inputs)", e.arena_bytes + e.input_bytes);
+    if (own) add("evaluation program's parameters", e.param_bytes + e.other_state_bytes);
+  }
+  // A checkpoint gathers every parameter and state tensor whole on the writing rank; an asynchronous one
+  // copies them even when nothing is split. Sharded checkpoints write each rank's tensors in place.
+  double ckpt = whole_checkpoint_bytes(p);
+  if (cfg.parallel.pipeline > 1) {
+    double here = 0;  // this stage's share of the model's parameters
+    for (const Value& v : p.graph.values())
+      if (v.kind == ValueKind::param) here += static_cast<double>(numel(whole_shape(v)));
+    if (here > 0) ckpt *= static_cast<double>(built.num_params) / here;
+  }
+  bool split = cfg.parallel.pipeline > 1;
+  for (const Value& v : p.graph.values())
+    split = split || v.placement.sharded() || v.placement.tensor_split();
+  const bool sharded_files = cfg.train.sharded_checkpoints && world > 1;
+  if (!sharded_files && (cfg.train.async_checkpoint || split))
+    add(cfg.train.async_checkpoint ? "checkpoint snapshot (asynchronous write)"
+                                   : "checkpoint (gathered whole)",
+        ckpt);
+  return m;
+}
 
 MemoryLimit process_memory_limit() {
   MemoryLimit best;
@@ -176,6 +316,15 @@ PlanReport plan_layout(const RunConfig& cfg) {
   const Program p = compile_model(cfg, data->spec(), cfg.train.micro_batch_size, true, &built);
   const Graph& g = p.graph;
   count_memory(p, r);
+  {
+    // The evaluation program the trainer compiles beside (under pipeline parallelism the lead's whole model).
+    RunConfig whole_model = cfg;
+    if (cfg.parallel.pipeline > 1) whole_model.parallel = ParallelConfig{};
+    BuiltModel eval_model;
+    const Program eval =
+        compile_model(whole_model, data->spec(), cfg.train.eval_batch_size, false, &eval_model);
+    r.process = predict_process_memory(p, built, *data, cfg, &eval);
+  }
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
   const double ranks = static_cast<double>(r.data);
   const double tp = static_cast<double>(cfg.parallel.tensor);
@@ -230,9 +379,15 @@ PlanReport plan_layout(const RunConfig& cfg) {
       r.param_bytes + r.optimizer_state_bytes + r.other_state_bytes + r.input_bytes + r.arena_bytes;
   std::snprintf(buf, sizeof buf, "  %-48s %14.0f bytes  %s\n", "total", total, mib(total).c_str());
   t += buf;
-  std::snprintf(buf, sizeof buf,
-                "  (gradients, inside the arena: %s)\n\ncompute per device: %.3f GFLOP per step\n",
-                mib(r.grad_bytes).c_str(), r.flops_per_step * 1e-9);
+  std::snprintf(buf, sizeof buf, "  (gradients, inside the arena: %s)\n\n", mib(r.grad_bytes).c_str());
+  t += buf;
+  t += "resident memory of a training process (rank 0), predicted peak\n";
+  for (const auto& [what, bytes] : r.process.parts) {
+    std::snprintf(buf, sizeof buf, "  %-52s %12s\n", what.c_str(), mib(bytes).c_str());
+    t += buf;
+  }
+  std::snprintf(buf, sizeof buf, "  %-52s %12s\n\ncompute per device: %.3f GFLOP per step\n", "total",
+                mib(r.process.total).c_str(), r.flops_per_step * 1e-9);
   t += buf;
   if (r.collectives.empty()) {
     t += "collectives: none\n";
@@ -293,7 +448,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
       .add("other_state_bytes", r.other_state_bytes)
       .add("arena_bytes", r.arena_bytes)
       .add("flops_per_step", r.flops_per_step)
-      .add("sent_bytes_per_step", r.sent_bytes_per_step);
+      .add("sent_bytes_per_step", r.sent_bytes_per_step)
+      .add("predicted_peak_rss_bytes", r.process.total);
   r.json = j.str();
   return r;
 }

@@ -12,6 +12,15 @@
 
 namespace flowrun {
 
+class Dataset;
+
+// The resident memory of one process of a run at its peak, as `flowrun plan` predicts it: each part in print
+// order with its bytes. Of rank 0 (the first pipeline stage, and the lead that evaluates and checkpoints).
+struct ProcessMemory {
+  std::vector<std::pair<std::string, double>> parts;
+  double total = 0;
+};
+
 struct CollectivePlan {
   std::string node, op;     // e.g. "reduce_gradients/bucket0_f32/start", "all_reduce_start"
   std::string axis;         // the mesh axis it runs on: "data" or "tensor"
@@ -24,9 +33,21 @@ struct PlanReport {
   int64_t world = 1, data = 1;
   double param_bytes = 0, grad_bytes = 0, optimizer_state_bytes = 0, other_state_bytes = 0, input_bytes = 0;
   double arena_bytes = 0, flops_per_step = 0, sent_bytes_per_step = 0;
+  ProcessMemory process;  // of a training run
   std::vector<CollectivePlan> collectives;
   std::string table, json;
 };
+
+// `p` is rank 0's training program, `eval` its evaluation program in a training run (null for `flowrun
+// time`, which neither evaluates nor checkpoints).
+ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, const Dataset& data,
+                                     const RunConfig& cfg, const Program* eval);
+
+// The resident bytes of this process when this was first called: `flowrun` calls it first thing, so it is
+// the binary and its libraries as loaded, before any work (the baseline of predict_process_memory).
+double process_baseline_bytes();
+// The process's peak resident bytes so far (VmHWM).
+double peak_resident_bytes();
 
 // Under parallel.tensor > 1, a warning when the model's head counts are not divisible by the axis (attention
 // then runs whole on every rank), and when most of the program's parameter elements (whole shapes) stay

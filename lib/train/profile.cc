@@ -13,6 +13,7 @@
 
 #include "ops/registry.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 #include "train/program.h"
 
 namespace flowrun {
@@ -116,6 +117,8 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   r.p90_ms = percentile(times, 0.9) * 1e3;
   r.flops_per_step = step_flops(prog, cfg.train.grad_accumulation);
   r.peak_rss_mib = peak_rss_mib();
+  r.predicted_rss_mib =
+      predict_process_memory(prog, t.model, *t.data, cfg, nullptr).total / static_cast<double>(1 << 20);
   r.arena_mib = static_cast<double>(prog.memory.arena_bytes) / (1 << 20);
   r.params = t.model.num_params;
   // What this process actually holds, for comparison with `flowrun plan`.
@@ -139,13 +142,13 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   std::snprintf(head.data(), head.size(),
                 "flowrun time %s: %lld steps after %lld warmup, %lld threads%s\n"
                 "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
-                "memory: arena %.2f MiB, peak resident %.1f MiB; %lld parameters\n\n",
+                "memory: arena %.2f MiB, peak resident %.1f MiB (predicted %.1f MiB); %lld parameters\n\n",
                 cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
                 static_cast<long long>(r.threads),
                 cfg.train.recompute == "none" ? "" : (", recompute " + cfg.train.recompute).c_str(),
                 r.median_ms, r.p10_ms, r.p90_ms, static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3),
                 r.text ? "tokens" : "samples", r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms,
-                r.arena_mib, r.peak_rss_mib, static_cast<long long>(r.params));
+                r.arena_mib, r.peak_rss_mib, r.predicted_rss_mib, static_cast<long long>(r.params));
   os << head.data();
   if (opts.profile > 0) {
     std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward",
@@ -181,7 +184,10 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
       .add("median_step_ms", r.median_ms)
       .add("p10_step_ms", r.p10_ms)
       .add("p90_step_ms", r.p90_ms);
-  j.add("peak_rss_mib", r.peak_rss_mib).add("arena_mib", r.arena_mib).add("params", r.params);
+  j.add("peak_rss_mib", r.peak_rss_mib)
+      .add("predicted_rss_mib", r.predicted_rss_mib)
+      .add("arena_mib", r.arena_mib)
+      .add("params", r.params);
   j.add("param_bytes", r.param_bytes).add("state_bytes", r.state_bytes);
   j.add("flops_per_step", r.flops_per_step)
       .add("threads", r.threads)

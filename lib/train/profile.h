@@ -19,6 +19,7 @@ struct TimeReport {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;  // optimizer step wall time
   double flops_per_step = 0;                     // from the ops' registered costs
   double peak_rss_mib = 0, arena_mib = 0;
+  double predicted_rss_mib = 0;  // predict_process_memory's total for this run (`flowrun plan`'s figure)
   double param_bytes = 0, state_bytes = 0;  // of the tensors this process holds (a rank's share under ZeRO)
   bool lead = true;                         // world rank 0, which reports (every rank's figures are its own)
   int64_t params = 0, threads = 0, items_per_step = 0;  // samples (or tokens) per optimizer step

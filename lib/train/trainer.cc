@@ -26,6 +26,7 @@
 #include "optim/schedule.h"
 #include "train/ckpt_writer.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 #include "train/program.h"
 #include "train/run_dir.h"
 #include "train/step_dump.h"
@@ -730,6 +731,10 @@ TrainResult Run::go() {
   if (!lead_) return result;
   log_eval(step_, result.eval);
   if (result.checkpoint.empty()) result.checkpoint = find_latest_checkpoint(ckpt_dir_);
+  spdlog::info(
+      "memory: peak resident {:.1f} MiB (flowrun plan predicted {:.1f} MiB)",
+      peak_resident_bytes() / (1 << 20),
+      predict_process_memory(ex_->program(), model_, *data_, cfg_, &eval_ex_->program()).total / (1 << 20));
   result.step = step_;
   result.loss = loss;
   std::printf("done: %lld steps in %.1f s; train loss %s; %s; checkpoint %s; metrics %s\n",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `flowrun plan` against what a run holds (`flowrun time --json` of the same layout): parameter and state
-# bytes exactly, the arena within 10%, and the FLOPs per step; in one process, under ZeRO-1 on 2 ranks,
+# bytes exactly, the arena within 10%, the FLOPs per step, and the process's peak resident memory within 15%; in one process, under ZeRO-1 on 2 ranks,
 # where each rank holds half of the optimizer state, under ZeRO-3, where it holds half of the parameters
 # too, under TP2, where each holds its pieces, and for the first stage of PP2.
 source "$(dirname "$0")/lib.sh"
@@ -25,7 +25,9 @@ compare() {  # name plan-json time-json
   same "$1 state bytes" "$state" "$(num "$3" state_bytes)" 0
   same "$1 arena" "$(num "$2" arena_bytes)" "$(awk -v m="$(num "$3" arena_mib)" 'BEGIN {print m * 1048576}')" 0.1
   same "$1 FLOPs" "$(num "$2" flops_per_step)" "$(num "$3" flops_per_step)" 1e-9
-  echo "$1: plan matches the run ($(num "$2" param_bytes) parameter bytes, $state state bytes)"
+  same "$1 peak resident MiB" "$(num "$3" predicted_rss_mib)" "$(num "$3" peak_rss_mib)" 0.15
+  printf '%s: plan matches the run (%s parameter bytes, %s state bytes; peak resident %.1f MiB, predicted %.1f)\n' \
+    "$1" "$(num "$2" param_bytes)" "$state" "$(num "$3" peak_rss_mib)" "$(num "$3" predicted_rss_mib)"
 }
 
 expect_exit 0 "$FLOWRUN" plan "$CFG" --json
@@ -116,3 +118,24 @@ expect_exit 0 mpirun --allow-run-as-root --oversubscribe -np 2 "$FLOWRUN" train 
   --set schedule.warmup_steps=0 --set parallel.tensor=2 --no-progress
 expect_log "attention cannot be split by heads"
 echo "attention whose heads the axis does not divide, and parameters left whole, are warned about"
+
+# The process: with its dataset (53 MiB of Fashion-MNIST held in memory), oneDNN's convolution buffers and
+# the evaluation program, the predicted peak resident memory is within 15% of the measured one, in `flowrun
+# time` and in a training run (its log line against `flowrun plan`'s figure from another process).
+CNN="$SRC/configs/bench/cnn.yaml"
+expect_exit 0 "$FLOWRUN" time "$CNN" --steps 1 --warmup 0 --profile 0 --json
+tail -1 "$SCRATCH/last.log" >"$SCRATCH/time_cnn.json"
+same "cnn (time) peak resident MiB" "$(num "$SCRATCH/time_cnn.json" predicted_rss_mib)" \
+  "$(num "$SCRATCH/time_cnn.json" peak_rss_mib)" 0.15
+expect_exit 0 "$FLOWRUN" plan "$CNN" --set train.steps=4 --set train.eval_every=2 --set data.eval_batches=2 --json
+expect_log "dataset (held in memory or mapped)                      52.87 MiB"
+expect_log "oneDNN buffers (convolution scratchpad, reorders)"
+predicted=$(num <(tail -1 "$SCRATCH/last.log") predicted_peak_rss_bytes)
+expect_exit 0 "$FLOWRUN" train "$CNN" --run-dir "$SCRATCH/cnn" --set train.steps=4 --set train.eval_every=2 \
+  --set data.eval_batches=2 --no-progress
+line=$(grep -o "memory: peak resident [0-9.]* MiB (flowrun plan predicted [0-9.]* MiB)" "$SCRATCH/last.log") ||
+  fail "train logs no measured and predicted peak"
+measured=$(awk '{print $4}' <<<"$line")
+same "cnn (train) peak resident MiB" "$(awk -v b="$predicted" 'BEGIN {print b / 1048576}')" "$measured" 0.15
+same "cnn (train) the run's own prediction" "$(awk '{print $9}' <<<"$line")" "$measured" 0.15
+echo "cnn: $line; flowrun plan: $(awk -v b="$predicted" 'BEGIN {printf "%.1f", b / 1048576}') MiB"

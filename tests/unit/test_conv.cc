@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "op_harness.h"
+#include "ops/cpu/dnnl_conv.h"
 
 namespace flowrun::testing {
 namespace {
@@ -92,6 +94,35 @@ TEST(ConvF32, KernelsAreBitwiseReproducible) {
     EXPECT_EQ(first, ex->output("out").to_f64());
     EXPECT_EQ(first, run_op(op, spec.first, spec.second, DType::f32));
   }
+}
+
+// The buffers oneDNN's convolutions keep outside the arena are what KernelDef::host_buffers (which `flowrun
+// plan` adds up) says: after a forward and both backward ops of a convolution larger than any other in these
+// tests, the shared pools hold exactly the largest need of each.
+TEST(ConvF32, HostBuffersPredictWhatTheKernelsHold) {
+  const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
+  const Attrs a = {{"padding", Shape{1, 1}}};
+  const Shape y = conv_out(x, w, a);
+  const std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> ops = {
+      {"conv2d", {{{"x", x}, {"w", w}}, a}},
+      {"conv2d_grad_input", {{{"dy", y}, {"w", w}}, with(a, "in_shape", x)}},
+      {"conv2d_grad_weight", {{{"dy", y}, {"x", x}}, with(a, "w_shape", w)}},
+  };
+  std::map<std::string, size_t> pools;
+  for (const auto& [op, spec] : ops) {
+    single_op(op, spec.first, spec.second, DType::f32)->run();
+    const OpDef& def = OpRegistry::get().at(op);
+    std::vector<TensorType> in;
+    for (const Arg& arg : spec.first) in.push_back({arg.shape, DType::f32});
+    const std::vector<TensorType> out = def.infer(in, spec.second);
+    for (const auto& [pool, bytes] :
+         host_buffers(select_kernel(def, DeviceKind::cpu, DType::f32), in, out, spec.second))
+      pools[pool] = std::max(pools[pool], bytes);
+  }
+  size_t predicted = 0;
+  for (const auto& [pool, bytes] : pools) predicted += bytes;
+  EXPECT_GT(predicted, 0u);
+  EXPECT_EQ(cpu::dnnl_conv2d_held_bytes(), predicted);
 }
 
 }  // namespace

@@ -160,6 +160,8 @@ TEST(DataFashion, OpenNormalisesWithTheFileStatistics) {
   EXPECT_EQ(ds->spec().num_classes, 10);
   EXPECT_EQ(ds->size(Split::train), 60000);
   EXPECT_EQ(ds->size(Split::val), 10000);
+  // Held in memory: every image's bytes and an int64 label each, of both splits.
+  EXPECT_EQ(ds->memory_bytes(), 70000 * (784 + 8));
   const h5::File f(fashion_path(), h5::File::Mode::read);
   const Tensor raw = f.read_rows("test/x", 3, 1);
   const Tensor raw_y = f.read_rows("test/y", 3, 1);
@@ -436,6 +438,8 @@ TEST(DataTokens, FlatAndLlmcFilesGiveTheSameShiftedWindows) {
     // The last 10% (tokens 900..999) are the validation split.
     EXPECT_EQ(ds->size(Split::train), (900 - 1) / 16);
     EXPECT_EQ(ds->size(Split::val), (100 - 1) / 16);
+    // Both splits are one mapping of the file, counted once.
+    EXPECT_EQ(ds->memory_bytes(), static_cast<int64_t>(std::filesystem::file_size(path)));
     Tensor x = Tensor::zeros({2, 16}, DType::i64), y = Tensor::zeros({2, 16}, DType::i64);
     ds->fill(Split::train, 3, x, y, 1);
     ds->fill(Split::val, 5, x, y, 0);
@@ -514,6 +518,7 @@ TEST(DataTextFile, AnyFileAsBytesSplitNinetyTen) {
   EXPECT_EQ(ds->spec().num_classes, 256);
   EXPECT_EQ(ds->size(Split::train), 899 / 10);
   EXPECT_EQ(ds->size(Split::val), 99 / 10);
+  EXPECT_EQ(ds->memory_bytes(), 1000);  // mapped once for both splits
   Tensor x = Tensor::zeros({1, 10}, DType::i64), y = Tensor::zeros({1, 10}, DType::i64);
   ds->fill(Split::val, 2, x, y, 0);
   for (int64_t t = 0; t < 10; ++t) {
@@ -629,6 +634,7 @@ class CountingDataset final : public Dataset {
     x.data<float>()[row * 2 + 1] = static_cast<float>(-i);
     y.data<int64_t>()[row] = i;
   }
+  int64_t memory_bytes() const override { return 0; }  // samples are computed
 
  private:
   DataSpec spec_;

@@ -275,6 +275,7 @@ TEST(ParallelLoader, ShardsPartitionTheGlobalBatch) {
       x.data<float>()[row] = static_cast<float>(i);
       y.data<int64_t>()[row] = i % 10;
     }
+    int64_t memory_bytes() const override { return 0; }  // samples are computed
 
    private:
     DataSpec spec_;

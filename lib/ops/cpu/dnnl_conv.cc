@@ -16,6 +16,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "core/error.h"
+
 namespace flowrun::cpu {
 
 namespace {
@@ -39,6 +41,7 @@ void execute(const dnnl::primitive& p, dnnl::stream& s, const Args& a) {
 // A 64-byte aligned buffer that only grows.
 class Buffer {
  public:
+  size_t size() const { return size_; }
   void* reserve(size_t bytes) {
     if (bytes > size_) {
       data_.reset(::operator new (bytes, std::align_val_t{64}));
@@ -133,37 +136,42 @@ dnnl::convolution_forward::primitive_desc fwd_pd(const ConvGeom& g, dt t, bool b
   return {desc, user_scratchpad(), engine()};
 }
 
-Port port(int arg, bool output, const dnnl::memory::desc& user, const dnnl::memory::desc& inner) {
+// With `runnable` false only the sizes are filled in (Port::inner_bytes, Entry::scratch_bytes): no primitive
+// or reorder is created (creating them generates code), for dnnl_conv2d_buffers.
+Port port(int arg, bool output, const dnnl::memory::desc& user, const dnnl::memory::desc& inner,
+          bool runnable) {
   Port p;
   p.arg = arg;
   p.output = output;
+  p.reordered = inner != user;
+  p.inner_bytes = p.reordered ? inner.get_size() : 0;
+  if (!runnable) return p;
   p.user = dnnl::memory(user, engine(), nullptr);
-  if (inner == user) {
+  if (!p.reordered) {
     p.inner = p.user;
     return p;
   }
   p.inner = dnnl::memory(inner, engine(), nullptr);
-  p.reordered = true;
-  p.inner_bytes = inner.get_size();
   const dnnl::memory &from = output ? p.inner : p.user, &to = output ? p.user : p.inner;
   p.reorder = dnnl::reorder(from, to);
   p.reorder_args = {{DNNL_ARG_FROM, from.get()}, {DNNL_ARG_TO, to.get()}};
   return p;
 }
 
-template <typename PD>
-Entry entry_of(const PD& pd, dnnl::primitive prim, std::vector<Port> ports) {
+template <typename Primitive, typename PD>
+Entry entry_of(const PD& pd, std::vector<Port> ports, bool runnable) {
   Entry e;
-  e.prim = std::move(prim);
   e.ports = std::move(ports);
-  e.scratch = dnnl::memory(pd.scratchpad_desc(), engine(), nullptr);
   e.scratch_bytes = pd.scratchpad_desc().get_size();
+  if (!runnable) return e;
+  e.prim = Primitive(pd);
+  e.scratch = dnnl::memory(pd.scratchpad_desc(), engine(), nullptr);
   for (const Port& p : e.ports) e.args.push_back({p.arg, p.inner.get()});
   e.args.push_back({DNNL_ARG_SCRATCHPAD, e.scratch.get()});
   return e;
 }
 
-Entry build(Kind k, dt t, const ConvGeom& g) {
+Entry build(Kind k, dt t, const ConvGeom& g, bool runnable = true) {
   const Conv v = conv_of(g);
   const auto alg = dnnl::algorithm::convolution_direct;
   const auto x = src_desc(g, t, tag::nchw), y = dst_desc(g, t, tag::nchw), w = wei_desc(g, t, false);
@@ -171,11 +179,12 @@ Entry build(Kind k, dt t, const ConvGeom& g) {
     case Kind::fwd:
     case Kind::fwd_bias: {
       const auto pd = fwd_pd(g, t, k == Kind::fwd_bias);
-      std::vector<Port> ps = {port(DNNL_ARG_SRC, false, x, pd.src_desc()),
-                              port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
-                              port(DNNL_ARG_DST, true, y, pd.dst_desc())};
-      if (k == Kind::fwd_bias) ps.push_back(port(DNNL_ARG_BIAS, false, bias_desc(g, t), bias_desc(g, t)));
-      return entry_of(pd, dnnl::convolution_forward(pd), std::move(ps));
+      std::vector<Port> ps = {port(DNNL_ARG_SRC, false, x, pd.src_desc(), runnable),
+                              port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc(), runnable),
+                              port(DNNL_ARG_DST, true, y, pd.dst_desc(), runnable)};
+      if (k == Kind::fwd_bias)
+        ps.push_back(port(DNNL_ARG_BIAS, false, bias_desc(g, t), bias_desc(g, t), runnable));
+      return entry_of<dnnl::convolution_forward>(pd, std::move(ps), runnable);
     }
     case Kind::bwd_data: {
       const dnnl::convolution_backward_data::desc d(alg, src_desc(g, t, tag::any), wei_desc(g, t, true),
@@ -183,10 +192,12 @@ Entry build(Kind k, dt t, const ConvGeom& g) {
                                                     v.pad);
       const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(),
                                                                fwd_pd(g, t, false));
-      return entry_of(pd, dnnl::convolution_backward_data(pd),
-                      {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()),
-                       port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc()),
-                       port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc())});
+      return entry_of<dnnl::convolution_backward_data>(
+          pd,
+          {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc(), runnable),
+           port(DNNL_ARG_WEIGHTS, false, w, pd.weights_desc(), runnable),
+           port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc(), runnable)},
+          runnable);
     }
     case Kind::bwd_weights: {
       const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, t, tag::any), wei_desc(g, t, true),
@@ -194,10 +205,12 @@ Entry build(Kind k, dt t, const ConvGeom& g) {
                                                        v.pad);
       const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(),
                                                                   fwd_pd(g, t, false));
-      return entry_of(
-          pd, dnnl::convolution_backward_weights(pd),
-          {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc()), port(DNNL_ARG_SRC, false, x, pd.src_desc()),
-           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc())});
+      return entry_of<dnnl::convolution_backward_weights>(
+          pd,
+          {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc(), runnable),
+           port(DNNL_ARG_SRC, false, x, pd.src_desc(), runnable),
+           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc(), runnable)},
+          runnable);
     }
   }
   FR_CHECK(false, "unknown conv kind");
@@ -205,13 +218,21 @@ Entry build(Kind k, dt t, const ConvGeom& g) {
 }
 
 // Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
+// Reorder targets and the scratchpad are shared by all entries (calls run one at a time under mu) and grow
+// to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20.
+struct Shared {
+  std::array<Buffer, 4> port_buf;
+  Buffer scratch_buf;
+  std::mutex mu;
+};
+Shared& shared() {
+  static Shared s;
+  return s;
+}
+
 void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> bufs) {
   static std::map<Key, Entry> cache;
-  // Reorder targets and the scratchpad are shared by all entries (calls run one at a time under mu) and grow
-  // to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20.
-  static std::array<Buffer, 4> port_buf;
-  static Buffer scratch_buf;
-  static std::mutex mu;
+  auto& [port_buf, scratch_buf, mu] = shared();
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key_of(k, t, g));
   if (it == cache.end()) it = cache.emplace(key_of(k, t, g), build(k, t, g)).first;
@@ -239,6 +260,29 @@ dt dnnl_type(DType t) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const ConvGeom& g, ConvPass pass,
+                                                                bool bias) {
+  const Kind k = pass == ConvPass::grad_input    ? Kind::bwd_data
+                 : pass == ConvPass::grad_weight ? Kind::bwd_weights
+                 : bias                          ? Kind::fwd_bias
+                                                 : Kind::fwd;
+  const Entry e = build(k, dnnl_type(t), g, false);
+  // The pools are run()'s shared buffers: port_buf[i] and scratch_buf.
+  std::vector<std::pair<std::string, size_t>> out = {{"oneDNN convolution scratchpad", e.scratch_bytes}};
+  for (size_t i = 0; i < e.ports.size(); ++i)
+    if (e.ports[i].reordered)
+      out.emplace_back(cat("oneDNN convolution reorder buffer ", i), e.ports[i].inner_bytes);
+  return out;
+}
+
+size_t dnnl_conv2d_held_bytes() {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  size_t n = s.scratch_buf.size();
+  for (const Buffer& b : s.port_buf) n += b.size();
+  return n;
+}
 
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
   if (bias)

@@ -2,6 +2,10 @@
 // compile).
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "ops/cpu/conv.h"
 
 namespace flowrun::cpu {
@@ -13,5 +17,16 @@ void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const
 void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx);
 // dw = the gradient of conv(x, .) for output gradient dy, summed over the batch.
 void dnnl_conv2d_grad_weight(DType t, const ConvGeom& g, const void* dy, const void* x, void* dw);
+
+enum class ConvPass { forward, grad_input, grad_weight };
+
+// The buffers the calls above keep outside the arena for this convolution, as (pool, bytes): its scratchpad
+// and the reorder targets of the tensors oneDNN wants in its blocked layout. Every convolution shares each
+// pool, which grows to the largest need (`flowrun plan` predicts it from this). Builds the primitive
+// descriptors only, not the primitives.
+std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const ConvGeom& g, ConvPass pass,
+                                                                bool bias);
+// The bytes those pools hold now (for the test that checks dnnl_conv2d_buffers against them).
+size_t dnnl_conv2d_held_bytes();
 
 }  // namespace flowrun::cpu
