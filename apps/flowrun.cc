@@ -20,10 +20,12 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "ops/listing.h"
+#include "parallel/launch.h"
 #include "train/generate.h"
 #include "train/plan.h"
 #include "train/profile.h"
 #include "train/program.h"
+#include "train/search.h"
 #include "train/trainer.h"
 
 namespace {
@@ -42,6 +44,9 @@ struct Args {
   std::vector<std::string> layers;                                      // flowrun eval --layer
   flowrun::GenerateOptions gen;
   std::string prompt_file;
+  bool search = false;  // flowrun plan --search
+  std::string machine, memory, write_config;
+  int64_t top = 5, threads = 0;
 };
 
 // A config with --set overrides and the command line's --run-dir applied.
@@ -119,6 +124,18 @@ int run_diff(const Args& a) {
 }
 
 int run_plan(Args a) {
+  if (a.search) {
+    flowrun::SearchOptions o;
+    o.world = a.world_size;
+    o.machine = a.machine;
+    o.memory = a.memory.empty() ? 0 : flowrun::parse_bytes(a.memory, "--memory");
+    o.write_config = a.write_config;
+    o.top = a.top;
+    std::cout << flowrun::search_layouts(a.config, a.set, o);
+    return 0;
+  }
+  if (!a.memory.empty() || !a.write_config.empty())
+    throw flowrun::input_error("plan: --memory and --write-config go with --search");
   if (a.world_size > 0) {
     // The world is the data axis times the others: plan the data-parallel width that fills it.
     const flowrun::RunConfig base = load(a);
@@ -128,9 +145,21 @@ int run_plan(Args a) {
                                               "parallel.pipeline = ", others));
     a.set.push_back(flowrun::cat("parallel.data=", a.world_size / others));
   }
-  const flowrun::PlanReport r = flowrun::plan_layout(load(a));
+  const flowrun::RunConfig cfg = load(a);
+  flowrun::PlanReport r = flowrun::plan_layout(cfg);
   std::cout << r.table;
+  if (!a.machine.empty()) {
+    double seconds = 0;
+    std::cout << "\n" << flowrun::describe_step_time(cfg, flowrun::load_machine_profile(a.machine), &seconds);
+    r.json.insert(r.json.size() - 1, flowrun::cat(", \"predicted_step_ms\": ", seconds * 1e3));
+  }
   if (a.json) std::cout << r.json << "\n";
+  return 0;
+}
+
+int run_calibrate(const Args& a) {
+  const std::string text = flowrun::calibrate_machine(a.out, a.threads);
+  if (flowrun::detect_launch().rank == 0) std::cout << text << (a.out.empty() ? "" : "wrote " + a.out + "\n");
   return 0;
 }
 
@@ -303,6 +332,16 @@ int main(int argc, char** argv) {
                    "Plan for N processes: parallel.data = N / (tensor x pipeline)")
       ->check(CLI::PositiveNumber);
   plan->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
+  plan->add_flag("--search", a.search,
+                 "Search the layouts of --world-size devices (data x tensor x pipeline, micro-batches, ZeRO "
+                 "stage, recompute): drop those over the memory of a device, rank the rest by predicted step "
+                 "time, print the best and why each other tensor x pipeline family lost");
+  plan->add_option("--machine", a.machine,
+                   "Machine profile (YAML: configs/machines/, or `flowrun calibrate --out`) for --search and "
+                   "the predicted step time (default for --search: the shipped one of train.device)");
+  plan->add_option("--memory", a.memory, "--search: memory per device (e.g. 2GiB; default: the profile's)");
+  plan->add_option("--write-config", a.write_config, "--search: write the chosen layout as a config file");
+  plan->add_option("--top", a.top, "--search: layouts shown (default 5)")->check(CLI::PositiveNumber);
 
   auto* inspect = app.add_subcommand("inspect", "Show a checkpoint: step, config, tensors, optimizer state, "
                                                 "and verify its checksums");
@@ -376,6 +415,13 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", a.gen.seed, "Sampling seed: the same seed gives the same text (default 1)");
   generate->add_option("--num-samples", a.gen.num_samples, "Samples drawn together as one batch (default 1)")
       ->check(CLI::PositiveNumber);
+  auto* calibrate = app.add_subcommand(
+      "calibrate",
+      "Measure this machine's profile for `plan --search`: GEMM FLOP/s (fp32, bf16, fp16), memory bandwidth, "
+      "the per-kernel overhead, and, under mpirun -np N, all-reduce latency and bandwidth between the ranks");
+  calibrate->add_option("--out", a.out, "Write the profile (YAML) to this file");
+  calibrate->add_option("--threads", a.threads, "Threads per rank (default: OpenMP's)")
+      ->check(CLI::PositiveNumber);
   auto* models = app.add_subcommand("models", "List the model zoo");
   auto* version = app.add_subcommand("version", "Print the flowrun version");
   auto* ops = app.add_subcommand("ops", "List every registered op with the devices and dtypes its kernels cover");
@@ -408,6 +454,7 @@ int main(int argc, char** argv) {
     if (*check) return run_check(a);
     if (*time) return run_time(a);
     if (*plan) return run_plan(a);
+    if (*calibrate) return run_calibrate(a);
     if (*inspect) return a.diff.empty() ? (std::cout << flowrun::describe_checkpoint(a.checkpoint), 0) : run_diff(a);
     if (*data) return run_data(a);
     if (*exp) return run_export(a);

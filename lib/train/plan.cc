@@ -33,7 +33,8 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// The memory of a compiled program's persistent values, inputs and arena, as `plan` reports it.
+}  // namespace
+
 void count_memory(const Program& p, PlanReport& r) {
   const Graph& g = p.graph;
   for (const Value& v : g.values()) {
@@ -47,6 +48,41 @@ void count_memory(const Program& p, PlanReport& r) {
     r.grad_bytes += static_cast<double>(g.value(grad).nbytes());
   r.arena_bytes = static_cast<double>(p.memory.arena_bytes);
 }
+
+std::vector<CollectivePlan> plan_collectives(const Program& p, const RunConfig& cfg) {
+  std::vector<CollectivePlan> out;
+  const Graph& g = p.graph;
+  const double ranks = static_cast<double>(cfg.parallel.data);
+  const double tp = static_cast<double>(cfg.parallel.tensor);
+  for (NodeId id : p.order) {
+    const Node& n = g.node(id);
+    const bool boxing = n.op == "sbp_all_reduce" || n.op == "sbp_all_gather" || n.op == "sbp_reduce_scatter";
+    const bool tensor_axis = boxing && n.attrs.is("mesh", "tensor");
+    const bool data_axis = (boxing && !tensor_axis) || n.op == "all_reduce" || n.op == "all_reduce_start" ||
+                           n.op == "all_gather_into" || n.op == "reduce_scatter_shard" ||
+                           n.op == "gather_shards";
+    if (!data_axis && !tensor_axis) continue;
+    CollectivePlan c;
+    c.node = n.name;
+    c.op = n.op;
+    c.axis = tensor_axis ? "tensor" : "data";
+    // What the collective covers: the whole tensor (the gathered output, the reduced input).
+    c.tensor_bytes = static_cast<double>(
+        g.value(n.op == "sbp_all_gather" || n.op == "gather_shards" ? n.outputs[0] : n.inputs[0]).nbytes());
+    if (n.op == "all_reduce")
+      for (size_t i = 1; i < n.inputs.size(); ++i)
+        c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
+    c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
+    if (n.op == "all_reduce_start") c.tensor_bytes = static_cast<double>(g.value(n.outputs[0]).nbytes());
+    c.reduce = n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "sbp_all_reduce";
+    c.group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
+    c.sent_bytes = c.calls * (c.reduce ? 2.0 : 1.0) * c.tensor_bytes * (c.group - 1) / c.group;
+    out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
 
 // A field of /proc/self/status or /proc/meminfo ("VmSize:  123 kB"), in bytes; 0 when absent.
 double proc_kb_field(const char* file, const std::string& field) {
@@ -326,35 +362,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
     r.process = predict_process_memory(p, built, *data, cfg, &eval);
   }
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
-  const double ranks = static_cast<double>(r.data);
-  const double tp = static_cast<double>(cfg.parallel.tensor);
-  for (NodeId id : p.order) {
-    const Node& n = p.graph.node(id);
-    const bool boxing = n.op == "sbp_all_reduce" || n.op == "sbp_all_gather" || n.op == "sbp_reduce_scatter";
-    const bool tensor_axis = boxing && n.attrs.is("mesh", "tensor");
-    const bool data_axis = (boxing && !tensor_axis) || n.op == "all_reduce" || n.op == "all_reduce_start" ||
-                           n.op == "all_gather_into" || n.op == "reduce_scatter_shard" ||
-                           n.op == "gather_shards";
-    if (!data_axis && !tensor_axis) continue;
-    CollectivePlan c;
-    c.node = n.name;
-    c.op = n.op;
-    c.axis = tensor_axis ? "tensor" : "data";
-    // What the collective covers: the whole tensor (the gathered output, the reduced input).
-    c.tensor_bytes = static_cast<double>(
-        g.value(n.op == "sbp_all_gather" || n.op == "gather_shards" ? n.outputs[0] : n.inputs[0]).nbytes());
-    if (n.op == "all_reduce")
-      for (size_t i = 1; i < n.inputs.size(); ++i)
-        c.tensor_bytes += static_cast<double>(g.value(n.inputs[i]).nbytes());
-    c.calls = n.phase == 1 ? 1.0 : static_cast<double>(cfg.train.grad_accumulation);
-    if (n.op == "all_reduce_start") c.tensor_bytes = static_cast<double>(g.value(n.outputs[0]).nbytes());
-    const double factor =
-        n.op == "all_reduce" || n.op == "all_reduce_start" || n.op == "sbp_all_reduce" ? 2.0 : 1.0;
-    const double group = tensor_axis ? tp : n.attrs.is("group", "ends") ? 2.0 : ranks;
-    c.sent_bytes = c.calls * factor * c.tensor_bytes * (group - 1) / group;
-    r.sent_bytes_per_step += c.sent_bytes;
-    r.collectives.push_back(c);
-  }
+  r.collectives = plan_collectives(p, cfg);
+  for (const CollectivePlan& c : r.collectives) r.sent_bytes_per_step += c.sent_bytes;
 
   char buf[256];
   std::string t =

@@ -27,6 +27,8 @@ struct CollectivePlan {
   double tensor_bytes = 0;  // what the collective covers on one device
   double calls = 0;         // per optimizer step
   double sent_bytes = 0;    // per device per step: ring all-reduce 2T(p-1)/p, all-gather T(p-1)/p
+  double group = 1;         // ranks taking part
+  bool reduce = false;      // an all-reduce (2(p-1) ring steps), else a gather or scatter (p-1)
 };
 
 struct PlanReport {
@@ -54,6 +56,11 @@ double peak_resident_bytes();
 // replicated on the tensor axis rather than split, naming the largest. "" otherwise. `flowrun plan` and
 // `train` print it.
 std::string replication_warning(const Program& p, const BuiltModel& built, const RunConfig& cfg);
+
+// The bytes of a program's parameters, state (optimizer's, other), inputs and gradients, and its arena.
+void count_memory(const Program& p, PlanReport& r);
+// The collectives of rank 0's program under cfg's layout, with their bytes per step.
+std::vector<CollectivePlan> plan_collectives(const Program& p, const RunConfig& cfg);
 
 // The plan of one rank of cfg's layout (every rank's is the same in data parallelism and ZeRO-1).
 PlanReport plan_layout(const RunConfig& cfg);

@@ -2,7 +2,7 @@
 # Every verb answers --help with exit code 0; bad command lines exit 2.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1
-for verb in "" train eval check time plan inspect data models version ops generate; do
+for verb in "" train eval check time plan calibrate inspect data models version ops generate; do
   expect_exit 0 "$FLOWRUN" $verb --help
   expect_log "Usage"
 done
@@ -22,7 +22,7 @@ expect_exit 2 "$FLOWRUN" plan
 expect_exit 2 "$FLOWRUN" plan "$SCRATCH/missing.yaml" --world-size 0
 expect_exit 2 "$FLOWRUN" inspect "$SCRATCH/a.h5" --diff "$SCRATCH/missing.h5"
 # The scripts users call answer --help too.
-for script in sweep bench_precision.sh bench_checkpoint.sh bench_vs_torch.sh bench_generate.sh; do
+for script in sweep bench_precision.sh bench_checkpoint.sh bench_vs_torch.sh bench_generate.sh bench_search.sh; do
   expect_exit 0 "$(dirname "$0")/../../scripts/$script" --help
 done
 echo "help and usage errors ok"
