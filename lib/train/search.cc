@@ -288,8 +288,18 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
   c.params = r.param_bytes;
   c.state = r.optimizer_state_bytes + r.other_state_bytes;
   c.arena = r.arena_bytes * slots;
-  c.memory = m.device == "cuda" ? c.params + c.state + (r.input_bytes + r.arena_bytes) * slots
-                                : predict_process_memory(p, built, data, cfg, nullptr).total;
+  // A training run also holds its evaluation program (the lead's whole model under a pipeline), as `flowrun
+  // plan` counts it.
+  RunConfig whole_model = cfg;
+  if (cfg.parallel.pipeline > 1) whole_model.parallel = ParallelConfig{};
+  BuiltModel eval_model;
+  const Program eval = compile_model(whole_model, data.spec(), cfg.train.eval_batch_size, false, &eval_model);
+  PlanReport e;
+  count_memory(eval, e);
+  const bool own = cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;  // its own parameters
+  c.memory = m.device == "cuda" ? c.params + c.state + (r.input_bytes + r.arena_bytes) * slots +
+                                      e.arena_bytes + e.input_bytes + (own ? e.param_bytes : 0.0)
+                                : predict_process_memory(p, built, data, cfg, &eval).total;
   c.flops = step_flops(p, cfg.train.grad_accumulation);
   for (const CollectivePlan& cp : plan_collectives(p, cfg)) c.sent += cp.sent_bytes;
   return c;
@@ -443,9 +453,14 @@ std::string search_layouts(const std::string& file, const std::vector<std::strin
       const int64_t d = world / (t * p);
       if (batch % d != 0) continue;
       const int64_t per_rank = batch / d;
+      // Micro-batches: a few steps of 4 (of 2 under a pipeline), and micro-batches of one sample, the least
+      // memory the layout can have.
       std::vector<int64_t> micros;
-      for (int64_t k : p > 1 ? std::vector<int64_t>{p, 2 * p, 4 * p} : std::vector<int64_t>{1, 4, 16})
-        if (k <= per_rank && per_rank % k == 0) micros.push_back(k);
+      for (int64_t k :
+           p > 1 ? std::vector<int64_t>{p, 2 * p, 4 * p, per_rank} : std::vector<int64_t>{1, 4, 16, per_rank})
+        if (k <= per_rank && per_rank % k == 0 && k % p == 0 &&
+            std::find(micros.begin(), micros.end(), k) == micros.end())
+          micros.push_back(k);
       for (int64_t mb : micros)
         for (int64_t z = 0; z <= (d > 1 ? 3 : 0); ++z)
           for (const char* rc : {"none", "blocks"}) candidates.push_back({d, t, p, mb, z, rc});
