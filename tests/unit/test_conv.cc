@@ -60,6 +60,18 @@ void expect_close(const std::vector<double>& ref, const std::vector<double>& got
   for (size_t k = 0; k < ref.size(); ++k) EXPECT_NEAR(ref[k], got[k], 1e-4 * scale) << "[" << k << "]";
 }
 
+// A padded 3x3 convolution of x (n, c, h, w) by w (o, c, 3, 3) as its three ops: (op, (inputs, attrs)).
+std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> three_ops(const Shape& x,
+                                                                                  const Shape& w) {
+  const Attrs a = {{"padding", Shape{1, 1}}};
+  const Shape y = conv_out(x, w, a);
+  return {
+      {"conv2d", {{{"x", x}, {"w", w}}, a}},
+      {"conv2d_grad_input", {{{"dy", y}, {"w", w}}, with(a, "in_shape", x)}},
+      {"conv2d_grad_weight", {{{"dy", y}, {"x", x}}, with(a, "w_shape", w)}},
+  };
+}
+
 // Every conv2d sample (strides, padding, dilation, groups, 1x1) through both backward ops.
 TEST(ConvF32, BackwardKernelsMatchFloat64) {
   for (const OpSample& s : OpRegistry::get().at("conv2d").samples()) {
@@ -78,13 +90,7 @@ TEST(ConvF32, BackwardKernelsMatchFloat64) {
 // inputs must give the same bits on every run, in one executor and across executors.
 TEST(ConvF32, KernelsAreBitwiseReproducible) {
   const Shape x = {32, 16, 16, 16}, w = {16, 16, 3, 3};
-  const Attrs a = {{"padding", Shape{1, 1}}};
-  const Shape y = conv_out(x, w, a);
-  const std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> ops = {
-      {"conv2d", {{{"x", x}, {"w", w}}, a}},
-      {"conv2d_grad_input", {{{"dy", y}, {"w", w}}, with(a, "in_shape", x)}},
-      {"conv2d_grad_weight", {{{"dy", y}, {"x", x}}, with(a, "w_shape", w)}},
-  };
+  const auto ops = three_ops(x, w);
   for (const auto& [op, spec] : ops) {
     SCOPED_TRACE(op);
     auto ex = single_op(op, spec.first, spec.second, DType::f32);
@@ -101,13 +107,7 @@ TEST(ConvF32, KernelsAreBitwiseReproducible) {
 // tests, the shared pools hold exactly the largest need of each.
 TEST(ConvF32, HostBuffersPredictWhatTheKernelsHold) {
   const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
-  const Attrs a = {{"padding", Shape{1, 1}}};
-  const Shape y = conv_out(x, w, a);
-  const std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> ops = {
-      {"conv2d", {{{"x", x}, {"w", w}}, a}},
-      {"conv2d_grad_input", {{{"dy", y}, {"w", w}}, with(a, "in_shape", x)}},
-      {"conv2d_grad_weight", {{{"dy", y}, {"x", x}}, with(a, "w_shape", w)}},
-  };
+  const auto ops = three_ops(x, w);
   std::map<std::string, size_t> pools;
   for (const auto& [op, spec] : ops) {
     single_op(op, spec.first, spec.second, DType::f32)->run();
