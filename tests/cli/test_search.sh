@@ -15,10 +15,12 @@ grep -q "^devices_per_node: 2$" "$SCRATCH/two.yaml" || fail "two ranks: devices_
 grep -q "links measured between the 2 ranks" "$SCRATCH/two.yaml" || fail "two ranks: the links were not measured"
 echo "calibrate: one process and two ranks"
 
-# The step time of one layout, as the search predicts it.
-expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --machine "$SCRATCH/two.yaml" --json
-expect_log "step time on"
-grep -q '"predicted_step_ms": [0-9]' "$SCRATCH/last.log" || fail "plan --machine --json has no predicted_step_ms"
+# The step time of one layout, as the search predicts it, with the profile just measured and each shipped one.
+for machine in "$SCRATCH/two.yaml" "$SRC"/configs/machines/*.yaml; do
+  expect_exit 0 "$FLOWRUN" plan "$CFG" --world-size 2 --machine "$machine" --json
+  expect_log "step time on"
+  grep -q '"predicted_step_ms": [0-9]' "$SCRATCH/last.log" || fail "plan --machine $machine: no predicted_step_ms"
+done
 
 # The search: every layout of 2 devices (all shown), then a memory limit between the smallest and the largest
 # that refuses some, shows only those under it, and writes the fastest as a config that trains.
