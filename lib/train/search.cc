@@ -138,10 +138,17 @@ MachineProfile load_machine_profile(const std::string& path) {
     throw input_error(cat(path, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ", e.msg));
   }
   if (!root.IsMap()) throw input_error(cat(path, ": a machine profile is a YAML map of keys"));
-  static const std::vector<std::string> known = {
-      "name",       "device",           "devices_per_node", "device_memory",
-      "gemm_flops", "memory_bandwidth", "op_overhead",      "overlap_gradients",
-      "intra_node", "inter_node"};
+  static const std::vector<std::string> known = {"name",
+                                                 "device",
+                                                 "devices_per_node",
+                                                 "device_memory",
+                                                 "gemm_flops",
+                                                 "memory_bandwidth",
+                                                 "op_overhead",
+                                                 "overlap_gradients",
+                                                 "intra_node",
+                                                 "inter_node",
+                                                 "cache"};
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>();
     if (std::find(known.begin(), known.end(), k) == known.end())
@@ -165,6 +172,8 @@ MachineProfile load_machine_profile(const std::string& path) {
   m.flops_fp16 = number_at(root, "gemm_flops.fp16", path, false);
   m.memory_bandwidth = number_at(root, "memory_bandwidth", path, true);
   m.op_overhead = number_at(root, "op_overhead", path, false);
+  m.cache_bytes = number_at(root, "cache.bytes", path, false);
+  m.cache_bandwidth = number_at(root, "cache.bandwidth", path, false);
   if (const YAML::Node o = root["overlap_gradients"]) {
     if (!o.IsScalar() || (o.as<std::string>() != "true" && o.as<std::string>() != "false"))
       throw input_error(
@@ -172,9 +181,11 @@ MachineProfile load_machine_profile(const std::string& path) {
     m.overlap_gradients = o.as<std::string>() == "true";
   }
   m.intra_node = {number_at(root, "intra_node.bandwidth", path, true),
-                  number_at(root, "intra_node.latency", path, true)};
+                  number_at(root, "intra_node.latency", path, true),
+                  number_at(root, "intra_node.started_bandwidth", path, false)};
   m.inter_node = {number_at(root, "inter_node.bandwidth", path, true),
-                  number_at(root, "inter_node.latency", path, true)};
+                  number_at(root, "inter_node.latency", path, true),
+                  number_at(root, "inter_node.started_bandwidth", path, false)};
   for (const auto& [key, v] :
        std::vector<std::pair<const char*, double>>{{"gemm_flops.fp32", m.flops_fp32},
                                                    {"memory_bandwidth", m.memory_bandwidth},
@@ -184,6 +195,14 @@ MachineProfile load_machine_profile(const std::string& path) {
   return m;
 }
 
+namespace {
+std::string link_yaml(const MachineProfile::Link& l) {
+  return cat("{bandwidth: ", fmt("%.4g", l.bandwidth), ", latency: ", fmt("%.4g", l.latency),
+             l.started_bandwidth > 0 ? cat(", started_bandwidth: ", fmt("%.4g", l.started_bandwidth)) : "",
+             "}");
+}
+}  // namespace
+
 std::string machine_profile_yaml(const MachineProfile& m, const std::string& comment) {
   std::ostringstream os;
   os << comment << "name: " << m.name << "\ndevice: " << m.device
@@ -192,13 +211,13 @@ std::string machine_profile_yaml(const MachineProfile& m, const std::string& com
      << "gemm_flops: {fp32: " << fmt("%.4g", m.flops_fp32) << ", bf16: " << fmt("%.4g", m.flops_bf16)
      << ", fp16: " << fmt("%.4g", m.flops_fp16) << "}  # FLOP/s per device\n"
      << "memory_bandwidth: " << fmt("%.4g", m.memory_bandwidth) << "  # bytes/s read + written\n"
+     << "cache: {bytes: " << fmt("%.0f", m.cache_bytes) << ", bandwidth: " << fmt("%.4g", m.cache_bandwidth)
+     << "}  # an op moving at most `bytes` runs at this bandwidth\n"
      << "op_overhead: " << fmt("%.4g", m.op_overhead) << "  # seconds per kernel\n"
      << "overlap_gradients: " << (m.overlap_gradients ? "true" : "false")
      << "  # the gradient all-reduce runs during the backward pass\n"
-     << "intra_node: {bandwidth: " << fmt("%.4g", m.intra_node.bandwidth)
-     << ", latency: " << fmt("%.4g", m.intra_node.latency) << "}  # bytes/s a rank sends; s per ring step\n"
-     << "inter_node: {bandwidth: " << fmt("%.4g", m.inter_node.bandwidth)
-     << ", latency: " << fmt("%.4g", m.inter_node.latency) << "}\n";
+     << "intra_node: " << link_yaml(m.intra_node) << "  # bytes/s a rank sends; s per ring step\n"
+     << "inter_node: " << link_yaml(m.inter_node) << "\n";
   return os.str();
 }
 
@@ -216,10 +235,7 @@ struct Costs {
   double buckets = 0;  // of which the gradient buckets, started during the backward pass
   double hop = 0;      // one activation's transfer between stages
   double memory = 0;   // what the profile's memory bounds: the device's tensors, or the process
-  double params = 0, state = 0, arena = 0, flops = 0, sent = 0;
-  std::vector<double*> fields() {
-    return {&micro, &update, &tensor, &data, &buckets, &hop, &memory, &params, &state, &arena, &flops, &sent};
-  }
+  std::vector<double*> fields() { return {&micro, &update, &tensor, &data, &buckets, &hop, &memory}; }
 };
 
 Costs extend(Costs a, Costs b, double from, double to, double at) {
@@ -244,7 +260,8 @@ const MachineProfile::Link& link(const MachineProfile& m, int64_t span) {
 
 double collective_seconds(const CollectivePlan& c, const MachineProfile::Link& l) {
   const double steps = c.calls * (c.reduce ? 2.0 : 1.0) * (c.group - 1);
-  return steps * l.latency + c.sent_bytes / l.bandwidth;
+  const bool started = c.op == "all_reduce_start" && l.started_bandwidth > 0;
+  return steps * l.latency + c.sent_bytes / (started ? l.started_bandwidth : l.bandwidth);
 }
 
 Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m) {
@@ -262,7 +279,7 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
     for (ValueId v : n.outputs) out.push_back(g.value(v).type);
     const Cost k = def.cost(in, out, n.attrs);
     const double t =
-        std::max(k.flops / m.flops(kernel_dtype(g, n)), k.bytes / m.memory_bandwidth) + m.op_overhead;
+        std::max(k.flops / m.flops(kernel_dtype(g, n)), k.bytes / m.bandwidth(k.bytes)) + m.op_overhead;
     (n.phase == 1 ? c.update : c.micro) += t;
   }
   const int64_t t = cfg.parallel.tensor, d = cfg.parallel.data;
@@ -270,6 +287,8 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
     if (cp.axis == "tensor")
       c.tensor += collective_seconds(cp, link(m, t));
     else {
+      // A two-rank group under a pipeline is its ends (first and last stage, tied embeddings): every rank
+      // lies between them.
       const double s = collective_seconds(
           cp, link(m, cp.group == 2 && cfg.parallel.pipeline > 1 ? d * t * cfg.parallel.pipeline : d * t));
       c.data += s;
@@ -285,9 +304,6 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
   count_memory(p, r);
   const auto slots = static_cast<double>(
       cfg.parallel.pipeline > 1 ? std::min(cfg.parallel.pipeline, cfg.train.grad_accumulation) : 1);
-  c.params = r.param_bytes;
-  c.state = r.optimizer_state_bytes + r.other_state_bytes;
-  c.arena = r.arena_bytes * slots;
   // A training run also holds its evaluation program (the lead's whole model under a pipeline), as `flowrun
   // plan` counts it.
   RunConfig whole_model = cfg;
@@ -297,11 +313,10 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
   PlanReport e;
   count_memory(eval, e);
   const bool own = cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;  // its own parameters
-  c.memory = m.device == "cuda" ? c.params + c.state + (r.input_bytes + r.arena_bytes) * slots +
+  const double state = r.optimizer_state_bytes + r.other_state_bytes;
+  c.memory = m.device == "cuda" ? r.param_bytes + state + (r.input_bytes + r.arena_bytes) * slots +
                                       e.arena_bytes + e.input_bytes + (own ? e.param_bytes : 0.0)
                                 : predict_process_memory(p, built, data, cfg, &eval).total;
-  c.flops = step_flops(p, cfg.train.grad_accumulation);
-  for (const CollectivePlan& cp : plan_collectives(p, cfg)) c.sent += cp.sent_bytes;
   return c;
 }
 
@@ -322,8 +337,8 @@ StepTime step_time(const Costs& c, const RunConfig& cfg, bool overlap) {
   return s;
 }
 
-// The model's depth key, when it has one (the zoo's gpt, llama, bert): compiled at one and two layers per
-// stage and extended.
+// The model's depth key, when it has one (the zoo's gpt, llama, bert): compiled at two and three layers per
+// stage and extended (layout_costs).
 std::optional<int64_t> depth_of(const RunConfig& cfg) {
   const YAML::Node params = cfg.resolved["model"]["params"];
   if (!params || !params.IsMap() || !params["n_layer"]) return std::nullopt;
@@ -632,6 +647,7 @@ double timed(Communicator& world, int reps, const std::function<void()>& run) {
   run();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    world.barrier();  // every rank runs at once, each time
     const auto t0 = Clock::now();
     run();
     t.push_back(seconds_since(t0));
@@ -688,13 +704,21 @@ std::string calibrate_machine(const std::string& out, int64_t threads) {
   m.flops_fp32 = gemm_flops(*world, DType::f32);
   m.flops_bf16 = gemm_flops(*world, DType::bf16);
   m.flops_fp16 = gemm_flops(*world, DType::f16);
-  // Memory bandwidth: an add over 32 MiB arrays reads two and writes one.
-  const int64_t n = 8 << 20;
-  auto add = program_of([&](Graph& g, GraphBuilder& b) {
-    g.mark_output("y",
-                  b.op1("add", {g.add_input("a", {n}, DType::f32), g.add_input("b", {n}, DType::f32)}, {}));
-  });
-  m.memory_bandwidth = 3.0 * static_cast<double>(n) * sizeof(float) / timed(*world, 5, [&] { add->run(); });
+  // Bandwidth: an add reads two arrays and writes one; over 32 MiB arrays (memory), and over arrays that
+  // together fill half of a core's L2 (cache), timed over many runs.
+  auto add_bandwidth = [&](int64_t n, int reps) {
+    auto add = program_of([&](Graph& g, GraphBuilder& b) {
+      g.mark_output("y",
+                    b.op1("add", {g.add_input("a", {n}, DType::f32), g.add_input("b", {n}, DType::f32)}, {}));
+    });
+    return 3.0 * static_cast<double>(n) * sizeof(float) * reps / timed(*world, 5, [&] {
+             for (int i = 0; i < reps; ++i) add->run();
+           });
+  };
+  m.memory_bandwidth = add_bandwidth(8 << 20, 4);
+  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  m.cache_bytes = static_cast<double>(l2 > 0 ? l2 : 1 << 20);
+  m.cache_bandwidth = add_bandwidth(static_cast<int64_t>(m.cache_bytes / 2 / 3 / sizeof(float)), 200);
   // The cost of a kernel beyond its work: a chain of 200 one-element adds.
   const int chain = 200;
   auto tiny = program_of([&](Graph& g, GraphBuilder& b) {
@@ -721,6 +745,11 @@ std::string calibrate_machine(const std::string& out, int64_t threads) {
     });
     const double bytes = steps / ranks * static_cast<double>(big.size() * sizeof(float));
     m.intra_node.bandwidth = bytes / std::max(t - steps * m.intra_node.latency, 1e-9);
+    const double started = timed(*world, 10, [&] {
+      world->wait(
+          world->start_all_reduce(big.data(), static_cast<int64_t>(big.size()), DType::f32, ReduceOp::sum));
+    });
+    m.intra_node.started_bandwidth = bytes / std::max(started - steps * m.intra_node.latency, 1e-9);
     links = cat("links measured between the ", ranks,
                 " ranks of this node; inter_node is set equal (one node)\n");
   } else {

@@ -464,7 +464,10 @@ std::map<std::string, Tensor> Run::whole(const std::vector<std::string>& names, 
   std::map<std::string, Tensor> out;
   for (const auto& n : names) {
     Tensor t = gather_value(*ex_, n, mesh_);
-    out.emplace(n, copies ? t.clone() : t);
+    // A tensor gathered from pieces or shards is a copy already; only the live one needs copying (cloning
+    // the gathered ones held every split tensor twice while an asynchronous checkpoint was written).
+    const bool live = t.raw() == ex_->tensor(n).raw();
+    out.emplace(n, copies && live ? t.clone() : t);
   }
   if (mesh_.stages() > 1 && mesh_.data->rank() == 0 && mesh_.tensor->rank() == 0) gather_stages(out, mesh_);
   return out;
