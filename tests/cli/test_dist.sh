@@ -149,8 +149,9 @@ within "$rel" 1e-5 || fail "ZeRO-1 -> 1 process -> ZeRO-1 resume: losses differ 
 echo "ZeRO-1 DP2 -> one process -> ZeRO-1 DP2 resumes: losses within $rel"
 
 # SIGUSR1 to mpirun reaches every rank: they agree to stop after the same step, checkpoint, exit 3, and a
-# resume continues bit for bit as the uninterrupted DP2 run.
-LONG=(--set train.steps=300 --set train.checkpoint_every=0)
+# resume continues bit for bit as the uninterrupted DP2 run. The run must outlast the signal: 300 steps
+# (2 ms each) once ended 0.6 s after start, before a busy CI machine delivered it (exit 138).
+LONG=(--set train.steps=3000 --set train.checkpoint_every=0)
 expect_exit 0 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-straight" \
   "${COMMON[@]}" "${LONG[@]}" --set parallel.data=2
 "${MPIRUN[@]}" "$FLOWRUN" train "$SRC/tests/configs/tiny_gpt.yaml" --run-dir "$SCRATCH/long-dp2" "${COMMON[@]}" \
