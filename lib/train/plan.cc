@@ -401,13 +401,15 @@ PlanReport plan_layout(const RunConfig& cfg) {
   if (r.collectives.empty()) {
     t += "collectives: none\n";
   } else {
-    // One line per op and pass (ZeRO gathers every parameter on its own: one line for all of them).
+    // One line per op and pass (ZeRO gathers every parameter on its own, a 7B model has 226 gradient buckets:
+    // one line for all of them).
     t += "collectives per device per step\n";
     std::vector<std::pair<std::string, CollectivePlan>> lines;
     for (const CollectivePlan& c : r.collectives) {
       const std::string key = c.op == "all_gather_into"        ? "zero/*/gather"
                               : c.op == "reduce_scatter_shard" ? "gradient shards (ZeRO-2/3)"
                               : c.op == "gather_shards"        ? "parameters (ZeRO-3: forward, backward)"
+                              : c.op == "all_reduce_start"     ? "gradient buckets"
                               : c.op.rfind("sbp_", 0) == 0     ? cat(c.axis, " axis boxing")
                                                                : c.node;
       auto it = std::find_if(lines.begin(), lines.end(),
