@@ -165,6 +165,17 @@ double peak_resident_bytes() {
   return resident_field("VmHWM");
 }
 
+Program rank0_eval_program(const RunConfig& cfg, const DataSpec& spec) {
+  RunConfig whole_model = cfg;
+  if (cfg.parallel.pipeline > 1) whole_model.parallel = ParallelConfig{};
+  BuiltModel built;
+  return compile_model(whole_model, spec, cfg.train.eval_batch_size, false, &built);
+}
+
+bool eval_owns_parameters(const RunConfig& cfg) {
+  return cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;
+}
+
 ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, const Dataset& data,
                                      const RunConfig& cfg, const Program* eval) {
   ProcessMemory m;
@@ -217,9 +228,9 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     // ZeRO-3's shards and, under pipeline parallelism, the lead's whole model.
     PlanReport e;
     count_memory(*eval, e);
-    const bool own = cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;
     add("evaluation program (arena, inputs)", e.arena_bytes + e.input_bytes);
-    if (own) add("evaluation program's parameters", e.param_bytes + e.other_state_bytes);
+    if (eval_owns_parameters(cfg))
+      add("evaluation program's parameters", e.param_bytes + e.other_state_bytes);
   }
   // A checkpoint gathers every parameter and state tensor whole on the writing rank; an asynchronous one
   // copies them even when nothing is split. Sharded checkpoints write each rank's tensors in place.
@@ -352,15 +363,8 @@ PlanReport plan_layout(const RunConfig& cfg) {
   const Program p = compile_model(cfg, data->spec(), cfg.train.micro_batch_size, true, &built);
   const Graph& g = p.graph;
   count_memory(p, r);
-  {
-    // The evaluation program the trainer compiles beside (under pipeline parallelism the lead's whole model).
-    RunConfig whole_model = cfg;
-    if (cfg.parallel.pipeline > 1) whole_model.parallel = ParallelConfig{};
-    BuiltModel eval_model;
-    const Program eval =
-        compile_model(whole_model, data->spec(), cfg.train.eval_batch_size, false, &eval_model);
-    r.process = predict_process_memory(p, built, *data, cfg, &eval);
-  }
+  const Program eval = rank0_eval_program(cfg, data->spec());
+  r.process = predict_process_memory(p, built, *data, cfg, &eval);
   r.flops_per_step = step_flops(p, cfg.train.grad_accumulation);
   r.collectives = plan_collectives(p, cfg);
   for (const CollectivePlan& c : r.collectives) r.sent_bytes_per_step += c.sent_bytes;

@@ -13,6 +13,7 @@
 namespace flowrun {
 
 class Dataset;
+struct DataSpec;
 
 // The resident memory of one process of a run at its peak, as `flowrun plan` predicts it: each part in print
 // order with its bytes. Of rank 0 (the first pipeline stage, and the lead that evaluates and checkpoints).
@@ -39,6 +40,12 @@ struct PlanReport {
   std::vector<CollectivePlan> collectives;
   std::string table, json;
 };
+
+// The evaluation program a training run compiles beside its training program, as rank 0 holds it (under a
+// pipeline, the lead's whole model); and whether it holds parameters of its own (ZeRO-3's gathered shards,
+// the pipeline lead's whole model) instead of reading the training program's.
+Program rank0_eval_program(const RunConfig& cfg, const DataSpec& spec);
+bool eval_owns_parameters(const RunConfig& cfg);
 
 // `p` is rank 0's training program, `eval` its evaluation program in a training run (null for `flowrun
 // time`, which neither evaluates nor checkpoints).

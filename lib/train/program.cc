@@ -363,13 +363,17 @@ void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, c
               static_cast<size_t>(have) * esize);
 }
 
-double node_flops(const Graph& g, const Node& n) {
+Cost node_cost(const Graph& g, const Node& n) {
   const OpDef& def = OpRegistry::get().at(n.op);
-  if (!def.cost) return 0;
+  if (!def.cost) return {};
   std::vector<TensorType> in, out;
   for (ValueId v : n.inputs) in.push_back(g.value(v).type);
   for (ValueId v : n.outputs) out.push_back(g.value(v).type);
-  return def.cost(in, out, n.attrs).flops;
+  return def.cost(in, out, n.attrs);
+}
+
+double node_flops(const Graph& g, const Node& n) {
+  return node_cost(g, n).flops;
 }
 
 double step_flops(const Program& p, int64_t accumulation) {

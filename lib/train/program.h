@@ -91,7 +91,8 @@ Tensor unshard_value(Executor& ex, const std::string& name, const Mesh& mesh);
 void scatter_value(Executor& ex, const std::string& name, const Tensor& whole, const Mesh& mesh,
                    const std::string& source);
 
-// FLOPs of one node, from its op's registered cost (0 for ops without one).
+// One node's registered cost (FLOPs, bytes read and written; zero for ops without one), and its FLOPs.
+Cost node_cost(const Graph& g, const Node& n);
 double node_flops(const Graph& g, const Node& n);
 // FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
 double step_flops(const Program& p, int64_t accumulation);

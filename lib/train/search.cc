@@ -271,13 +271,8 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
   Costs c;
   for (NodeId id : p.order) {
     const Node& n = g.node(id);
-    if (is_collective(n.op)) continue;
-    const OpDef& def = OpRegistry::get().at(n.op);
-    if (!def.cost) continue;
-    std::vector<TensorType> in, out;
-    for (ValueId v : n.inputs) in.push_back(g.value(v).type);
-    for (ValueId v : n.outputs) out.push_back(g.value(v).type);
-    const Cost k = def.cost(in, out, n.attrs);
+    if (is_collective(n.op) || !OpRegistry::get().at(n.op).cost) continue;
+    const Cost k = node_cost(g, n);
     const double t =
         std::max(k.flops / m.flops(kernel_dtype(g, n)), k.bytes / m.bandwidth(k.bytes)) + m.op_overhead;
     (n.phase == 1 ? c.update : c.micro) += t;
@@ -306,13 +301,10 @@ Costs measure(const RunConfig& cfg, const Dataset& data, const MachineProfile& m
       cfg.parallel.pipeline > 1 ? std::min(cfg.parallel.pipeline, cfg.train.grad_accumulation) : 1);
   // A training run also holds its evaluation program (the lead's whole model under a pipeline), as `flowrun
   // plan` counts it.
-  RunConfig whole_model = cfg;
-  if (cfg.parallel.pipeline > 1) whole_model.parallel = ParallelConfig{};
-  BuiltModel eval_model;
-  const Program eval = compile_model(whole_model, data.spec(), cfg.train.eval_batch_size, false, &eval_model);
+  const Program eval = rank0_eval_program(cfg, data.spec());
   PlanReport e;
   count_memory(eval, e);
-  const bool own = cfg.parallel.zero == 3 || cfg.parallel.pipeline > 1;  // its own parameters
+  const bool own = eval_owns_parameters(cfg);
   const double state = r.optimizer_state_bytes + r.other_state_bytes;
   c.memory = m.device == "cuda" ? r.param_bytes + state + (r.input_bytes + r.arena_bytes) * slots +
                                       e.arena_bytes + e.input_bytes + (own ? e.param_bytes : 0.0)
