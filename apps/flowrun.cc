@@ -38,6 +38,7 @@ struct Args {
   int64_t exit_at_step = 0;
   int64_t limit = 0;
   bool schema = false, plan = false, detect_anomaly = false, progress = false, no_progress = false, json = false;
+  bool eager = false;  // train/eval/time --eager: train.eager
   flowrun::TimeOptions time;
   std::string export_format = "safetensors", export_names = "flowrun";  // flowrun export
   std::string dump;                                                     // flowrun eval --dump
@@ -54,6 +55,7 @@ flowrun::RunConfig load(const Args& a) {
   flowrun::RunConfig cfg = flowrun::load_config(a.config, a.set);
   for (const std::string& note : cfg.notes) std::cerr << "flowrun: warning: " << note << "\n";
   if (!a.run_dir.empty()) cfg.train.run_dir = a.run_dir;
+  if (a.eager) cfg.train.eager = true;
   return cfg;
 }
 
@@ -285,6 +287,11 @@ int main(int argc, char** argv) {
       "parameter before the step and its gradient (the batch mean, before clipping); the "
       "checkpoint after the step holds the updated weights (scripts/check_parity.py compares "
       "them with PyTorch). One process, fp32 or bf16");
+  train->add_flag(
+      "--eager", a.eager,
+      "Run the step node by node (train.eager): unfused, unplanned, every value in memory of its "
+      "own; stops at the first op to make an inf/NaN, naming it and its inputs; prints the time per "
+      "op at the end. The same losses and weights, bit for bit, as the compiled step");
   train->add_flag("--progress", a.progress, "Always draw the live progress line");
   train->add_flag("--no-progress", a.no_progress, "Plain log lines instead of the live progress line");
 
@@ -303,6 +310,10 @@ int main(int argc, char** argv) {
                    "A top-level layer whose output --dump writes, named as `flowrun check` lists the layers "
                    "(repeatable; e.g. bert's `layer`: the encoder's final hidden states)");
   eval->add_option("--set", a.set, "Override a config value: key.path=value (repeatable)");
+  eval->add_flag(
+      "--eager", a.eager,
+      "Evaluate node by node (train.eager): every op's outputs checked for inf/NaN, and the time per "
+      "op printed");
 
   auto* check = app.add_subcommand("check", "Validate CONFIG and print it fully resolved (defaults filled in), "
                                             "with the model's parameter count");
@@ -323,6 +334,9 @@ int main(int argc, char** argv) {
   time->add_option("--profile", a.time.profile, "Steps timed kernel by kernel for the breakdown (default 5)")
       ->check(CLI::NonNegativeNumber);
   time->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
+  time->add_flag("--eager", a.eager,
+                 "Time the eager step (train.eager): node by node, unfused, unplanned, every op checked for "
+                 "inf/NaN");
 
   auto* plan = app.add_subcommand("plan", "Without running: per-device memory (parameters, optimizer state, "
                                           "arena), FLOPs per step and collective traffic of CONFIG's layout");

@@ -167,6 +167,11 @@ std::vector<Section> build_schema() {
                   "memory and about one more forward pass of time): none (only layers marked `recompute: "
                   "true`), blocks (every transformer_block and residual layer), full (every top-level layer "
                   "and each repeated one)"),
+           key("eager", Type::boolean, "false", field(t, &T::eager),
+               "run the graph node by node, unfused and unplanned, every value in memory of its own: each "
+               "op's outputs are checked for inf/NaN as they are made (the error names the op and its "
+               "inputs) and timed (a per-op table at the end); the same losses and weights, bit for bit, "
+               "slower and with more memory (--eager)"),
        }},
       {"optimizer",
        "The optimizer and its hyper-parameters.",

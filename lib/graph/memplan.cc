@@ -26,7 +26,9 @@ std::vector<TensorType> types_of(const Graph& g, const std::vector<ValueId>& vs)
 }
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace, DeviceKind device) {
+MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace, DeviceKind device,
+                       bool share) {
+  FR_CHECK(share || !inplace, "an unshared memory plan has no in-place outputs");
   MemoryPlan plan;
   plan.offset.assign(g.values().size(), -1);
   plan.workspace_offset.assign(g.nodes().size(), -1);
@@ -86,11 +88,19 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
   }
 
   // Largest first; each takes the lowest offset that does not collide with a placed, overlapping buffer.
+  // Unshared: end to end, in schedule order.
   std::vector<size_t> idx(buffers.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
+  if (share)
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
   std::vector<size_t> placed;
   for (size_t i : idx) {
+    if (!share) {
+      buffers[i].offset = static_cast<int64_t>(plan.arena_bytes);
+      plan.arena_bytes += align_up(buffers[i].bytes);
+      continue;
+    }
     Buffer& b = buffers[i];
     std::vector<std::pair<size_t, size_t>> busy;
     for (size_t j : placed) {

@@ -22,7 +22,9 @@ struct MemoryPlan {
 };
 
 // `device` picks the kernels whose workspaces are planned (widened f16/bf16 kernels need f32 copies).
+// With share = false (eager programs) no two values or workspaces share memory: each has bytes of its own
+// for the whole step, so every value can still be read after the step (`inplace` must then be false).
 MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool inplace,
-                       DeviceKind device = DeviceKind::cpu);
+                       DeviceKind device = DeviceKind::cpu, bool share = true);
 
 }  // namespace flowrun

@@ -340,7 +340,8 @@ void check_kernels(const Graph& g, DeviceKind device) {
 std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
-  if (opts.fuse) p.push_back({"fuse", [](Graph& g, const CompileOptions& o) { fuse_ops(g, o.device); }});
+  if (opts.fuse && !opts.eager)
+    p.push_back({"fuse", [](Graph& g, const CompileOptions& o) { fuse_ops(g, o.device); }});
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",
                  [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});
@@ -373,7 +374,10 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
                      throw input_error(cat("the graph has no output named '", o.loss, "'"));
                    autodiff(g, it->second, seed);
                  }});
-    p.push_back({"recompute", [](Graph& g, const CompileOptions&) { recompute_segments(g); }});
+    // Recompute only saves memory: it repeats the forward nodes it copies, dropout streams included, so an
+    // eager program, which keeps every value, skips it and computes the same.
+    if (!opts.eager)
+      p.push_back({"recompute", [](Graph& g, const CompileOptions&) { recompute_segments(g); }});
     if (opts.data_parallel > 1)
       p.push_back({"reduce_gradients", [](Graph& g, const CompileOptions& o) {
                      reduce_gradients(g, o.data_parallel, o.zero >= 2, o.bucket_bytes);
@@ -400,7 +404,8 @@ Program compile(Graph g, const CompileOptions& opts) {
                                                    [&](NodeId id) { return id < g.backward_begin; });
     prog.backward_begin = static_cast<size_t>(forward_end - prog.order.begin());
   }
-  prog.memory = plan_memory(g, prog.order, opts.inplace, opts.device);
+  prog.eager = opts.eager;
+  prog.memory = plan_memory(g, prog.order, opts.inplace && !opts.eager, opts.device, !opts.eager);
   prog.pass_log.push_back(cat("memory_plan: arena ", prog.memory.arena_bytes, " bytes for ",
                               prog.memory.total_intermediate_bytes, " bytes of intermediates"));
   prog.graph = std::move(g);

@@ -64,6 +64,9 @@ struct CompileOptions {
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
+  // An eager program (`train.eager`): the graph as the model and autodiff wrote it, run node by node: no
+  // fusion, no recompute, no in-place outputs, and no two values sharing memory (plan_memory's share).
+  bool eager = false;
   // Multi-tensor updates (group_updates); unset: on the GPU only, where each update is a kernel launch (on
   // the CPU it was not measurably faster, lib/ops/cuda/README.md).
   std::optional<bool> group_updates;
@@ -143,6 +146,7 @@ struct Program {
   // A pipeline stage's order runs its forward nodes first: order[0, backward_begin) is the forward pass
   // (Executor::run_part), so that a stage can run the forward pass of one micro-batch and later its backward.
   size_t backward_begin = 0;
+  bool eager = false;  // compiled with CompileOptions::eager: the executor checks and times every node
 };
 
 Program compile(Graph g, const CompileOptions& opts);

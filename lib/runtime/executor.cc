@@ -107,6 +107,7 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     persistent_.emplace(v.name, std::move(t));
   }
 
+  loss_scaled_ = persistent_.count("amp/loss_scale") != 0;
   size_t nviews = 0;
   for (NodeId id : program_.order) nviews += g.node(id).inputs.size() + g.node(id).outputs.size();
   views_.reserve(nviews);  // Step contexts point into views_: it must never reallocate
@@ -214,24 +215,36 @@ void Executor::run(bool apply) {
   if (graphs_on_ && device_.kind == DeviceKind::cuda) {
     run_graph(apply);
   } else {
-    for (Step& s : steps_) {
-      if (!apply && s.ctx.node->phase == 1) continue;
-      s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
-      execute(s);
-    }
+    for (Step& s : steps_)
+      if (apply || s.ctx.node->phase != 1) run_node(s);
   }
   kernels_done();
   ++step_;
 }
 
+void Executor::run_node(Step& s, const std::function<void(const Node&, double)>* timer) {
+  s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
+  if (!program_.eager && !timer) return execute(s);
+  const auto t0 = std::chrono::steady_clock::now();
+  execute(s);
+#ifdef FLOWRUN_HAS_CUDA
+  if (device_.kind == DeviceKind::cuda) cuda::synchronize();  // the kernel's time, not its launch's
+#endif
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (program_.eager) {
+    OpTime& t = op_times_[s.ctx.node->op];
+    ++t.calls;
+    t.seconds += seconds;
+    if (!may_overflow(*s.ctx.node) && !outputs_finite(s)) throw non_finite(s);
+  }
+  if (timer) (*timer)(*s.ctx.node, seconds);
+}
+
 void Executor::run_graph(bool apply) {
 #ifdef FLOWRUN_HAS_CUDA
   auto launch_all = [&] {
-    for (Step& s : steps_) {
-      if (!apply && s.ctx.node->phase == 1) continue;
-      s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};  // its seed counts
-      execute(s);
-    }
+    for (Step& s : steps_)
+      if (apply || s.ctx.node->phase != 1) run_node(s);
   };
   void*& graph = graph_[apply ? 1 : 0];
   if (!graph && warmed_[apply ? 1 : 0]) {
@@ -274,8 +287,7 @@ void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {
   for (size_t i = begin; i < end; ++i) {
     Step& s = steps_[i];
     if ((!apply && s.ctx.node->phase == 1) || (apply_only && s.ctx.node->phase != 1)) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
-    execute(s);
+    run_node(s);
   }
   kernels_done();
 }
@@ -294,16 +306,8 @@ void Executor::set_pipeline(Communicator* pipeline, Communicator* ends) {
 
 void Executor::run_timed(const std::function<void(const Node&, double)>& timer, bool apply) {
   upload_changed();
-  for (Step& s : steps_) {
-    if (!apply && s.ctx.node->phase == 1) continue;
-    s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
-    const auto t0 = std::chrono::steady_clock::now();
-    execute(s);
-#ifdef FLOWRUN_HAS_CUDA
-    if (device_.kind == DeviceKind::cuda) cuda::synchronize();  // the kernel's time, not its launch's
-#endif
-    timer(*s.ctx.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  for (Step& s : steps_)
+    if (apply || s.ctx.node->phase != 1) run_node(s, &timer);
   kernels_done();
   ++step_;
 }
@@ -332,27 +336,93 @@ bool all_finite(const TensorView& t) {
   }
 }
 
-const Node* Executor::run_checked(bool apply, const std::function<bool(const Node&)>& skip) {
+// Every node after the forward pass: the gradients, their sums (named after their op) and the updates,
+// which skip the step.
+bool Executor::may_overflow(const Node& n) const {
+  return loss_scaled_ && program_.graph.backward_begin >= 0 && n.id >= program_.graph.backward_begin;
+}
+
+bool Executor::outputs_finite(const Step& s) const {
+  for (int i = 0; i < s.ctx.num_out; ++i) {
+    TensorView out = s.ctx.out[i];
+    for (const Convert& c : s.narrow_out)
+      if (c.src == out.data) out = TensorView{c.dst, out.shape, c.to};
+    if (device_.kind == DeviceKind::cpu) {
+      if (!all_finite(out)) return false;
+    } else {
+      const Tensor host = download(out.data, *out.shape, out.dtype);
+      if (!all_finite({host.raw(), out.shape, out.dtype})) return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// "[64, 10] f32: 3 of 640 non-finite, largest finite magnitude 1.2e+38" (floating tensors).
+std::string describe_values(const TensorView& t) {
+  std::string shape;
+  for (int64_t d : *t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+  std::string head = cat("[", shape, "] ", dtype_name(t.dtype));
+  if (!is_floating(t.dtype)) return head;
+  const int64_t n = t.numel();
+  int64_t bad = 0;
+  double largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    switch (t.dtype) {
+      case DType::f32:
+        v = t.as<float>()[i];
+        break;
+      case DType::f64:
+        v = t.as<double>()[i];
+        break;
+      case DType::f16:
+        v = f16_to_float(t.as<f16>()[i]);
+        break;
+      default:
+        v = bf16_to_float(t.as<bf16>()[i]);
+        break;
+    }
+    if (!std::isfinite(v))
+      ++bad;
+    else
+      largest = std::max(largest, std::fabs(v));
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g", largest);
+  return cat(head, ": ", bad == 0 ? std::string("finite") : cat(bad, " of ", n, " non-finite"),
+             ", largest finite magnitude ", buf);
+}
+
+}  // namespace
+
+NonFiniteValue Executor::non_finite(const Step& s) const {
+  const Node& n = *s.ctx.node;
+  const Graph& g = program_.graph;
+  std::string msg = cat(n.name, " (op ", n.op, ") produced a non-finite value");
+  auto add = [&](const char* what, ValueId id, const TensorView& view) {
+    const Tensor host =
+        device_.kind == DeviceKind::cpu ? Tensor() : download(view.data, *view.shape, view.dtype);
+    msg += cat("\n  ", what, " ", g.value(id).name, " ",
+               describe_values(host.defined() ? TensorView{host.raw(), view.shape, view.dtype} : view));
+  };
+  for (int i = 0; i < s.ctx.num_in; ++i) add("input ", n.inputs[static_cast<size_t>(i)], s.ctx.in[i]);
+  for (int i = 0; i < s.ctx.num_out; ++i) add("output", n.outputs[static_cast<size_t>(i)], s.ctx.out[i]);
+  return NonFiniteValue(n, msg);
+}
+
+const Node* Executor::run_checked(bool apply) {
   const Node* bad = nullptr;
   upload_changed();
   for (Step& s : steps_) {
     if (!apply && s.ctx.node->phase == 1) continue;
     s.ctx.rng = RngStream{seed_, mix_stream(static_cast<uint64_t>(step_), s.stream)};
     execute(s);
-    if (skip && skip(*s.ctx.node)) continue;
-    for (int i = 0; i < s.ctx.num_out && !bad; ++i) {
-      // A widened kernel's result is checked where it was stored, after rounding (f16 overflows there).
-      TensorView out = s.ctx.out[i];
-      for (const Convert& c : s.narrow_out)
-        if (c.src == out.data) out = TensorView{c.dst, out.shape, c.to};
-      if (device_.kind == DeviceKind::cpu) {
-        if (!all_finite(out)) bad = s.ctx.node;
-      } else {
-        const Tensor host = download(out.data, *out.shape, out.dtype);
-        if (!all_finite({host.raw(), out.shape, out.dtype})) bad = s.ctx.node;
-      }
+    if (!may_overflow(*s.ctx.node) && !outputs_finite(s)) {
+      bad = s.ctx.node;
+      break;
     }
-    if (bad) break;
   }
   kernels_done();
   ++step_;

@@ -21,6 +21,24 @@ struct DeviceMirror;
 // op's outputs, and the trainer's of the weights before a checkpoint.
 bool all_finite(const TensorView& t);
 
+// What an eager program's executor throws when a node's output holds an inf or NaN: the message names the
+// node, its op and each input (non-finite count and largest magnitude), which the unshared memory still
+// holds.
+class NonFiniteValue : public Error {
+ public:
+  NonFiniteValue(const Node& node, const std::string& msg) : Error(ExitCode::runtime, msg), node_(&node) {}
+  const Node& node() const { return *node_; }
+
+ private:
+  const Node* node_;
+};
+
+// An eager program's time in one op type (Executor::op_times).
+struct OpTime {
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
 class Executor {
  public:
   // `shared`: persistent tensors (by value name) to use instead of allocating new ones, so that an eval
@@ -47,9 +65,12 @@ class Executor {
   // As run(), calling `timer(node, seconds)` after each kernel (for `flowrun time`).
   void run_timed(const std::function<void(const Node&, double)>& timer, bool apply = true);
   // As run(), checking every floating output after its kernel (--detect-anomaly): returns the first node that
-  // produced an inf or NaN (the rest of the step is not run), or null. `skip` exempts nodes (e.g. the
-  // backward pass under fp16 loss scaling, where overflow is expected and handled).
-  const Node* run_checked(bool apply = true, const std::function<bool(const Node&)>& skip = nullptr);
+  // produced an inf or NaN (the rest of the step is not run), or null. Under fp16 loss scaling the backward
+  // pass is exempt: its overflows are expected and skip the step.
+  const Node* run_checked(bool apply = true);
+  // An eager program (Program::eager) does that check after every kernel in every kind of run, throwing
+  // NonFiniteValue, and times every kernel: its time per op type so far, over all runs.
+  const std::map<std::string, OpTime>& op_times() const { return op_times_; }
 
   // The kernels of order[begin, end) (a pipeline stage's forward or backward pass, Program::backward_begin)
   // with the dropout streams of step(), which is not advanced.
@@ -97,6 +118,17 @@ class Executor {
     std::vector<Convert> widen_in, narrow_out;
   };
   static void execute(const Step& s);
+  // One node of a run: its dropout stream for step_, the kernel, and in an eager program the check and the
+  // time (after which `timer`, when given, receives the time too).
+  void run_node(Step& s, const std::function<void(const Node&, double)>* timer = nullptr);
+  // Whether every floating output of `s` is finite, read where it was stored (after a widened kernel's
+  // rounding: f16 overflows there).
+  bool outputs_finite(const Step& s) const;
+  // Under fp16 loss scaling the backward pass may overflow (the step is then skipped and the scale lowered):
+  // the nodes after the forward pass.
+  bool may_overflow(const Node& n) const;
+  // The NonFiniteValue for node `s`.
+  NonFiniteValue non_finite(const Step& s) const;
   // On a GPU: before a run, copies to the device what the host changed; after it, waits for the kernels and
   // marks parameters and state newer on the device (see DeviceMirror). Nothing on the CPU.
   // Also writes step_ where the device's kernels read it.
@@ -113,6 +145,8 @@ class Executor {
   std::map<std::string, std::shared_ptr<DeviceMirror>> mirrors_;  // on a GPU: each one's device copy
   std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
   std::vector<Step> steps_;
+  bool loss_scaled_ = false;  // the program has the state amp/loss_scale
+  std::map<std::string, OpTime> op_times_;
   // On a GPU: the stream every kernel launches on, the step and micro-batch in device memory
   // (KernelCtx::device_step), and
   // the CUDA graphs of run(false) and run(true), once captured.

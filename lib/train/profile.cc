@@ -140,15 +140,16 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   // The header names the config file, whatever the length of its path.
   std::vector<char> head(512 + cfg.file.size());
   std::snprintf(head.data(), head.size(),
-                "flowrun time %s: %lld steps after %lld warmup, %lld threads%s\n"
+                "flowrun time %s: %lld steps after %lld warmup, %lld threads%s%s\n"
                 "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
                 "memory: arena %.2f MiB, peak resident %.1f MiB (predicted %.1f MiB); %lld parameters\n\n",
                 cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
                 static_cast<long long>(r.threads),
                 cfg.train.recompute == "none" ? "" : (", recompute " + cfg.train.recompute).c_str(),
-                r.median_ms, r.p10_ms, r.p90_ms, static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3),
-                r.text ? "tokens" : "samples", r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms,
-                r.arena_mib, r.peak_rss_mib, r.predicted_rss_mib, static_cast<long long>(r.params));
+                cfg.train.eager ? ", eager" : "", r.median_ms, r.p10_ms, r.p90_ms,
+                static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3), r.text ? "tokens" : "samples",
+                r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms, r.arena_mib, r.peak_rss_mib,
+                r.predicted_rss_mib, static_cast<long long>(r.params));
   os << head.data();
   if (opts.profile > 0) {
     std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward",

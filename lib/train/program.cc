@@ -116,6 +116,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
     for (NodeId id : g.live_nodes_topological())
       if (g.node(id).op == "mlm_mask") g.node(id).attrs.set("micro_batches", cfg.train.grad_accumulation);
   CompileOptions o;
+  o.eager = cfg.train.eager;
   o.device = device_of(cfg).kind;
   o.compute = compute_dtype(cfg.precision);
   o.tensor_parallel = cfg.parallel.tensor;
@@ -508,6 +509,29 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh) {
   }
 }
 
+std::string op_time_table(const std::map<std::string, OpTime>& times, int64_t count, const std::string& unit,
+                          const std::string& units) {
+  std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.seconds;
+  const double per = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+  std::string out = cat("eager: time per op over ", count, " ", count == 1 ? unit : units, "\n");
+  char line[160];
+  std::snprintf(line, sizeof line, "%-28s %12s %12s %7s\n", "op", ("calls/" + unit).c_str(),
+                ("ms/" + unit).c_str(), "share");
+  out += line;
+  for (const auto& [op, t] : rows) {
+    std::snprintf(line, sizeof line, "%-28s %12.4g %12.3f %6.1f%%\n", op.c_str(),
+                  static_cast<double>(t.calls) * per, t.seconds * per * 1e3,
+                  total > 0 ? 100.0 * t.seconds / total : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-28s %12s %12.3f\n", "all ops", "", total * per * 1e3);
+  return out + line;
+}
+
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
                   const std::function<void(const Node&, double)>* timer, const Node** anomaly,
                   const std::function<void(const Batch&)>* on_batch) {
@@ -525,10 +549,8 @@ double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t st
     // the masks of the unsplit batch, however it is split.
     ex.set_step(step);
     ex.set_micro(micro);
-    if (anomaly) {
-      const bool scaled = ex.has_tensor("amp/loss_scale");
-      *anomaly = ex.run_checked(micro == accum - 1,
-                                [&](const Node& n) { return scaled && n.name.rfind("grad/", 0) == 0; });
+    if (anomaly && !ex.program().eager) {  // an eager program checks every node itself
+      *anomaly = ex.run_checked(micro == accum - 1);
       if (*anomaly) return std::nan("");
     } else if (timer) {
       ex.run_timed(*timer, micro == accum - 1);

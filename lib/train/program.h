@@ -97,6 +97,12 @@ double node_flops(const Graph& g, const Node& n);
 // FLOPs of one optimizer step: every-step nodes once per micro-batch, apply-phase nodes once.
 double step_flops(const Program& p, int64_t accumulation);
 
+// An eager program's time per op type (Executor::op_times, of one or more executors summed) as a table:
+// calls and milliseconds per `unit` (e.g. "step", plural `units`) over `count` of them, and each op's share,
+// slowest first.
+std::string op_time_table(const std::map<std::string, OpTime>& times, int64_t count, const std::string& unit,
+                          const std::string& units);
+
 // Copies a batch into the program's inputs "x" and "y" (those it has: a pipeline stage may read one).
 void feed(Executor& ex, const Batch& b);
 
@@ -117,7 +123,8 @@ void gather_stages(std::map<std::string, Tensor>& tensors, const Mesh& mesh);
 // given, receives each kernel's time (flowrun time).
 // With `anomaly` (--detect-anomaly) every kernel's outputs are checked; the first node to produce an inf or
 // NaN is stored there and the step stops (the caller reports it). Under fp16 loss scaling the backward pass
-// is exempt: its overflows are expected and skip the step.
+// is exempt: its overflows are expected and skip the step. An eager program checks every node itself and
+// throws NonFiniteValue instead.
 // `on_batch`, when given, sees each micro-batch as it is fed (--dump-step records them).
 double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t step,
                   const std::function<void(const Node&, double)>* timer = nullptr,

@@ -201,6 +201,7 @@ class Run {
   std::string save();
   std::string save_sharded(CheckpointData ck, Clock::time_point t0);  // train.sharded_checkpoints
   void finish_checkpoints();  // waits for the async write in flight and logs it
+  void report_eager(int64_t steps) const;  // train.eager: the per-op table of the training steps (the lead)
   void log_checkpoint(const CheckpointWriter::Done& d, double blocked);
   bool stop_requested(const StopRequests& stop, std::string* why);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
@@ -504,6 +505,19 @@ void Run::finish_checkpoints() {
   if (auto d = writer_->wait()) log_checkpoint(*d, pending_blocked_);
 }
 
+void Run::report_eager(int64_t steps) const {
+  if (!cfg_.train.eager || !lead_) return;
+  std::map<std::string, OpTime> times = ex_->op_times();
+  for (const auto& slot : stash_)
+    for (const auto& [op, t] : slot->op_times()) {
+      times[op].calls += t.calls;
+      times[op].seconds += t.seconds;
+    }
+  if (live_) std::fprintf(stderr, "\r\033[K");
+  std::printf("%s", op_time_table(times, steps, "step", "steps").c_str());
+  std::fflush(stdout);
+}
+
 void Run::log_checkpoint(const CheckpointWriter::Done& d, double blocked) {
   JsonLine j;
   j.add("step", d.step).add("checkpoint", d.path).add("blocked_s", blocked).add("write_s", d.seconds);
@@ -649,18 +663,24 @@ TrainResult Run::go() {
   std::fflush(stdout);
   const StopRequests stop;
   double loss = std::nan("");
+  const int64_t first_step = step_;
   std::unique_ptr<StepRecorder> dump;
   if (!opts_.dump_step.empty()) dump = std::make_unique<StepRecorder>(*ex_, params_, state_);
   while (step_ < total) {
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
     const Node* anomaly = nullptr;
-    if (mesh_.stages() > 1)
-      loss = pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_);
-    else if (dump)
-      loss = train_step(*ex_, loader, cfg_, step_, &dump->timer(), nullptr, &dump->batch());
-    else
-      loss = train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    try {
+      if (mesh_.stages() > 1)
+        loss = pipeline_step(*ex_, stash_, mesh_, loader, cfg_, step_);
+      else if (dump)
+        loss = train_step(*ex_, loader, cfg_, step_, &dump->timer(), nullptr, &dump->batch());
+      else
+        loss = train_step(*ex_, loader, cfg_, step_, nullptr, opts_.detect_anomaly ? &anomaly : nullptr);
+    } catch (const NonFiniteValue& e) {  // an eager program's check
+      finish_checkpoints();
+      throw runtime_error(cat("step ", step_ + 1, ": ", e.what(), "\nstopping (train.eager); ", last_good()));
+    }
     if (dump) {
       dump->write(opts_.dump_step, dump_config(cfg_), step_ + 1, lr, loss, cfg_.train.grad_accumulation,
                   cfg_.train.seed);
@@ -712,6 +732,7 @@ TrainResult Run::go() {
       result.checkpoint = save();
     if (exit_now) {
       finish_checkpoints();
+      report_eager(step_ - first_step);
       if (live_) std::fprintf(stderr, "\n");
       if (lead_)
         std::printf("stopped at step %lld (%s); checkpoint %s%s\n", static_cast<long long>(step_),
@@ -727,6 +748,7 @@ TrainResult Run::go() {
   }
   finish_checkpoints();
   if (live_) std::fprintf(stderr, "\n");
+  report_eager(step_ - first_step);
   result.step = step_;
   result.loss = loss;
   if (!evaluates_ && !zero3_) return result;
@@ -786,7 +808,15 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
     restore(ex, ck.params, persistent_names(p, ValueKind::param), checkpoint, "parameter", one);
     restore(ex, ck.state, persistent_names(p, ValueKind::state), checkpoint, "state", one);
   }
-  if (opts.dump.empty()) return evaluate(ex, *data, cfg);
+  const auto report_eager = [&] {
+    if (cfg.train.eager)
+      std::printf("%s", op_time_table(ex.op_times(), ex.step(), "batch", "batches").c_str());
+  };
+  if (opts.dump.empty()) {
+    const EvalResult r = evaluate(ex, *data, cfg);
+    report_eager();
+    return r;
+  }
   // The batches' real rows (the last batch is padded), copied as each batch is evaluated and concatenated
   // when the file is written.
   std::map<std::string, std::vector<Tensor>> rows;
@@ -802,6 +832,7 @@ EvalResult evaluate_checkpoint(const RunConfig& cfg, const std::string& checkpoi
     keep("logits", ex.output("logits"));
     for (const std::string& l : opts.layers) keep(cat("layer/", l), ex.output(cat("layer/", l)));
   });
+  report_eager();
   replace_file_atomically(opts.dump, [&](const std::string& tmp) {
     h5::File f(tmp, h5::File::Mode::create);
     f.set_attr("", "format", std::string("flowrun-eval-dump"));

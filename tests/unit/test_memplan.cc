@@ -2,6 +2,7 @@
 // alive at the same time overlap.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "models.h"
@@ -104,6 +105,32 @@ TEST(MemoryPlan, InPlaceCanBeDisabled) {
   const Program p = compile(std::move(g), opts);
   EXPECT_EQ(p.memory.inplace_count, 0);
   expect_plan_valid(p);
+}
+
+// An eager program: every value and workspace in bytes of its own, so the arena is the sum of them all.
+TEST(MemoryPlan, EagerSharesNothing) {
+  Graph g;
+  build_mlp(g, 8, {16, 16, 4}, true);
+  CompileOptions opts;
+  opts.eager = true;
+  const Program p = compile(std::move(g), opts);
+  EXPECT_TRUE(p.eager);
+  EXPECT_EQ(p.memory.inplace_count, 0);
+  EXPECT_EQ(p.memory.view_count, 0);
+  EXPECT_EQ(p.memory.arena_bytes, p.memory.total_intermediate_bytes);
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) of every value and workspace
+  for (const Value& v : p.graph.values())
+    if (p.memory.offset[static_cast<size_t>(v.id)] >= 0 && v.nbytes() > 0)
+      ranges.emplace_back(p.memory.offset[static_cast<size_t>(v.id)],
+                          p.memory.offset[static_cast<size_t>(v.id)] + static_cast<int64_t>(v.nbytes()));
+  for (NodeId id : p.order)
+    if (p.memory.workspace_bytes[static_cast<size_t>(id)] > 0)
+      ranges.emplace_back(p.memory.workspace_offset[static_cast<size_t>(id)],
+                          p.memory.workspace_offset[static_cast<size_t>(id)] +
+                              static_cast<int64_t>(p.memory.workspace_bytes[static_cast<size_t>(id)]));
+  std::sort(ranges.begin(), ranges.end());
+  ASSERT_GT(ranges.size(), 10u);
+  for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
 }
 
 }  // namespace
