@@ -28,6 +28,8 @@ if [[ "${1:-}" == "--pack" ]]; then
   stage=$(mktemp -d)
   mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
   cp build-gpu/apps/flowrun build-gpu/tests/flowrun_gpu_tests "$stage/bin/"
+  # flowrun's own libraries: the core, and the CUDA backend it opens beside it.
+  cp build-gpu/lib/libflowrun_core.so build-gpu/lib/libflowrun_cuda.so "$stage/lib/"
   for d in kjv wine; do build-gpu/apps/flowrun data $d --out "$stage/data/$d.h5" >/dev/null; done
   # Fashion-MNIST whole is too big to carry (64 MiB a call): its first 2000 images of each split serve the
   # convnets of the GPU training test.
@@ -35,8 +37,8 @@ if [[ "${1:-}" == "--pack" ]]; then
   # Every library the binaries load, but the C library's own and CUDA's (those must be the machine's: the
   # GPU machine has the CUDA 13 runtime and cuBLASLt, and cuDNN 9 and NCCL in its Python packages, which is
   # read off its package list, not yet seen loading: each would be hundreds of MiB to carry).
-  for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*)\.so' |
+  for b in "$stage"/bin/* "$stage"/lib/libflowrun_*.so; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libutil|libnsl|libanl|ld-linux[^/]*|libflowrun_[a-z]*)\.so' |
     grep -v '^/usr/local/cuda' | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
   # Only the new pack: the folder is carried whole, and the carry holds 64 MiB.
   rm -rf "$PACK_DIR" && mkdir -p "$PACK_DIR"
@@ -76,17 +78,17 @@ if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   done
   export LD_LIBRARY_PATH="$BIN/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export FLOWRUN_DATA="$BIN/data" FLOWRUN_MODELS="$ROOT/models"  # not the build machine's paths
-  FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests"
+  FLOWRUN="$BIN/bin/flowrun" GPU_TESTS="$BIN/bin/flowrun_gpu_tests" BACKEND="$BIN/lib/libflowrun_cuda.so"
 else
   step build scripts/setup.sh --build-dir build-gpu --target all -- -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF || {
     echo "gpu_check.sh: the CUDA build failed (see $OUT/build.log)" >&2
     exit 1
   }
-  FLOWRUN=build-gpu/apps/flowrun GPU_TESTS=build-gpu/tests/flowrun_gpu_tests
+  FLOWRUN=build-gpu/apps/flowrun GPU_TESTS=build-gpu/tests/flowrun_gpu_tests BACKEND=build-gpu/lib/libflowrun_cuda.so
 fi
 
 # Every library found (a missing one is the first thing to fix on a new machine).
-step libraries bash -c "! ldd '$FLOWRUN' '$GPU_TESTS' | grep 'not found'"
+step libraries bash -c "! ldd '$FLOWRUN' '$GPU_TESTS' '$BACKEND' | grep 'not found'"
 grep 'not found' "$OUT/libraries.log" | sed 's/^/  /' >>"$summary"
 step gpu_tests "$GPU_TESTS" --gtest_output="xml:$OUT/gpu_tests.xml"
 grep -E '^\[  (PASSED|FAILED)  \] ([0-9]+ tests?|.*ms\)$)' "$OUT/gpu_tests.log" | sed 's/^/  /' >>"$summary"

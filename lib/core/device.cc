@@ -4,10 +4,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/cuda_backend.h"
 #include "core/error.h"
-#ifdef FLOWRUN_HAS_CUDA
-#include "core/cuda/runtime.h"
-#endif
 
 namespace flowrun {
 
@@ -31,23 +29,22 @@ class CpuAllocator final : public Allocator {
   void deallocate(void* p) override { std::free(p); }
 };
 
-#ifdef FLOWRUN_HAS_CUDA
 // The current CUDA device's memory (cudaMalloc: 256-byte aligned). One device per process.
 class CudaAllocator final : public Allocator {
  public:
-  void* allocate(size_t bytes) override { return cuda::alloc(bytes); }
-  void deallocate(void* p) override { cuda::free(p); }
+  void* allocate(size_t bytes) override { return cuda::backend().alloc(bytes); }
+  void deallocate(void* p) override { cuda::backend().free(p); }
 };
-#endif
 }  // namespace
 
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
   if (d.kind == DeviceKind::cpu) return cpu;
-#ifdef FLOWRUN_HAS_CUDA
   static CudaAllocator gpu;
-  if (d.index == 0) return gpu;
-#endif
+  if (d.index == 0) {
+    cuda::backend();  // refused here, naming why, when the backend cannot be opened
+    return gpu;
+  }
   throw input_error(cat("device ", device_str(d), " is not available in this build of flowrun"));
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "core/cuda_backend.h"
 #include "graph/builder.h"
 #include "ops/registry.h"
 
@@ -392,6 +393,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
 }
 
 Program compile(Graph g, const CompileOptions& opts) {
+  // A GPU program needs the CUDA kernels, which join the registry when the backend is opened.
+  if (opts.device == DeviceKind::cuda) cuda::backend();
   Program prog;
   for (const Pass& pass : default_pipeline(opts)) {
     pass.run(g, opts);

@@ -15,9 +15,9 @@ void register_conv_ops(OpRegistry& r);         // ops/conv.cc: conv2d and poolin
 void register_attention_ops(OpRegistry& r);    // ops/attention.cc
 void register_optim_ops(OpRegistry& r);        // ops/optim.cc
 void register_comm_ops(OpRegistry& r);         // ops/comm.cc: collectives inserted by the parallel passes
-#ifdef FLOWRUN_HAS_CUDA
-void register_cuda_kernels(OpRegistry& r);  // ops/cuda/register.cc: the CUDA kernels of the ops above
-#endif
+// ops/cuda/register.cc, in libflowrun_cuda.so: the CUDA kernels of the ops above, added when the backend is
+// opened (core/cuda_backend.h).
+void register_cuda_kernels(OpRegistry& r);
 
 inline void register_all_ops(OpRegistry& r) {
   register_elementwise_ops(r);
@@ -30,9 +30,6 @@ inline void register_all_ops(OpRegistry& r) {
   register_attention_ops(r);
   register_optim_ops(r);
   register_comm_ops(r);
-#ifdef FLOWRUN_HAS_CUDA
-  register_cuda_kernels(r);
-#endif
 }
 
 }  // namespace flowrun

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/cuda_backend.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -17,6 +18,9 @@ std::string pad(std::string s, size_t width) {
 }  // namespace
 
 std::string list_ops(const std::string& filter) {
+  // The CUDA kernels are listed when the backend can be opened (it is, for this listing only).
+  std::string no_cuda;
+  cuda::load_backend(&no_cuda);
   std::ostringstream os;
   size_t width = 4;
   for (const auto& [name, def] : OpRegistry::get().all()) width = std::max(width, name.size() + 2);
@@ -43,6 +47,7 @@ std::string list_ops(const std::string& filter) {
     ++count;
   }
   os << count << " ops\n";
+  if (!no_cuda.empty()) os << "no CUDA kernels listed: " << no_cuda << "\n";
   return os.str();
 }
 

@@ -8,11 +8,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/cuda_backend.h"
 #include "ops/cpu/elementwise.h"
 #include "parallel/comm.h"
-#ifdef FLOWRUN_HAS_CUDA
-#include "core/cuda/runtime.h"
-#endif
 
 namespace flowrun {
 
@@ -27,16 +25,11 @@ struct DeviceMirror {
   void* device = nullptr;
   Fresh fresh = Fresh::host;
   bool written = false;  // a parameter or state: kernels update it
-  ~DeviceMirror() {
-#ifdef FLOWRUN_HAS_CUDA
-    cuda::free(device);
-#endif
-  }
+  ~DeviceMirror() { cuda::backend().free(device); }
 };
 
 namespace {
 
-#ifdef FLOWRUN_HAS_CUDA
 std::shared_ptr<DeviceMirror> mirror_of(const Tensor& host) {
   static std::mutex mutex;
   static std::map<const void*, std::weak_ptr<DeviceMirror>> mirrors;
@@ -45,21 +38,15 @@ std::shared_ptr<DeviceMirror> mirror_of(const Tensor& host) {
   if (auto m = known.lock()) return m;
   auto m = std::make_shared<DeviceMirror>();
   m->host = host;
-  m->device = cuda::alloc(host.nbytes());
+  m->device = cuda::backend().alloc(host.nbytes());
   known = m;
   return m;
 }
-#endif
 
 // A host copy of device bytes.
 Tensor download(const void* device, const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
-#ifdef FLOWRUN_HAS_CUDA
-  if (t.nbytes() > 0) cuda::to_host(t.raw(), device, t.nbytes());
-#else
-  (void)device;
-  FR_CHECK(false, "no CUDA in this build");
-#endif
+  if (t.nbytes() > 0) cuda::backend().to_host(t.raw(), device, t.nbytes());
   return t;
 }
 
@@ -73,12 +60,10 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
   arena_ = std::make_shared<Storage>(std::max<size_t>(mem.arena_bytes, 1), device_);
   char* base = static_cast<char*>(arena_->data());
 
-#ifdef FLOWRUN_HAS_CUDA
   if (device_.kind == DeviceKind::cuda) {
-    stream_ = cuda::stream_create();
-    device_step_ = static_cast<int64_t*>(cuda::alloc(2 * sizeof(int64_t)));  // the step, the micro-batch
+    stream_ = cuda::backend().stream_create();
+    device_step_ = static_cast<int64_t*>(cuda::backend().alloc(2 * sizeof(int64_t)));  // step, micro-batch
   }
-#endif
 
   std::vector<void*> addr(g.values().size(), nullptr);
   for (const auto& v : g.values()) {
@@ -96,14 +81,12 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
       t = Tensor::zeros(v.shape(), v.dtype());  // on the host: the trainer's side of it
     }
     addr[static_cast<size_t>(v.id)] = t.raw();
-#ifdef FLOWRUN_HAS_CUDA
     if (device_.kind == DeviceKind::cuda) {
       std::shared_ptr<DeviceMirror> m = mirror_of(t);
       m->written = m->written || v.kind != ValueKind::input;
       addr[static_cast<size_t>(v.id)] = m->device;
       mirrors_.emplace(v.name, std::move(m));
     }
-#endif
     persistent_.emplace(v.name, std::move(t));
   }
 
@@ -174,11 +157,11 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
 }
 
 Executor::~Executor() {
-#ifdef FLOWRUN_HAS_CUDA
-  for (void* graph : graph_) cuda::graph_destroy(graph);
-  cuda::free(device_step_);
-  cuda::stream_destroy(stream_);
-#endif
+  if (device_.kind != DeviceKind::cuda) return;
+  const cuda::Backend& gpu = cuda::backend();
+  for (void* graph : graph_) gpu.graph_destroy(graph);
+  gpu.free(device_step_);
+  gpu.stream_destroy(stream_);
 }
 
 void Executor::execute(const Step& s) {
@@ -188,26 +171,22 @@ void Executor::execute(const Step& s) {
 }
 
 void Executor::upload_changed() {
-#ifdef FLOWRUN_HAS_CUDA
-  if (device_step_) {
-    const int64_t where[2] = {step_, micro_};
-    cuda::to_device(device_step_, where, sizeof where);
-  }
+  if (device_.kind != DeviceKind::cuda) return;
+  const cuda::Backend& gpu = cuda::backend();
+  const int64_t where[2] = {step_, micro_};
+  gpu.to_device(device_step_, where, sizeof where);
   for (auto& [name, m] : mirrors_)
     if (m->fresh == DeviceMirror::Fresh::host) {
-      if (m->host.nbytes() > 0) cuda::to_device(m->device, m->host.raw(), m->host.nbytes());
+      if (m->host.nbytes() > 0) gpu.to_device(m->device, m->host.raw(), m->host.nbytes());
       m->fresh = DeviceMirror::Fresh::both;
     }
-#endif
 }
 
 void Executor::kernels_done() {
-#ifdef FLOWRUN_HAS_CUDA
   if (mirrors_.empty()) return;
-  cuda::synchronize();  // a kernel's error surfaces here, in the step that made it
+  cuda::backend().synchronize();  // a kernel's error surfaces here, in the step that made it
   for (auto& [name, m] : mirrors_)
     if (m->written) m->fresh = DeviceMirror::Fresh::device;
-#endif
 }
 
 void Executor::run(bool apply) {
@@ -227,9 +206,7 @@ void Executor::run_node(Step& s, const std::function<void(const Node&, double)>*
   if (!program_.eager && !timer) return execute(s);
   const auto t0 = std::chrono::steady_clock::now();
   execute(s);
-#ifdef FLOWRUN_HAS_CUDA
-  if (device_.kind == DeviceKind::cuda) cuda::synchronize();  // the kernel's time, not its launch's
-#endif
+  if (device_.kind == DeviceKind::cuda) cuda::backend().synchronize();  // the kernel's time, not its launch's
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (program_.eager) {
     OpTime& t = op_times_[s.ctx.node->op];
@@ -241,14 +218,14 @@ void Executor::run_node(Step& s, const std::function<void(const Node&, double)>*
 }
 
 void Executor::run_graph(bool apply) {
-#ifdef FLOWRUN_HAS_CUDA
+  const cuda::Backend& gpu = cuda::backend();
   auto launch_all = [&] {
     for (Step& s : steps_)
       if (apply || s.ctx.node->phase != 1) run_node(s);
   };
   void*& graph = graph_[apply ? 1 : 0];
   if (!graph && warmed_[apply ? 1 : 0]) {
-    cuda::capture_begin(stream_);
+    gpu.capture_begin(stream_);
     std::string why;
     try {
       launch_all();
@@ -256,9 +233,9 @@ void Executor::run_graph(bool apply) {
       why = e.what();  // a launch the capture refused; end the capture before anything else
     }
     std::string end_why;
-    graph = cuda::capture_end(stream_, &end_why);
+    graph = gpu.capture_end(stream_, &end_why);
     if (!graph || !why.empty()) {
-      cuda::graph_destroy(graph);
+      gpu.graph_destroy(graph);
       graph = nullptr;
       graphs_on_ = false;
       spdlog::warn(
@@ -270,15 +247,11 @@ void Executor::run_graph(bool apply) {
     }
   }
   if (graph) {
-    cuda::graph_launch(graph, stream_);
+    gpu.graph_launch(graph, stream_);
   } else {
     launch_all();
     warmed_[apply ? 1 : 0] = true;
   }
-#else
-  (void)apply;
-  FR_CHECK(false, "no CUDA in this build");
-#endif
 }
 
 void Executor::run_part(size_t begin, size_t end, bool apply, bool apply_only) {
@@ -435,10 +408,8 @@ Tensor& Executor::tensor(const std::string& name) {
     throw input_error(cat("the program has no input, parameter or state named '", name, "'"));
   if (auto m = mirrors_.find(name); m != mirrors_.end()) {
     DeviceMirror& d = *m->second;
-#ifdef FLOWRUN_HAS_CUDA
     if (d.fresh == DeviceMirror::Fresh::device && d.host.nbytes() > 0)
-      cuda::to_host(d.host.raw(), d.device, d.host.nbytes());
-#endif
+      cuda::backend().to_host(d.host.raw(), d.device, d.host.nbytes());
     d.fresh = DeviceMirror::Fresh::host;  // the caller may write it: the next run uploads it
   }
   return it->second;

@@ -12,11 +12,8 @@
 #include <cstring>
 #include <sstream>
 
-#ifdef FLOWRUN_HAS_CUDA
-#include "core/cuda/runtime.h"
-#include "parallel/cuda/nccl.h"
-#endif
 #include "ckpt/weights.h"
+#include "core/cuda_backend.h"
 #include "ops/registry.h"
 #include "optim/schedule.h"
 #include "train/plan.h"
@@ -77,16 +74,13 @@ Device device_of(const RunConfig& c) {
 
 void check_device(const RunConfig& c) {
   if (c.train.device != "cpu") {
-#ifdef FLOWRUN_HAS_CUDA
+    // The CUDA backend is opened here, the first time a run asks for a GPU.
     std::string why;
-    if (cuda::device_count(&why) == 0)
+    const cuda::Backend* gpu = cuda::load_backend(&why);
+    if (!gpu) throw input_error(c.where("train.device") + "'cuda' is not available: " + why + "; use cpu");
+    if (gpu->device_count(&why) == 0)
       throw input_error(c.where("train.device") + "'cuda' was asked for, but no CUDA device is visible (" +
                         why + "); use cpu");
-#else
-    throw input_error(c.where("train.device") +
-                      "'cuda' is not available: this build of flowrun has no CUDA backend (configure with "
-                      "-DFLOWRUN_CUDA=ON where the CUDA toolkit is installed); use cpu");
-#endif
   }
   if (c.train.threads > 0) omp_set_num_threads(static_cast<int>(c.train.threads));
 }
@@ -181,22 +175,21 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
   TrainProgram t;
   t.mesh = join_world(cfg);
   if (joined) joined(t.mesh);
-#ifdef FLOWRUN_HAS_CUDA
   if (cfg.train.device == "cuda") {
     // One GPU per process, by its rank on the node; then NCCL over each axis of more than one rank (the
     // kernels' collectives). Pipeline stages pass activations through the host tensors and MPI
     // (pipeline_step); the pipeline's NCCL groups serve the gradient norm and the tied parameters.
-    const int gpu = select_gpu(detect_launch().local_rank);
-    if (t.mesh.data->size() > 1) t.mesh.gpu_data = make_nccl_communicator(*t.mesh.data);
-    if (t.mesh.tensor->size() > 1) t.mesh.gpu_tensor = make_nccl_communicator(*t.mesh.tensor);
-    if (t.mesh.pipeline->size() > 1) t.mesh.gpu_pipeline = make_nccl_communicator(*t.mesh.pipeline);
+    const cuda::Backend& cu = cuda::backend();
+    const int gpu = cu.select_gpu(detect_launch().local_rank);
+    if (t.mesh.data->size() > 1) t.mesh.gpu_data = cu.make_nccl_communicator(*t.mesh.data);
+    if (t.mesh.tensor->size() > 1) t.mesh.gpu_tensor = cu.make_nccl_communicator(*t.mesh.tensor);
+    if (t.mesh.pipeline->size() > 1) t.mesh.gpu_pipeline = cu.make_nccl_communicator(*t.mesh.pipeline);
     if (t.mesh.ends == t.mesh.pipeline)
       t.mesh.gpu_ends = t.mesh.gpu_pipeline;
     else if (t.mesh.ends->size() > 1)
-      t.mesh.gpu_ends = make_nccl_communicator(*t.mesh.ends);
+      t.mesh.gpu_ends = cu.make_nccl_communicator(*t.mesh.ends);
     if (t.mesh.world->size() > 1) spdlog::info("rank {}: GPU {}", t.mesh.world->rank(), gpu);
   }
-#endif
   t.data = open_dataset(cfg.data);
   // The loader would refuse this too (an epoch holds whole steps), but only after the program's memory is
   // allocated (for a batch of billions, never: the allocation fails first).

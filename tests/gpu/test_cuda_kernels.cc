@@ -10,6 +10,7 @@
 #include <map>
 
 #include "core/cuda/runtime.h"
+#include "core/cuda_backend.h"
 #include "op_harness.h"
 
 namespace flowrun {
@@ -20,6 +21,7 @@ using testing::fill_all;
 using testing::SampleProgram;
 
 std::vector<std::string> ops_with_cuda_kernels() {
+  cuda::backend();  // the CUDA kernels join the registry
   std::vector<std::string> names;
   for (const auto& [name, def] : OpRegistry::get().all())
     for (const KernelDef& k : def.kernels)

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "config/config.h"
+#include "core/cuda_backend.h"
 #include "graph/builder.h"
 #include "graph/passes.h"
 #include "ops/registry.h"
@@ -244,6 +245,7 @@ TEST(CudaPrograms, TensorParallelProgramsCompileForTheGpu) {
 
 TEST(CudaPrograms, AnOpWithoutACudaKernelIsNamed) {
   // Every op has CUDA kernels now, for the dtypes the GPU stores (f32, f16, bf16): an f64 op has none.
+  cuda::backend();  // the CUDA kernels join the registry
   Graph g;
   GraphBuilder b(g);
   const ValueId x = b.input("x", {4}, DType::f64);
