@@ -42,6 +42,26 @@ bool sgd_first_step(const KernelCtx& c, int step_index) {
   return step == 1;
 }
 
+template <typename T>
+struct SgdCoefs {
+  T k, w, m, d, rate;
+  bool momentum, first, nesterov;
+};
+
+// SGD's elements [s, e) (a function of its own so that the loop vectorizes, as adamw_range).
+template <typename T>
+void sgd_range(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t s, int64_t e,
+               const SgdCoefs<T> c) {
+  for (int64_t i = s; i < e; ++i) {
+    T gi = c.k * g[i] + c.w * p[i];
+    if (c.momentum) {
+      buf[i] = c.first ? gi : c.m * buf[i] + c.d * gi;
+      gi = c.nesterov ? gi + c.m * buf[i] : buf[i];
+    }
+    p[i] -= c.rate * gi;
+  }
+}
+
 // One parameter's SGD step, the learning rate and gradient coefficient given: the single and multi-tensor
 // updates share it, so that they give the same bits.
 void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad, const TensorView& buffer,
@@ -56,16 +76,8 @@ void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad,
     const T rate = static_cast<T>(lr);
     // (1 - dampening) in double, then rounded: 1 - T(dampening) would round twice.
     const T m = T(mom), d = T(1 - damp), w = T(wd), k = T(coef);
-    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) {
-        T gi = k * g[i] + w * p[i];
-        if (mom != 0) {
-          buf[i] = first ? gi : m * buf[i] + d * gi;
-          gi = nesterov ? gi + m * buf[i] : buf[i];
-        }
-        p[i] -= rate * gi;
-      }
-    });
+    const SgdCoefs<T> co{k, w, m, d, rate, mom != 0, first, nesterov};
+    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) { sgd_range(p, g, buf, s, e, co); });
   });
 }
 
@@ -80,6 +92,25 @@ AdamStep adam_step(const KernelCtx& c, int lr_index, int step_index) {
   FR_CHECK(step >= 1, c.node->op, " (", c.node->name, "): opt/step must be >= 1, got ", step);
   const double t = static_cast<double>(step);
   return {lr, lr / (1 - std::pow(c.attrs().f("beta1"), t)), std::sqrt(1 - std::pow(c.attrs().f("beta2"), t))};
+}
+
+template <typename T>
+struct AdamCoefs {
+  T k, l2, decay, b1, c1, b2, c2, ss, bc2, e;
+};
+
+// Adam's elements [s, e): a function of its own, with restrict pointers and the coefficients by value, so
+// that the loop vectorizes (through a lambda's captured references every store could change them).
+template <typename T>
+void adamw_range(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t s,
+                 int64_t e, const AdamCoefs<T> c) {
+  for (int64_t i = s; i < e; ++i) {
+    const T gi = c.k * g[i] + c.l2 * p[i];
+    const T mi = c.b1 * m[i] + c.c1 * gi, vi = c.b2 * v[i] + c.c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * c.decay - c.ss * mi / (std::sqrt(vi) / c.bc2 + c.e);
+  }
 }
 
 // One parameter's Adam/AdamW step (shared by the single and multi-tensor updates, as sgd_tensor).
@@ -98,15 +129,8 @@ void adamw_tensor(const Attrs& a, const TensorView& param, const TensorView& gra
     // 1 - float(0.999) is 0.000999987 against float(0.001) = 0.001).
     const T c1 = T(1 - beta1), c2 = T(1 - beta2);
     const T decay = decoupled ? T(1 - st.lr * wd) : T(1), l2 = decoupled ? T(0) : T(wd);
-    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t end) {
-      for (int64_t i = s; i < end; ++i) {
-        const T gi = k * g[i] + l2 * p[i];
-        p[i] *= decay;
-        m[i] = b1 * m[i] + c1 * gi;
-        v[i] = b2 * v[i] + c2 * gi * gi;
-        p[i] -= ss * m[i] / (std::sqrt(v[i]) / bc2 + e);
-      }
-    });
+    const AdamCoefs<T> co{k, l2, decay, b1, c1, b2, c2, ss, bc2, e};
+    parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t end) { adamw_range(p, g, m, v, s, end, co); });
   });
 }
 
