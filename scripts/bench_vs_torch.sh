@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench_vs_torch.sh: flowrun against eager and torch.compile'd PyTorch on the same models, data and CPU threads.
+# bench_vs_torch.sh: flowrun against eager and torch.compile'd PyTorch and JAX on the same models, data and CPU
+# threads.
 set -euo pipefail
 
 usage() {
@@ -7,28 +8,32 @@ usage() {
 Usage: scripts/bench_vs_torch.sh [options]
 
 Times training steps (zero-grad + forward + loss + backward + optimizer step) of the bench models
-(configs/bench/*.yaml; their PyTorch twins in scripts/bench/torch_models.py) in flowrun (`flowrun time`),
-eager PyTorch and torch.compile'd PyTorch, alternating them round by round at each thread count, then races
-gpt-tiny to a KJV validation loss. Prints one markdown report and writes it, with every raw measurement, to
-bench-results/<date>/.
+(configs/bench/*.yaml; their PyTorch twins in scripts/bench/torch_models.py, their JAX twins in
+scripts/bench/jax_models.py) in flowrun (`flowrun time`), eager PyTorch, torch.compile'd PyTorch and JAX
+(the whole step one jax.jit-compiled function), alternating them round by round at each thread count, then
+races gpt-tiny to a KJV validation loss. Prints one markdown report and writes it, with every raw
+measurement, to bench-results/<date>/.
 
 PyTorch comes from PyPI into .venv-bench (created on first use); where that fails, Debian's python3-torch
-with /usr/bin/python3 (the report says which). flowrun must be built first (scripts/setup.sh); the
-environment variable FLOWRUN_BIN names another flowrun binary.
+with /usr/bin/python3 (the report says which). JAX (CPU) and optax come from PyPI into .venv-bench too;
+where that fails, JAX is left out with a note in the report. flowrun must be built first
+(scripts/setup.sh); the environment variable FLOWRUN_BIN names another flowrun binary.
 
 Options:
   --models LIST     Comma-separated, from mlp,cnn,resnet,gpt-tiny (default: all four).
   --threads LIST    Comma-separated thread counts (default: 2,1).
   --rounds N        Alternating rounds per model and thread count (default: 3).
   --steps N         Timed steps per run (default: 30).
-  --warmup N        Untimed steps before them (default: 5; torch.compile compiles here).
+  --warmup N        Untimed steps before them (default: 5; torch.compile and XLA compile here).
   --ttl-target X    Time-to-loss target, validation nats/byte (default: 2.0).
   --ttl-max-steps N Give up the race after N steps (default: 3000).
   --ttl-eval-every N Evaluate every N steps in the race (default: 50; 20 validation batches of 16).
   --no-ttl          Skip the time-to-loss race.
   --no-compile      Skip torch.compile (eager PyTorch only).
+  --no-jax          Skip JAX.
   --precision P     fp32 (default) or bf16: flowrun with precision.dtype=bf16 against PyTorch under
-                    torch.autocast("cpu", dtype=torch.bfloat16), for the step times and the race.
+                    torch.autocast("cpu", dtype=torch.bfloat16) and JAX with its matmuls and convolutions
+                    in bf16 (parameters fp32), for the step times and the race.
   --quick           Smoke test: 1 round of 3 steps after 1 warm-up, race to loss 3.0 evaluating every 10.
   --out DIR         Results directory (default: bench-results/<date>).
   --help            Show this help and exit.
@@ -56,6 +61,7 @@ TTL_TARGET=2.0
 TTL_MAX_STEPS=3000
 EVAL_EVERY=50
 COMPILE=1
+JAX=1
 PRECISION=fp32
 OUT=""
 while [[ $# -gt 0 ]]; do
@@ -83,6 +89,7 @@ while [[ $# -gt 0 ]]; do
       shift 2 ;;
     --no-ttl) TTL=0; shift ;;
     --no-compile) COMPILE=0; shift ;;
+    --no-jax) JAX=0; shift ;;
     --quick) ROUNDS=1; STEPS=3; WARMUP=1; TTL_TARGET=3.0; EVAL_EVERY=10; shift ;;
     *) die_usage "unknown argument '$1'" ;;
   esac
@@ -138,7 +145,30 @@ setup_torch() {
 setup_torch
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 
-# ---- data: flowrun converts its datasets into its data cache, which the PyTorch twins read too ----
+NOTES=()
+
+# ---- JAX: the PyPI CPU wheel and optax in .venv-bench, whichever Python runs PyTorch ----
+JPY="$VENV/bin/python"
+JAX_VERSION=""
+has_jax() { [[ -x "$JPY" ]] && "$JPY" -c 'import jax, optax, numpy, h5py' >/dev/null 2>&1; }
+setup_jax() {
+  if ! has_jax; then
+    log "installing jax optax into $VENV (PyPI)"
+    if [[ -x "$JPY" ]] || python3 -m venv "$VENV"; then
+      "$VENV/bin/pip" install --quiet jax optax numpy h5py >&2 || log "pip install jax optax failed"
+    fi
+  fi
+  if has_jax; then
+    JAX_VERSION="$("$JPY" -c 'import jax; print(jax.__version__)')"
+  else
+    JAX=0
+    NOTES+=("JAX could not be installed into .venv-bench (pip install jax optax): it is left out")
+    log "JAX unavailable: leaving it out"
+  fi
+}
+[[ $JAX == 1 ]] && setup_jax
+
+# ---- data: flowrun converts its datasets into its data cache, which the PyTorch and JAX twins read too ----
 export FLOWRUN_DATA="${FLOWRUN_DATA:-${XDG_CACHE_HOME:-$HOME/.cache}/flowrun}"
 mkdir -p "$FLOWRUN_DATA"
 for d in fashion_mnist fashion_mnist_3x32 kjv; do
@@ -151,7 +181,6 @@ RUNS="$OUT/runs.jsonl"
 : >"$RUNS"
 : >"$OUT/sgemm.jsonl"
 : >"$OUT/ttl.jsonl"
-NOTES=()
 
 HAVE_TIME=1
 if ! "$FLOWRUN" time --help >/dev/null 2>&1; then
@@ -188,19 +217,17 @@ for t in "${THREAD_LIST[@]}"; do
   fi
 done
 
-# ---- step times: flowrun, eager, compiled, alternating ----
+# ---- step times: flowrun, eager, compiled, jax, alternating ----
 FR_PREC=(--set "precision.dtype=$PRECISION")
 TORCH_PREC=()
 [[ $PRECISION == bf16 ]] && TORCH_PREC=(--bf16)
 for m in "${MODEL_LIST[@]}"; do
-  extra=()
-  [[ "$m" == resnet ]] && extra=(--set "data.path=$FASHION32")
   for t in "${THREAD_LIST[@]}"; do
     for ((r = 1; r <= ROUNDS; r++)); do
       tag="$OUT/log-$m-${t}T-r$r"
       if [[ $HAVE_TIME == 1 ]]; then
         record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
-          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${extra[@]}" "${FR_PREC[@]}" --json
+          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${FR_PREC[@]}" --json
       fi
       record "$m" "$t" eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
         --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA" "${TORCH_PREC[@]}"
@@ -208,6 +235,11 @@ for m in "${MODEL_LIST[@]}"; do
         record "$m" "$t" compiled "$r" "$tag-compiled.txt" "$PY" scripts/bench/torch_step.py "$m" --compile \
           --threads "$t" --steps "$STEPS" --warmup "$((WARMUP > 2 ? WARMUP : 2))" --data-dir "$FLOWRUN_DATA" \
           "${TORCH_PREC[@]}"
+      fi
+      if [[ $JAX == 1 ]]; then
+        # XLA compiles the step in the first warm-up step.
+        record "$m" "$t" jax "$r" "$tag-jax.txt" "$JPY" scripts/bench/jax_step.py "$m" --threads "$t" \
+          --steps "$STEPS" --warmup "$((WARMUP > 1 ? WARMUP : 1))" --data-dir "$FLOWRUN_DATA" "${TORCH_PREC[@]}"
       fi
     done
   done
@@ -223,11 +255,13 @@ if [[ $TTL == 1 ]]; then
     --set "train.run_dir=$OUT/ttl-flowrun" "${FR_PREC[@]}" >>"$OUT/ttl.jsonl" || log "flowrun time-to-loss failed"
   modes=(eager)
   [[ $COMPILE == 1 ]] && modes+=(compiled)
+  [[ $JAX == 1 ]] && modes+=(jax)
   for mode in "${modes[@]}"; do
-    log "time to loss $TTL_TARGET: $mode PyTorch"
-    flag=("${TORCH_PREC[@]}")
-    [[ $mode == compiled ]] && flag+=(--compile)
-    OMP_NUM_THREADS=$t "$PY" scripts/bench/time_to_loss.py "${flag[@]}" --target "$TTL_TARGET" --threads "$t" \
+    log "time to loss $TTL_TARGET: $mode"
+    cmd=("$PY" scripts/bench/time_to_loss.py)
+    [[ $mode == compiled ]] && cmd+=(--compile)
+    [[ $mode == jax ]] && cmd=("$JPY" scripts/bench/jax_time_to_loss.py)
+    OMP_NUM_THREADS=$t "${cmd[@]}" "${TORCH_PREC[@]}" --target "$TTL_TARGET" --threads "$t" \
       --eval-every "$EVAL_EVERY" --eval-batches 20 --max-steps "$TTL_MAX_STEPS" --data-dir "$FLOWRUN_DATA" \
       2>"$OUT/log-ttl-$mode.txt" | tail -n 1 | jq -c '. + {impl: .mode}' >>"$OUT/ttl.jsonl" ||
       log "$mode time-to-loss failed; see $OUT/log-ttl-$mode.txt"
@@ -239,10 +273,10 @@ notes_json="$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}" | jq -R . | jq -cs 'map(
 models_json="$(printf '%s\n' "${MODEL_LIST[@]}" | jq -R . | jq -cs .)"
 jq -n --arg date "$(date -u +%Y-%m-%dT%H:%MZ)" --arg cpu "$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)" \
   --arg cpus "$(nproc)" --arg flowrun "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-  --arg torch "$TORCH_VERSION" --arg torch_source "$TORCH_SOURCE" --argjson steps "$STEPS" \
+  --arg torch "$TORCH_VERSION" --arg torch_source "$TORCH_SOURCE" --arg jax "$JAX_VERSION" --argjson steps "$STEPS" \
   --argjson warmup "$WARMUP" --argjson rounds "$ROUNDS" --argjson notes "$notes_json" \
   --argjson models "$models_json" --arg precision "$PRECISION" \
   '{precision: $precision, date: $date, cpu: $cpu, cpus: $cpus, flowrun: $flowrun, torch: $torch, torch_source: $torch_source,
-    steps: $steps, warmup: $warmup, rounds: $rounds, notes: $notes, models: $models}' >"$OUT/meta.json"
+    jax: $jax, steps: $steps, warmup: $warmup, rounds: $rounds, notes: $notes, models: $models}' >"$OUT/meta.json"
 "$PY" scripts/bench/report.py "$OUT" | tee "$OUT/report.md"
 log "raw results and logs in $OUT/"

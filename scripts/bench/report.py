@@ -1,9 +1,10 @@
 """Turn one bench_vs_torch.sh results directory into its markdown report (standard library only).
 
-Reads DIR/meta.json (date, cpu, torch, notes), DIR/runs.jsonl (one record per timed run: the JSON line of
-`flowrun time --json` or torch_step.py, plus "impl" and "round"), DIR/sgemm.jsonl and DIR/ttl.jsonl.
-Per model and thread count it takes the median over rounds of each run's median step time and the largest
-peak RSS, and prints one table; then the time-to-loss table.
+Reads DIR/meta.json (date, cpu, torch, jax, notes), DIR/runs.jsonl (one record per timed run: the JSON line
+of `flowrun time --json`, torch_step.py or jax_step.py, plus "impl" and "round"), DIR/sgemm.jsonl and
+DIR/ttl.jsonl. Per model and thread count it takes the median over rounds of each run's median step time and
+the largest peak RSS, and prints one table, with flowrun's time over the fastest peer's; then the
+time-to-loss table.
 
 Usage: report.py DIR
 """
@@ -12,7 +13,8 @@ import os
 import statistics
 import sys
 
-IMPLS = ("flowrun", "eager", "compiled")
+IMPLS = ("flowrun", "eager", "compiled", "jax")
+PEERS = IMPLS[1:]
 
 
 def read_jsonl(path):
@@ -56,23 +58,25 @@ def peak_for(sgemm, threads):
 
 def step_table(meta, runs, sgemm):
     rows = [
-        "| model | threads | flowrun ms | eager ms | compiled ms | flowrun/eager | flowrun/compiled "
-        "| throughput flowrun / eager / compiled | peak RSS MiB flowrun / eager / compiled "
-        "| flowrun GFLOP/s | sgemm peak GFLOP/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | threads | flowrun ms | eager ms | compiled ms | jax ms | flowrun/eager | flowrun/compiled "
+        "| flowrun / best peer | throughput flowrun / eager / compiled / jax "
+        "| peak RSS MiB flowrun / eager / compiled / jax | flowrun GFLOP/s | sgemm peak GFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {m: i for i, m in enumerate(meta.get("models", []))}
     for (model, threads), s in sorted(summarise(runs).items(), key=lambda kv: (order.get(kv[0][0], 99), -kv[0][1])):
         ms = {i: s[i]["ms"] if i in s else None for i in IMPLS}
         rss = {i: s[i]["rss"] if i in s else None for i in IMPLS}
-        torch_rec = (s.get("eager") or s.get("compiled") or {}).get("record", {})
-        items, unit = torch_rec.get("items_per_step"), torch_rec.get("unit", "samples/s")
+        peer_rec = next((s[i]["record"] for i in PEERS if i in s), {})
+        items, unit = peer_rec.get("items_per_step"), peer_rec.get("unit", "samples/s")
+        best = min((i for i in PEERS if ms[i] is not None), key=lambda i: ms[i], default=None)
+        vs_best = f"{ratio(ms['flowrun'], ms[best])} ({best})" if best and ms["flowrun"] is not None else "-"
         thr = {i: items * 1000.0 / ms[i] if items and ms[i] else None for i in IMPLS}
         flops = s["flowrun"]["record"].get("flops_per_step") if "flowrun" in s else None
         gflops = flops / ms["flowrun"] / 1e6 if flops and ms["flowrun"] else None
         rows.append(
-            f"| {model} | {threads} | {fmt(ms['flowrun'], 2)} | {fmt(ms['eager'], 2)} | {fmt(ms['compiled'], 2)} "
-            f"| {ratio(ms['flowrun'], ms['eager'])} | {ratio(ms['flowrun'], ms['compiled'])} "
+            f"| {model} | {threads} | {' | '.join(fmt(ms[i], 2) for i in IMPLS)} "
+            f"| {ratio(ms['flowrun'], ms['eager'])} | {ratio(ms['flowrun'], ms['compiled'])} | {vs_best} "
             f"| {' / '.join(rate(thr[i]) for i in IMPLS)} {unit} "
             f"| {' / '.join(fmt(rss[i], 0) for i in IMPLS)} | {fmt(gflops)} | {fmt(peak_for(sgemm, threads))} |")
     return rows
@@ -102,19 +106,23 @@ def main(argv):
     with open(os.path.join(d, "meta.json")) as f:
         meta = json.load(f)
     runs, sgemm = read_jsonl(os.path.join(d, "runs.jsonl")), read_jsonl(os.path.join(d, "sgemm.jsonl"))
+    bf16 = meta.get("precision") == "bf16"
+    jax_prec = f"; JAX {'matmuls and convolutions in bfloat16' if bf16 else 'fp32'}" if meta.get("jax") else ""
     lines = [f"Precision: {meta.get('precision', 'fp32')} (flowrun precision.dtype; PyTorch "
-             f"{'torch.autocast(cpu, bfloat16)' if meta.get('precision') == 'bf16' else 'fp32'}).", ""]
+             f"{'torch.autocast(cpu, bfloat16)' if bf16 else 'fp32'}{jax_prec}).", ""]
+    jax = f", JAX {meta['jax']}" if meta.get("jax") else ""
     lines += [f"Measured {meta['date']} on {meta['cpu']} ({meta['cpus']} CPUs); flowrun {meta['flowrun']}, "
-             f"PyTorch {meta['torch']} ({meta['torch_source']}); {meta['steps']} timed steps after "
+             f"PyTorch {meta['torch']} ({meta['torch_source']}){jax}; {meta['steps']} timed steps after "
              f"{meta['warmup']} warm-up, median of {meta['rounds']} alternating rounds; step = zero-grad + forward "
-             "+ loss + backward + optimizer step.", ""]
+             f"+ loss + backward + optimizer step{' (JAX: one jax.jit-compiled function)' if jax else ''}.", ""]
     lines += step_table(meta, runs, sgemm)
     probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm)
     lines += ["", f"sgemm probes (GFLOP/s): {probes or 'none'}."]
-    imports = [r["import_rss_mib"] for r in runs if "import_rss_mib" in r]
-    if imports:
-        lines.append(f"PyTorch's peak RSS includes {statistics.median(imports):.0f} MiB already resident right after "
-                     "`import torch`, before any model or data.")
+    for name, impls, module in (("PyTorch", ("eager", "compiled"), "torch"), ("JAX", ("jax",), "jax")):
+        imports = [r["import_rss_mib"] for r in runs if r["impl"] in impls and "import_rss_mib" in r]
+        if imports:
+            lines.append(f"{name}'s peak RSS includes {statistics.median(imports):.0f} MiB already resident right "
+                         f"after `import {module}`, before any model or data.")
     lines += [f"Note: {n}" for n in meta.get("notes", [])]
     lines += ttl_table(read_jsonl(os.path.join(d, "ttl.jsonl")))
     print("\n".join(lines))
