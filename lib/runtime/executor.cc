@@ -342,21 +342,7 @@ std::string describe_values(const TensorView& t) {
   int64_t bad = 0;
   double largest = 0;
   for (int64_t i = 0; i < n; ++i) {
-    double v = 0;
-    switch (t.dtype) {
-      case DType::f32:
-        v = t.as<float>()[i];
-        break;
-      case DType::f64:
-        v = t.as<double>()[i];
-        break;
-      case DType::f16:
-        v = f16_to_float(t.as<f16>()[i]);
-        break;
-      default:
-        v = bf16_to_float(t.as<bf16>()[i]);
-        break;
-    }
+    const double v = load_as_f64(t.data, t.dtype, i);
     if (!std::isfinite(v))
       ++bad;
     else
