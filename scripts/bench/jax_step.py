@@ -17,9 +17,10 @@ import argparse
 import json
 import math
 import os
-import resource
 import sys
 import time
+
+from bench_common import peak_rss_mib, percentile  # stdlib only at import: before limit_threads
 
 # jax is imported in main(), after limit_threads(): the thread count has to be fixed before XLA starts.
 MODELS = ("mlp", "cnn", "resnet", "gpt-tiny")  # jax_models.BENCH
@@ -52,18 +53,6 @@ def limit_threads(threads):
         flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
     return len(cpus)
-
-
-def percentile(sorted_ms, q):
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = (len(sorted_ms) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_ms) - 1)
-    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
-
-
-def peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 def main(argv):

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_common import read_images
+
 # --- models -----------------------------------------------------------------------------------------
 
 
@@ -183,32 +185,9 @@ class Images:
         return x, self.y.index_select(0, idx)
 
 
-def _pixel_stats(x_u8):
-    """Per-channel mean and (population) std of pixels / 255 from a byte histogram, as flowrun computes
-    them, without a float copy of the whole split."""
-    x = x_u8 if x_u8.ndim == 4 else x_u8[:, None]
-    v = np.arange(256, dtype=np.float64) / 255.0
-    mean, std = [], []
-    for c in range(x.shape[1]):
-        h = np.zeros(256)
-        for i in range(0, len(x), 4096):  # bincount widens its input to intp: keep the chunks small
-            h += np.bincount(x[i: i + 4096, c].ravel(), minlength=256)
-        m = (h * v).sum() / h.sum()
-        mean.append(m)
-        std.append(np.sqrt(max((h * v * v).sum() / h.sum() - m * m, 0.0)))
-    return np.array(mean), np.array(std)
-
-
 def load_images(path):
-    """(train, test) of an image HDF5 file; mean and std from the root attributes if present, else the
-    train pixels' statistics, as flowrun's loader chooses them."""
-    with h5py.File(path, "r") as f:
-        xtr, ytr = f["train/x"][...], f["train/y"][...]
-        xte, yte = f["test/x"][...], f["test/y"][...]
-        if "mean" in f.attrs and "std" in f.attrs:
-            mean, std = np.asarray(f.attrs["mean"], np.float64), np.asarray(f.attrs["std"], np.float64)
-        else:
-            mean, std = _pixel_stats(xtr)
+    """(train, test) of an image HDF5 file, normalised as flowrun's loader does (bench_common.read_images)."""
+    xtr, ytr, xte, yte, mean, std = read_images(path)
     return Images(xtr, ytr, mean, std), Images(xte, yte, mean, std)
 
 

@@ -11,7 +11,6 @@ Usage: torch_step.py MODEL [--compile] [--bf16] [--threads T] [--steps N] [--war
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
@@ -19,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models as tm  # noqa: E402
+from bench_common import peak_rss_mib, percentile  # noqa: E402
 
 
 def parse_args(argv):
@@ -35,18 +35,6 @@ def parse_args(argv):
     if a.threads < 1 or a.steps < 1 or a.warmup < 0:
         p.error("--threads and --steps must be >= 1, --warmup >= 0")
     return a
-
-
-def percentile(sorted_ms, q):
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = (len(sorted_ms) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_ms) - 1)
-    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
-
-
-def peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
 def main(argv):
