@@ -7,7 +7,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -16,7 +19,9 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
 
@@ -199,17 +204,17 @@ Entry build(Kind k, dt t, const ConvGeom& g, bool runnable = true) {
            port(DNNL_ARG_DIFF_SRC, true, x, pd.diff_src_desc(), runnable)},
           runnable);
     }
-    case Kind::bwd_weights: {
-      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, t, tag::any), wei_desc(g, t, true),
-                                                       dst_desc(g, t, tag::any), v.stride, v.dilate, v.pad,
-                                                       v.pad);
+    case Kind::bwd_weights: {  // one block's f32 partial of the weight gradient (grad_weight below)
+      const dnnl::convolution_backward_weights::desc d(alg, src_desc(g, t, tag::any),
+                                                       wei_desc(g, dt::f32, true), dst_desc(g, t, tag::any),
+                                                       v.stride, v.dilate, v.pad, v.pad);
       const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(),
                                                                   fwd_pd(g, t, false));
       return entry_of<dnnl::convolution_backward_weights>(
           pd,
           {port(DNNL_ARG_DIFF_DST, false, y, pd.diff_dst_desc(), runnable),
            port(DNNL_ARG_SRC, false, x, pd.src_desc(), runnable),
-           port(DNNL_ARG_DIFF_WEIGHTS, true, w, pd.diff_weights_desc(), runnable)},
+           port(DNNL_ARG_DIFF_WEIGHTS, true, wei_desc(g, dt::f32, false), pd.diff_weights_desc(), runnable)},
           runnable);
     }
   }
@@ -217,28 +222,11 @@ Entry build(Kind k, dt t, const ConvGeom& g, bool runnable = true) {
   return {};
 }
 
-// Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
-// Reorder targets and the scratchpad are shared by all entries (calls run one at a time under mu) and grow
-// to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20.
-struct Shared {
-  std::array<Buffer, 4> port_buf;
-  Buffer scratch_buf;
-  std::mutex mu;
-};
-Shared& shared() {
-  static Shared s;
-  return s;
-}
-
-void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> bufs) {
-  static std::map<Key, Entry> cache;
-  auto& [port_buf, scratch_buf, mu] = shared();
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key_of(k, t, g));
-  if (it == cache.end()) it = cache.emplace(key_of(k, t, g), build(k, t, g)).first;
-  Entry& e = it->second;
+// Runs entry e on the given buffers, in the order of build()'s ports, with reorder targets and scratchpad in
+// the given pools.
+void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<Buffer, 4>& port_buf,
+               Buffer& scratch_buf, dnnl::stream& stream) {
   FR_CHECK(bufs.size() == e.ports.size(), "conv buffer count");
-  static dnnl::stream stream(engine());
   e.scratch.set_data_handle(scratch_buf.reserve(e.scratch_bytes));
   size_t i = 0;
   for (const void* b : bufs) {
@@ -254,6 +242,138 @@ void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> buf
   stream.wait();
 }
 
+// The pools of one thread of the weight gradient, and its primitives (each binds this slot's buffers).
+struct Slot {
+  std::array<Buffer, 4> port_buf;
+  Buffer scratch_buf;
+  std::map<Key, Entry> cache;
+  dnnl::stream stream{engine()};
+};
+
+// Reorder targets and the scratchpad are shared by all entries (calls run one at a time under mu) and grow
+// to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20. The weight
+// gradient has a slot per thread and the f32 partials of its blocks.
+struct Shared {
+  std::array<Buffer, 4> port_buf;
+  Buffer scratch_buf;
+  std::vector<std::unique_ptr<Slot>> slots;
+  Buffer partials;
+  std::mutex mu;
+};
+Shared& shared() {
+  static Shared s;
+  return s;
+}
+
+dnnl::stream& main_stream() {
+  static dnnl::stream s(engine());
+  return s;
+}
+
+// Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
+void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> bufs) {
+  static std::map<Key, Entry> cache;
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = cache.find(key_of(k, t, g));
+  if (it == cache.end()) it = cache.emplace(key_of(k, t, g), build(k, t, g)).first;
+  run_entry(it->second, bufs, s.port_buf, s.scratch_buf, main_stream());
+}
+
+// The weight gradient is a sum over the batch, which oneDNN splits between its threads by a plan made for
+// their count: its bits would change with train.threads, and the thread count could not adapt to a busy
+// machine without changing results. So the batch is cut into kWeightBlocks fixed blocks; each block's
+// gradient is one call of a primitive built for one thread, the blocks spread over flowrun's threads (each
+// with a slot of its own), each into an f32 partial of its own; the partials are added in block order.
+// The bits are the same for any thread count. Threads beyond kWeightBlocks sit this op out.
+constexpr int64_t kWeightBlocks = 16;
+
+struct Blocks {
+  int64_t count, largest;
+  int64_t begin(int64_t b, int64_t n) const { return b * n / count; }
+};
+Blocks blocks_of(const ConvGeom& g) {
+  const int64_t count = std::min(g.n, kWeightBlocks);
+  return {count, (g.n + count - 1) / count};
+}
+
+ConvGeom with_batch(ConvGeom g, int64_t n) {
+  g.n = n;
+  return g;
+}
+
+// Primitive descriptors made while this is alive plan for one thread (oneDNN reads the OpenMP thread count
+// when it builds them).
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+int weight_team(const Blocks& b) {
+  return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));
+}
+
+void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const Blocks bl = blocks_of(g);
+  const int team = weight_team(bl);
+  const int64_t welems = g.o * g.kdim(), esize = t == dt::f32 ? 4 : 2;
+  const int64_t x_stride = g.c * g.h * g.w * esize, y_stride = g.o * g.plane() * esize;
+  std::vector<Entry*> entry(static_cast<size_t>(bl.count * team));  // [slot][block]
+  {
+    const OneThread one;
+    while (s.slots.size() < static_cast<size_t>(team)) s.slots.push_back(std::make_unique<Slot>());
+    for (int slot = 0; slot < team; ++slot)
+      for (int64_t b = 0; b < bl.count; ++b) {
+        const ConvGeom gb = with_batch(g, bl.begin(b + 1, g.n) - bl.begin(b, g.n));
+        auto& cache = s.slots[static_cast<size_t>(slot)]->cache;
+        auto it = cache.find(key_of(Kind::bwd_weights, t, gb));
+        if (it == cache.end())
+          it = cache.emplace(key_of(Kind::bwd_weights, t, gb), build(Kind::bwd_weights, t, gb)).first;
+        entry[static_cast<size_t>(slot * bl.count + b)] = &it->second;
+      }
+  }
+  float* partials = static_cast<float*>(s.partials.reserve(static_cast<size_t>(bl.count * welems) * 4));
+  // A failed call is rethrown here: an exception must not leave an OpenMP region.
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(static) num_threads(team)
+  for (int64_t b = 0; b < bl.count; ++b) {
+    const int slot = omp_get_thread_num();
+    Slot& own = *s.slots[static_cast<size_t>(slot)];
+    const int64_t first = bl.begin(b, g.n);
+    try {
+      run_entry(*entry[static_cast<size_t>(slot * bl.count + b)],
+                {static_cast<const char*>(dy) + first * y_stride,
+                 static_cast<const char*>(x) + first * x_stride, partials + b * welems},
+                own.port_buf, own.scratch_buf, own.stream);
+    } catch (...) {
+#pragma omp critical(flowrun_conv_weight_error)
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  parallel_for(welems, 4096, [&](int64_t begin, int64_t end) {
+    float* sum = partials + begin;
+    for (int64_t b = 1; b < bl.count; ++b) {
+      const float* p = partials + b * welems + begin;
+      for (int64_t i = 0; i < end - begin; ++i) sum[i] += p[i];
+    }
+    if (t == dt::f32) {
+      std::memcpy(static_cast<float*>(dw) + begin, sum, static_cast<size_t>(end - begin) * 4);
+    } else {
+      bf16* out = static_cast<bf16*>(dw) + begin;
+      for (int64_t i = 0; i < end - begin; ++i) out[i] = float_to_bf16(sum[i]);
+    }
+  });
+}
+
 dt dnnl_type(DType t) {
   FR_CHECK(t == DType::f32 || t == DType::bf16, "oneDNN convolution: unsupported dtype ", dtype_name(t));
   return t == DType::f32 ? dt::f32 : dt::bf16;
@@ -263,10 +383,22 @@ dt dnnl_type(DType t) {
 
 std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const ConvGeom& g, ConvPass pass,
                                                                 bool bias) {
-  const Kind k = pass == ConvPass::grad_input    ? Kind::bwd_data
-                 : pass == ConvPass::grad_weight ? Kind::bwd_weights
-                 : bias                          ? Kind::fwd_bias
-                                                 : Kind::fwd;
+  if (pass == ConvPass::grad_weight) {
+    // A slot's pools per thread of the team, and the partials; a slot grows to the largest block.
+    const Blocks bl = blocks_of(g);
+    const size_t team = static_cast<size_t>(weight_team(bl));
+    const OneThread one;
+    const Entry e = build(Kind::bwd_weights, dnnl_type(t), with_batch(g, bl.largest), false);
+    std::vector<std::pair<std::string, size_t>> out = {
+        {"oneDNN convolution weight-gradient scratchpads", team * e.scratch_bytes},
+        {"oneDNN convolution weight-gradient partials", static_cast<size_t>(bl.count * g.o * g.kdim()) * 4}};
+    for (size_t i = 0; i < e.ports.size(); ++i)
+      if (e.ports[i].reordered)
+        out.emplace_back(cat("oneDNN convolution weight-gradient reorder buffers ", i),
+                         team * e.ports[i].inner_bytes);
+    return out;
+  }
+  const Kind k = pass == ConvPass::grad_input ? Kind::bwd_data : bias ? Kind::fwd_bias : Kind::fwd;
   const Entry e = build(k, dnnl_type(t), g, false);
   // The pools are run()'s shared buffers: port_buf[i] and scratch_buf.
   std::vector<std::pair<std::string, size_t>> out = {{"oneDNN convolution scratchpad", e.scratch_bytes}};
@@ -279,8 +411,12 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
 size_t dnnl_conv2d_held_bytes() {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  size_t n = s.scratch_buf.size();
+  size_t n = s.scratch_buf.size() + s.partials.size();
   for (const Buffer& b : s.port_buf) n += b.size();
+  for (const auto& slot : s.slots) {
+    n += slot->scratch_buf.size();
+    for (const Buffer& b : slot->port_buf) n += b.size();
+  }
   return n;
 }
 
@@ -296,7 +432,7 @@ void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const vo
 }
 
 void dnnl_conv2d_grad_weight(DType t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
-  run(Kind::bwd_weights, dnnl_type(t), g, {dy, x, dw});
+  grad_weight(dnnl_type(t), g, dy, x, dw);
 }
 
 }  // namespace flowrun::cpu
