@@ -2,6 +2,9 @@
 // map and a user scratchpad, so the steady-state step only rebinds data handles and allocates nothing.
 #include "ops/cpu/dnnl_matmul.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -9,12 +12,17 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
 
 namespace {
 
-using Key = std::tuple<DType, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool, float, float>;
+// (operand dtype, y dtype, batch, m, n, k, lda, ldb, ta, tb, a shared, b shared, alpha, beta, threads). The
+// thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it builds it,
+// and a primitive built for more threads would start them all.
+using Key = std::tuple<DType, DType, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                       bool, float, float, int>;
 
 struct Cached {
   dnnl::matmul prim;
@@ -27,22 +35,28 @@ dnnl::engine& engine() {
   return e;
 }
 
+dnnl::memory::data_type dnnl_type(DType t) {
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
 dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, int64_t cols, bool trans,
-                        bool shared) {
-  // Logical (batch, rows, cols); a transposed operand is stored (cols, rows); a shared one has batch stride 0.
+                        bool shared, int64_t ld) {
+  // Logical (batch, rows, cols); a transposed operand is stored (cols, rows); `ld` is the stored row length;
+  // a shared one has batch stride 0.
   const dnnl::memory::dims dims = {batch, rows, cols};
   // A zero batch stride only where it matters (batch > 1): oneDNN falls back to its slow reference kernel
   // for a zero stride even on a single matrix.
-  const dnnl::memory::dims strides = {shared && batch > 1 ? 0 : rows * cols, trans ? 1 : cols, trans ? rows : 1};
+  const dnnl::memory::dims strides = {shared && batch > 1 ? 0 : rows * cols, trans ? 1 : ld, trans ? ld : 1};
   return dnnl::memory::desc(dims, t, strides);
 }
 
 Cached make(const Key& key) {
-  const auto [dtype, batch, m, n, k, ta, tb, a_shared, b_shared, alpha, beta] = key;
-  const auto t = dtype == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-  const auto ad = desc(t, batch, m, k, ta, a_shared);
-  const auto bd = desc(t, batch, k, n, tb, b_shared);
-  const auto yd = desc(t, batch, m, n, false, false);
+  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads] = key;
+  (void)threads;  // oneDNN reads the current count itself
+  const auto t = dnnl_type(dtype);
+  const auto ad = desc(t, batch, m, k, ta, a_shared, lda);
+  const auto bd = desc(t, batch, k, n, tb, b_shared, ldb);
+  const auto yd = desc(dnnl_type(ytype), batch, m, n, false, false, n);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -59,16 +73,9 @@ Cached make(const Key& key) {
   return c;
 }
 
-}  // namespace
-
-void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
-                 int64_t b_stride, float alpha, float beta, const void* a, const void* b, void* y) {
-  FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_matmul: unsupported dtype ", dtype_name(dtype));
-  if (batch == 0 || m == 0 || n == 0) return;
+// Runs the cached primitive of `key`; the caller holds the cache's mutex.
+void run(const Key& key, const void* a, const void* b, void* y) {
   static std::map<Key, Cached> cache;
-  static std::mutex mu;
-  const Key key{dtype, batch, m, n, k, ta, tb, a_stride == 0, b_stride == 0, alpha, beta};
-  std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make(key)).first;
   Cached& c = it->second;
@@ -80,6 +87,55 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
       dnnl_primitive_execute(c.prim.get(), stream.get(), static_cast<int>(c.args.size()), c.args.data());
   FR_CHECK(st == dnnl_success, "oneDNN matmul failed with status ", static_cast<int>(st));
   stream.wait();
+}
+
+// oneDNN splits the K sum of a product between threads when its output alone gives them too little work:
+// a weight gradient (A transposed, K >= 2048) or an f32 product with K >= 20000 and M, N <= 512. That plan is
+// made for the thread count, so the bits would change with it (a 1-layer GPT at batch 64 differed between 1
+// and 6 threads). flowrun cuts such sums into fixed chunks of kChunkK itself, added in order into an f32
+// accumulator, whatever the thread count: oneDNN never sees a K it would split.
+constexpr int64_t kChunkK = 1024;
+
+bool splits_k(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta) {
+  return batch == 1 && ((ta && k >= 2048) || (dtype == DType::f32 && k >= 20000 && m <= 512 && n <= 512));
+}
+
+}  // namespace
+
+void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                 int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
+                 void* y) {
+  FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_matmul: unsupported dtype ", dtype_name(dtype));
+  if (batch == 0 || m == 0 || n == 0) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const int threads = omp_get_max_threads();
+  const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  if (!splits_k(dtype, batch, m, n, k, ta)) {
+    run({dtype, dtype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads},
+        a, b, y);
+    return;
+  }
+  // A chunk [k0, k0 + kc) is A's columns k0.. (stored transposed: its rows) and B's rows k0.. (stored
+  // transposed: its columns). bf16 chunks accumulate in f32 and round once.
+  static std::vector<float> wide;
+  if (dtype == DType::bf16) wide.resize(static_cast<size_t>(m * n));
+  void* acc = dtype == DType::f32 ? y : wide.data();
+  const size_t size = dtype_size(dtype);
+  for (int64_t k0 = 0; k0 < k; k0 += kChunkK) {
+    const int64_t kc = std::min(kChunkK, k - k0);
+    const float chunk_beta = k0 > 0 ? 1.0f : dtype == DType::f32 ? beta : 0.0f;
+    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads},
+        static_cast<const char*>(a) + static_cast<size_t>(ta ? k0 * m : k0) * size,
+        static_cast<const char*>(b) + static_cast<size_t>(tb ? k0 : k0 * n) * size, acc);
+  }
+  if (dtype == DType::bf16) {
+    bf16* out = static_cast<bf16*>(y);
+    parallel_for(m * n, 4096, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i)
+        out[i] = float_to_bf16(beta == 0.0f ? wide[i] : wide[i] + beta * bf16_to_float(out[i]));
+    });
+  }
 }
 
 bool has_native_bf16() {
