@@ -72,6 +72,7 @@ struct TrainConfig {
   bool cuda_graph = true;                 // cuda: replay the step as a CUDA graph
   std::string recompute = "none";         // none | blocks | full (activation recompute, graph/recompute.cc)
   int64_t threads = 0;                    // 0 = OpenMP default
+  bool adapt_threads = true;              // fewer threads while that is faster (train/threads.h)
   bool eager = false;                     // run the graph node by node (CompileOptions::eager)
 };
 

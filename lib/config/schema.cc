@@ -159,8 +159,13 @@ std::vector<Section> build_schema() {
            key("cuda_graph", Type::boolean, "true", field(t, &T::cuda_graph),
                "cuda: record the step's kernels as a CUDA graph after its first run and replay it, one "
                "launch a step (false: launch kernel by kernel)"),
-           key("threads", Type::integer, "0", field(t, &T::threads), "CPU threads (0 = the OpenMP default)",
+           key("threads", Type::integer, "0", field(t, &T::threads),
+               "CPU threads (0 = the OpenMP default); with adapt_threads, the most a step uses",
                non_negative),
+           key("adapt_threads", Type::boolean, "true", field(t, &T::adapt_threads),
+               "CPU: run steps at fewer threads while that is faster (another busy process on the machine): "
+               "now and then one step tries a neighbouring count; the same losses and weights, bit for bit, "
+               "at any count (false: always train.threads)"),
            choice("recompute", {"none", "blocks", "full"}, "none", field(t, &T::recompute),
                   "activation recompute: layers whose activations are dropped after the forward pass and "
                   "computed again in the backward pass (the same losses and weights, bit for bit, for less "

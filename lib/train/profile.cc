@@ -15,6 +15,7 @@
 #include "train/metrics.h"
 #include "train/plan.h"
 #include "train/program.h"
+#include "train/threads.h"
 
 namespace flowrun {
 
@@ -83,15 +84,19 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     if (t.mesh.stages() > 1) return pipeline_step(ex, t.stash, t.mesh, loader, cfg, step);
     return train_step(ex, loader, cfg, step, timer);
   };
-  int64_t step = 0;
-  for (; step < opts.warmup; ++step) run_step(step, nullptr);
-
+  // The steps run as a training run's do, at the thread count train.adapt_threads picks.
+  ThreadAdapter threads(omp_get_max_threads(), cfg.train.adapt_threads && cfg.train.device == "cpu");
   std::vector<double> times;
-  for (int64_t i = 0; i < opts.steps; ++i, ++step) {
+  int64_t step = 0;
+  for (; step < opts.warmup + opts.steps; ++step) {
+    threads.begin_step();
     const auto t0 = Clock::now();
     run_step(step, nullptr);
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    threads.end_step(seconds);
+    if (step >= opts.warmup) times.push_back(seconds);
   }
+  omp_set_num_threads(threads.current());
 
   // Kernel-by-kernel: per layer and part, and per op type.
   std::map<std::string, Bucket> layers, ops;
@@ -128,7 +133,8 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
         static_cast<double>(ex.tensor(v.name).nbytes());
   }
   r.lead = t.mesh.world->rank() == 0;
-  r.threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
+  r.threads = threads.max();
+  r.threads_now = threads.current();
   r.text = t.data->spec().text;
   r.items_per_step = cfg.train.batch_size * (r.text ? cfg.data.seq_len : 1);
 
@@ -140,11 +146,11 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   // The header names the config file, whatever the length of its path.
   std::vector<char> head(512 + cfg.file.size());
   std::snprintf(head.data(), head.size(),
-                "flowrun time %s: %lld steps after %lld warmup, %lld threads%s%s\n"
+                "flowrun time %s: %lld steps after %lld warmup, %s%s%s\n"
                 "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
                 "memory: arena %.2f MiB, peak resident %.1f MiB (predicted %.1f MiB); %lld parameters\n\n",
                 cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
-                static_cast<long long>(r.threads),
+                threads.summary().c_str(),
                 cfg.train.recompute == "none" ? "" : (", recompute " + cfg.train.recompute).c_str(),
                 cfg.train.eager ? ", eager" : "", r.median_ms, r.p10_ms, r.p90_ms,
                 static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3), r.text ? "tokens" : "samples",
@@ -192,6 +198,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   j.add("param_bytes", r.param_bytes).add("state_bytes", r.state_bytes);
   j.add("flops_per_step", r.flops_per_step)
       .add("threads", r.threads)
+      .add("threads_now", r.threads_now)
       .add(r.text ? "tokens_per_step" : "samples_per_step", r.items_per_step);
   r.json = j.str();
   return r;

@@ -22,7 +22,8 @@ struct TimeReport {
   double predicted_rss_mib = 0;  // predict_process_memory's total for this run (`flowrun plan`'s figure)
   double param_bytes = 0, state_bytes = 0;  // of the tensors this process holds (a rank's share under ZeRO)
   bool lead = true;                         // world rank 0, which reports (every rank's figures are its own)
-  int64_t params = 0, threads = 0, items_per_step = 0;  // samples (or tokens) per optimizer step
+  int64_t params = 0, items_per_step = 0;   // samples (or tokens) per optimizer step
+  int64_t threads = 0, threads_now = 0;  // the most a step may use; the count train.adapt_threads settled on
   bool text = false;
   std::string table;  // the human-readable report
   std::string json;   // one JSON object with the numbers above

@@ -1,6 +1,7 @@
 // The training loop: programs, data, metrics, progress, evaluation, checkpoints and resume.
 #include "train/trainer.h"
 
+#include <omp.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 #include "train/run_dir.h"
 #include "train/step_dump.h"
 #include "train/stop.h"
+#include "train/threads.h"
 
 namespace flowrun {
 namespace fs = std::filesystem;
@@ -202,6 +204,7 @@ class Run {
   std::string save_sharded(CheckpointData ck, Clock::time_point t0);  // train.sharded_checkpoints
   void finish_checkpoints();  // waits for the async write in flight and logs it
   void report_eager(int64_t steps) const;  // train.eager: the per-op table of the training steps (the lead)
+  void report_threads() const;  // train.adapt_threads: the steps at each count, when it changed (the lead)
   void log_checkpoint(const CheckpointWriter::Done& d, double blocked);
   bool stop_requested(const StopRequests& stop, std::string* why);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds);
@@ -230,6 +233,7 @@ class Run {
   std::unique_ptr<Dataset> data_;
   BuiltModel model_, eval_model_;
   std::unique_ptr<Executor> ex_, eval_ex_;
+  std::unique_ptr<ThreadAdapter> threads_;
   std::vector<std::unique_ptr<Executor>> stash_;  // a pipeline stage's other micro-batch slots
   std::vector<std::string> params_, state_;
   int64_t step_ = 0;
@@ -543,6 +547,10 @@ bool Run::stop_requested(const StopRequests& stop, std::string* why) {
   return true;
 }
 
+void Run::report_threads() const {
+  if (lead_ && threads_->steps_at().size() > 1) spdlog::info("threads: {}", threads_->summary());
+}
+
 void Run::log_step(int64_t step, double loss, double lr, double grad_norm, double step_seconds) {
   if (!lead_) return;
   const bool text = data_->spec().text;
@@ -560,7 +568,8 @@ void Run::log_step(int64_t step, double loss, double lr, double grad_norm, doubl
     skipped = ex_->tensor("amp/skipped_steps").data<int64_t>()[0];
     j.add("loss_scale", scale).add("skipped_steps", skipped);
   }
-  j.add(text ? "tokens_per_s" : "samples_per_s", rate).add("time", seconds_since(start_));
+  j.add(text ? "tokens_per_s" : "samples_per_s", rate).add("threads", threads_->last());
+  j.add("time", seconds_since(start_));
   metrics_->write(j);
   const double eta = time_in_steps_ / static_cast<double>(std::max<int64_t>(steps_timed_, 1)) *
                      static_cast<double>(cfg_.train.steps - step);
@@ -666,7 +675,10 @@ TrainResult Run::go() {
   const int64_t first_step = step_;
   std::unique_ptr<StepRecorder> dump;
   if (!opts_.dump_step.empty()) dump = std::make_unique<StepRecorder>(*ex_, params_, state_);
+  threads_ = std::make_unique<ThreadAdapter>(omp_get_max_threads(),
+                                             cfg_.train.adapt_threads && cfg_.train.device == "cpu");
   while (step_ < total) {
+    threads_->begin_step();
     const auto t0 = Clock::now();
     const double lr = scheduled_lr(cfg_.schedule, cfg_.optimizer.lr, step_, total);
     const Node* anomaly = nullptr;
@@ -697,6 +709,7 @@ TrainResult Run::go() {
     // A background checkpoint write that failed (a full disk) stops the run now, not a checkpoint later.
     if (writer_) writer_->check();
     const double dt = seconds_since(t0);
+    threads_->end_step(dt);
     // The first step includes one-time costs (page faults, BLAS buffers): keep it out of the ETA.
     if (step_ > 1 || total == 1) {
       time_in_steps_ += dt;
@@ -733,6 +746,7 @@ TrainResult Run::go() {
     if (exit_now) {
       finish_checkpoints();
       report_eager(step_ - first_step);
+      report_threads();
       if (live_) std::fprintf(stderr, "\n");
       if (lead_)
         std::printf("stopped at step %lld (%s); checkpoint %s%s\n", static_cast<long long>(step_),
@@ -749,6 +763,7 @@ TrainResult Run::go() {
   finish_checkpoints();
   if (live_) std::fprintf(stderr, "\n");
   report_eager(step_ - first_step);
+  report_threads();
   result.step = step_;
   result.loss = loss;
   if (!evaluates_ && !zero3_) return result;

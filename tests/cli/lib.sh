@@ -31,7 +31,7 @@ expect_log() {
 
 # The per-step training records of a metrics.jsonl without wall-clock fields (rates, time) and without the
 # checkpoint records (paths and timings).
-losses() { grep -v '"checkpoint"' "$1" | sed -E 's/, "(tokens_per_s|samples_per_s|time)": [^,}]*//g'; }
+losses() { grep -v '"checkpoint"' "$1" | sed -E 's/, "(tokens_per_s|samples_per_s|threads|time)": [^,}]*//g'; }
 
 # wait_logged METRICS N: until a running trainer has logged N steps to METRICS (at most 30 s).
 wait_logged() {

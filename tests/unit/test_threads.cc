@@ -1,0 +1,94 @@
+// ThreadAdapter (train.adapt_threads) driven by synthetic step times: which count it runs each step at.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <functional>
+#include <vector>
+
+#include "train/threads.h"
+
+namespace flowrun::testing {
+namespace {
+
+// Runs `steps` steps whose time is seconds(count, step); returns the count of each step. Restores the
+// OpenMP thread count (begin_step sets it).
+std::vector<int> drive(ThreadAdapter& a, int steps, const std::function<double(int, int)>& seconds) {
+  const int saved = omp_get_max_threads();
+  std::vector<int> counts;
+  for (int i = 0; i < steps; ++i) {
+    const int n = a.begin_step();
+    EXPECT_EQ(omp_get_max_threads(), n);
+    counts.push_back(n);
+    a.end_step(seconds(n, i));
+  }
+  omp_set_num_threads(saved);
+  return counts;
+}
+
+int count_of(const std::vector<int>& v, int n, size_t from = 0) {
+  int c = 0;
+  for (size_t i = from; i < v.size(); ++i) c += v[i] == n;
+  return c;
+}
+
+// An idle 2-core machine: 2 threads are faster. Nearly every step runs at 2; the losing probes at 1 grow
+// further apart (8, 16, 32, ... up to 128 steps).
+TEST(ThreadAdapter, IdleMachineStaysAtMaxAndProbesRarely) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 1000, [](int n, int) { return n == 2 ? 0.10 : 0.18; });
+  EXPECT_EQ(a.current(), 2);
+  EXPECT_EQ(counts.front(), 2);
+  EXPECT_GE(count_of(counts, 1), 3);
+  EXPECT_LE(count_of(counts, 1), 14);
+  EXPECT_LE(count_of(counts, 1, 500), 5);  // the gap has reached 128
+}
+
+// Another busy process: 2 threads take 1.6x as long as 1. After a few probes the run settles at 1 thread
+// and stays; a probe at 2 now and then checks whether the machine is free again.
+TEST(ThreadAdapter, BusyMachineMovesToFewerThreads) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 400, [](int n, int) { return n == 2 ? 0.49 : 0.31; });
+  EXPECT_EQ(a.current(), 1);
+  size_t settled = 0;
+  while (settled < counts.size() && counts[settled] == 2) ++settled;
+  EXPECT_LE(settled, 12u);  // 3 timed steps at 2 and the probes' warm-up
+  EXPECT_GE(count_of(counts, 1), 380);
+}
+
+// The other process ends at step 200: the probes at 2 threads win and the run goes back to 2.
+TEST(ThreadAdapter, ReturnsWhenTheMachineIsFreeAgain) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 600, [](int n, int step) {
+    const bool busy = step < 200;
+    return n == 2 ? (busy ? 0.49 : 0.18) : 0.31;
+  });
+  EXPECT_EQ(a.current(), 2);
+  EXPECT_EQ(counts[150], 1);
+  EXPECT_GE(count_of(counts, 2, 400), 195);
+}
+
+// Noise of +-5% around equal times does not make it move.
+TEST(ThreadAdapter, NoiseWithinTenPercentDoesNotMove) {
+  ThreadAdapter a(4, true);
+  drive(a, 500, [](int n, int step) { return 0.1 * (1.0 + 0.05 * ((step * 7 + n) % 3 - 1)); });
+  EXPECT_EQ(a.current(), 4);
+}
+
+// With four cores and three free, it walks down one count at a time to the fastest.
+TEST(ThreadAdapter, WalksToTheFastestCount) {
+  ThreadAdapter a(4, true);
+  const double time_at[] = {0, 0.40, 0.22, 0.15, 0.30};
+  drive(a, 300, [&](int n, int) { return time_at[n]; });
+  EXPECT_EQ(a.current(), 3);
+}
+
+// adapt_threads: false, or one thread: every step at the configured count.
+TEST(ThreadAdapter, FixedWhenNotAdapting) {
+  ThreadAdapter fixed(2, false), one(1, true);
+  EXPECT_EQ(count_of(drive(fixed, 100, [](int n, int) { return n == 2 ? 1.0 : 0.1; }), 2), 100);
+  EXPECT_EQ(count_of(drive(one, 20, [](int, int) { return 0.1; }), 1), 20);
+  EXPECT_EQ(fixed.summary(), "2 threads");
+}
+
+}  // namespace
+}  // namespace flowrun::testing
