@@ -212,7 +212,8 @@ for t in "${THREAD_LIST[@]}"; do
   OMP_NUM_THREADS=$t "$PY" scripts/bench/sgemm_probe.py --threads "$t" >>"$OUT/sgemm.jsonl"
   if [[ -x build/tests/flowrun_bench ]]; then
     OMP_NUM_THREADS=$t build/tests/flowrun_bench --benchmark_filter=sgemm --benchmark_format=json 2>/dev/null |
-      jq -c --argjson t "$t" '.benchmarks[0] | {probe: "OpenBLAS (flowrun_bench)", threads: $t, gflops: .GFLOPS}' \
+      jq -c --argjson t "$t" '.benchmarks[] | {probe: (if (.name | startswith("BM_sgemm_ceiling_onednn"))
+        then "oneDNN matmul (flowrun_bench)" else "OpenBLAS (flowrun_bench)" end), threads: $t, gflops: .GFLOPS}' \
       >>"$OUT/sgemm.jsonl" || log "flowrun_bench sgemm probe failed"
   fi
 done

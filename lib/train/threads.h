@@ -13,9 +13,9 @@ namespace flowrun {
 // the kernel has descheduled: a 2-thread step took 1.6x the 1-thread one here. ThreadAdapter runs most
 // steps at its current count and, now and then, one step at a neighbouring count (one fewer or one more, up
 // to the configured maximum); when two such probes in a row beat the current count's median step by 10%,
-// that count becomes current. A losing probe doubles the gap to the next (8 steps up to 128), so an idle
-// machine pays for about one slow step in a hundred. The first step at any count is not compared: it builds
-// that count's oneDNN primitives.
+// that count becomes current. The first probe comes after three timed steps; a losing one doubles the gap
+// to the next (8 steps up to 128), so an idle machine pays for about one slow step in a hundred. The first
+// step at any count is not compared: it builds that count's oneDNN primitives.
 // Changing the count changes no result: every CPU kernel gives the same bits for any thread count (the
 // convolution weight gradients and the long-K matmuls cut their sums into fixed blocks for this), tested
 // by cli.threads. Each process adapts by its own steps.
@@ -53,7 +53,7 @@ class ThreadAdapter {
   bool adapt_;
   int running_ = 0;                 // the count of the step in progress
   bool probing_ = false;            // the step in progress is a probe
-  int64_t until_probe_ = 8;         // steps at the current count before the next probe
+  int64_t until_probe_ = 3;         // timed steps at the current count before the next probe
   int64_t gap_ = 8;                 // the current gap between probes
   bool probe_down_ = true;          // which neighbour the next probe tries, when both exist
   int wins_target_ = 0, wins_ = 0;  // consecutive winning probes of one count
