@@ -85,13 +85,13 @@ void ThreadAdapter::end_step(double seconds) {
 std::string ThreadAdapter::summary() const {
   const auto plural = [](int64_t n, const char* word) { return cat(n, " ", word, n == 1 ? "" : "s"); };
   if (!adapt_) return plural(max_, "thread");
-  std::string s = cat("adaptive, at most ", plural(max_, "thread"));
-  const char* sep = ": ";
+  std::string s = cat("at most ", plural(max_, "thread"));
+  const char* sep = " (adaptive: ";
   for (const auto& [count, steps] : steps_at_) {
     s += cat(sep, plural(steps, "step"), " at ", count);
     sep = ", ";
   }
-  return s;
+  return s + (steps_at_.empty() ? " (adaptive)" : ")");
 }
 
 }  // namespace flowrun

@@ -35,7 +35,7 @@ class ThreadAdapter {
   bool adapts() const { return adapt_; }
   // Steps run at each count so far.
   const std::map<int, int64_t>& steps_at() const { return steps_at_; }
-  // "2 threads", or with adaptation "adaptive, at most 2 threads: 95 steps at 1, 5 at 2".
+  // "2 threads", or with adaptation "at most 2 threads (adaptive: 95 steps at 1, 5 steps at 2)".
   std::string summary() const;
 
  private:

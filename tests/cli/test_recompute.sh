@@ -76,7 +76,7 @@ echo "8-layer GPT: planned arena $none bytes without recompute, $blocks with blo
 expect_exit 0 "$FLOWRUN" plan "${GPT8[@]}" --set train.recompute=blocks
 expect_log "fp32, recompute blocks"
 expect_exit 0 "$FLOWRUN" time "$GPT" --steps 2 --warmup 0 --profile 1 --set train.recompute=blocks
-expect_log "threads, recompute blocks"
+expect_log "), recompute blocks"
 
 # Bad values: the key and the layer option, each named with its position.
 expect_exit 2 "$FLOWRUN" check "$GPT" --set train.recompute=some

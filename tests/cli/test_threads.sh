@@ -49,7 +49,7 @@ ADAPT=(--set train.steps=40 --set train.threads=2)
 expect_exit 0 "$FLOWRUN" train "$T/tiny_gpt.yaml" "${ADAPT[@]}" --run-dir "$SCRATCH/fixed" "${COMMON[@]}" \
   --set train.adapt_threads=false
 expect_exit 0 "$FLOWRUN" train "$T/tiny_gpt.yaml" "${ADAPT[@]}" --run-dir "$SCRATCH/adaptive" "${COMMON[@]}"
-expect_log "threads: adaptive, at most 2 threads:"
+expect_log "threads: at most 2 threads (adaptive: "
 grep -q '"threads": 1,' "$SCRATCH/adaptive/metrics.jsonl" || fail "adaptive: no step ran at 1 thread"
 grep -q '"threads": 1,' "$SCRATCH/fixed/metrics.jsonl" && fail "fixed: a step ran at 1 thread"
 same_bits "adaptive and fixed" "$SCRATCH/fixed" "$SCRATCH/adaptive"
@@ -57,6 +57,6 @@ echo "adaptive: $(grep -c '"threads": 1,' "$SCRATCH/adaptive/metrics.jsonl") of 
 
 # flowrun time reports the counts it ran at.
 expect_exit 0 "$FLOWRUN" time "$T/tiny_mlp.yaml" --set train.threads=2 --steps 30 --profile 0 --json
-expect_log "adaptive, at most 2 threads: "
+expect_log "at most 2 threads (adaptive: "
 grep -q '"threads_now": [12]' "$SCRATCH/last.log" || fail "time --json lacks threads_now"
 echo "PASS"

@@ -53,6 +53,7 @@ TEST(ThreadAdapter, BusyMachineMovesToFewerThreads) {
   while (settled < counts.size() && counts[settled] == 2) ++settled;
   EXPECT_LE(settled, 5u);  // the first step and three timed ones at 2, and the probe's warm-up
   EXPECT_GE(count_of(counts, 1), 380);
+  EXPECT_EQ(a.summary().rfind("at most 2 threads (adaptive: ", 0), 0u) << a.summary();
 }
 
 // The other process ends at step 200: the probes at 2 threads win and the run goes back to 2.

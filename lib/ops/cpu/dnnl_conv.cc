@@ -282,18 +282,20 @@ void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> buf
 
 // The weight gradient is a sum over the batch, which oneDNN splits between its threads by a plan made for
 // their count: its bits would change with train.threads, and the thread count could not adapt to a busy
-// machine without changing results. So the batch is cut into kWeightBlocks fixed blocks; each block's
-// gradient is one call of a primitive built for one thread, the blocks spread over flowrun's threads (each
-// with a slot of its own), each into an f32 partial of its own; the partials are added in block order.
-// The bits are the same for any thread count. Threads beyond kWeightBlocks sit this op out.
-constexpr int64_t kWeightBlocks = 16;
+// machine without changing results. So the batch is cut into fixed blocks (kWeightBlocks, or fewer of
+// kMinBlock samples each for a small batch: each block costs a few oneDNN calls, and each call allocates a
+// little inside oneDNN); each block's gradient is one call of a primitive built for one thread, the blocks
+// spread over flowrun's threads (each with a slot of its own), each into an f32 partial of its own; the
+// partials are added in block order. The bits are the same for any thread count; threads beyond the block
+// count sit this op out.
+constexpr int64_t kWeightBlocks = 16, kMinBlock = 4;
 
 struct Blocks {
   int64_t count, largest;
   int64_t begin(int64_t b, int64_t n) const { return b * n / count; }
 };
 Blocks blocks_of(const ConvGeom& g) {
-  const int64_t count = std::min(g.n, kWeightBlocks);
+  const int64_t count = std::clamp<int64_t>(g.n / kMinBlock, 1, kWeightBlocks);
   return {count, (g.n + count - 1) / count};
 }
 
