@@ -227,8 +227,10 @@ for m in "${MODEL_LIST[@]}"; do
     for ((r = 1; r <= ROUNDS; r++)); do
       tag="$OUT/log-$m-${t}T-r$r"
       if [[ $HAVE_TIME == 1 ]]; then
+        # A step at exactly t threads, as the peers' are: train.adapt_threads would try a few at t - 1.
         record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
-          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" "${FR_PREC[@]}" --json
+          --warmup "$WARMUP" --profile 0 --set "train.threads=$t" --set train.adapt_threads=false \
+          "${FR_PREC[@]}" --json
       fi
       record "$m" "$t" eager "$r" "$tag-eager.txt" "$PY" scripts/bench/torch_step.py "$m" --threads "$t" \
         --steps "$STEPS" --warmup "$WARMUP" --data-dir "$FLOWRUN_DATA" "${TORCH_PREC[@]}"
