@@ -102,6 +102,51 @@ TEST(ConvF32, KernelsAreBitwiseReproducible) {
   }
 }
 
+// maxpool2d's 2x2 stride-2 kernel (vectorised for f32) chooses as the row-major scan of each window does:
+// the first maximum, a NaN over a number, the later NaN over an earlier one. Inputs from a few values (ties
+// everywhere, as after a ReLU) with NaNs; odd sizes (a row and column left over), rows wider than one
+// vector step and narrower ones.
+TEST(MaxPool, TwoByTwoChoosesAsTheRowMajorScan) {
+  for (const Shape& xs : {Shape{2, 3, 7, 9}, Shape{1, 2, 6, 70}, Shape{2, 2, 28, 28}, Shape{1, 1, 4, 2}}) {
+    SCOPED_TRACE(xs[2] * 1000 + xs[3]);
+    Graph g;
+    GraphBuilder b(g);
+    const ValueId x = g.add_input("x", xs, DType::f32);
+    const auto outs = b.op("maxpool2d", {x}, {{"kernel", std::vector<int64_t>{2, 2}}});
+    g.mark_output("y", outs[0]);
+    g.mark_output("idx", outs[1]);
+    CompileOptions opts;
+    opts.loss = "";
+    Executor ex(compile(std::move(g), opts), kCpu, 1);
+    float* xp = ex.tensor("x").data<float>();
+    const int64_t n = ex.tensor("x").numel();
+    for (int64_t i = 0; i < n; ++i)
+      xp[i] = (i * 7919) % 13 == 0 ? std::nanf("") : static_cast<float>((i * 2654435761u >> 7) % 3);
+    ex.run();
+    const Tensor yt = ex.output("y"), it = ex.output("idx");
+    const float* y = yt.data<float>();
+    const int64_t* idx = it.data<int64_t>();
+    const int64_t h = xs[2], w = xs[3], oh = h / 2, ow = w / 2;
+    for (int64_t pl = 0; pl < xs[0] * xs[1]; ++pl)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          int64_t bi = 2 * oy * w + 2 * ox;
+          float best = xp[pl * h * w + bi];
+          for (int64_t k = 1; k < 4; ++k) {
+            const int64_t i = (2 * oy + k / 2) * w + 2 * ox + k % 2;
+            const float v = xp[pl * h * w + i];
+            if (v > best || v != v) best = v, bi = i;
+          }
+          const int64_t o = (pl * oh + oy) * ow + ox;
+          ASSERT_EQ(idx[o], bi) << "plane " << pl << " (" << oy << ", " << ox << ")";
+          ASSERT_EQ(std::isnan(y[o]), std::isnan(best));
+          if (!std::isnan(best)) {
+            ASSERT_EQ(y[o], best);
+          }
+        }
+  }
+}
+
 // The buffers oneDNN's convolutions keep outside the arena are what KernelDef::host_buffers (which `flowrun
 // plan` adds up) says: after a forward and both backward ops of one convolution, the shared pools hold
 // exactly its need. In a process of its own (the threadsafe death-test style runs this test alone in a fresh

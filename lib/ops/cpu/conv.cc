@@ -4,8 +4,11 @@
 // results are bitwise reproducible for a thread count.
 #include "ops/cpu/conv.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <variant>
 
@@ -170,6 +173,55 @@ void conv2d_grad_weight_t(const KernelCtx& c) {
   }
 }
 
+#if defined(__AVX512F__)
+// The 2x2, stride-2 window on one output row of f32 planes: 16 outputs per step, from 32 floats of each of
+// its two input rows (masked: rows of a small image hold fewer). Each input row's pairs are reduced first,
+// then the two rows: the same choice as the row-major scan (the first maximum wins, because a pair's
+// maximum beats the other pair's only when strictly greater; a NaN wins over a number, the later NaN over
+// an earlier one), so values and indices equal the scalar loop's. Indices are int32 inside a plane, widened
+// to the op's int64.
+void maxpool2x2_row_f32(const float* r0, const float* r1, int64_t w, int64_t ow, int32_t base, float* y,
+                        int64_t* id) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i lane2 =
+      _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+  // first-max(a, b) with b taken when greater or NaN; `took` marks the lanes that took b.
+  auto pick = [](__m512 a, __m512 b, __mmask16& took) {
+    took = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(took, a, b);
+  };
+  for (int64_t ox = 0; ox < ow; ox += 16) {
+    const int64_t n = std::min<int64_t>(16, ow - ox), x0 = 2 * ox;
+    const int64_t avail = std::min<int64_t>(32, w - x0);  // input floats of this step in each row
+    const __mmask16 lo = static_cast<__mmask16>(avail >= 16 ? 0xffff : (1u << avail) - 1);
+    const __mmask16 hi = static_cast<__mmask16>(avail >= 32  ? 0xffff
+                                                : avail > 16 ? (1u << (avail - 16)) - 1
+                                                             : 0);
+    const __m512 a0 = _mm512_maskz_loadu_ps(lo, r0 + x0), a1 = _mm512_maskz_loadu_ps(hi, r0 + x0 + 16);
+    const __m512 b0 = _mm512_maskz_loadu_ps(lo, r1 + x0), b1 = _mm512_maskz_loadu_ps(hi, r1 + x0 + 16);
+    __mmask16 right0, right1, lower;
+    const __m512 top =
+        pick(_mm512_permutex2var_ps(a0, even, a1), _mm512_permutex2var_ps(a0, odd, a1), right0);
+    const __m512 bottom =
+        pick(_mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(b0, odd, b1), right1);
+    const __m512 best = pick(top, bottom, lower);
+    // Index: base + x0 + 2 * lane + (right of the chosen row) + (lower ? w : 0).
+    const __mmask16 right = static_cast<__mmask16>((right0 & ~lower) | (right1 & lower));
+    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(x0)), lane2);
+    idx = _mm512_mask_add_epi32(idx, right, idx, _mm512_set1_epi32(1));
+    idx = _mm512_mask_add_epi32(idx, lower, idx, _mm512_set1_epi32(static_cast<int32_t>(w)));
+    const __mmask16 out = static_cast<__mmask16>(n == 16 ? 0xffff : (1u << n) - 1);
+    _mm512_mask_storeu_ps(y + ox, out, best);
+    // The zero-masking forms: GCC 12 warns (maybe-uninitialized) inside the unmasked ones.
+    _mm512_mask_storeu_epi64(id + ox, static_cast<__mmask8>(out & 0xff),
+                             _mm512_maskz_cvtepi32_epi64(0xff, _mm512_maskz_extracti64x4_epi64(0xf, idx, 0)));
+    _mm512_mask_storeu_epi64(id + ox + 8, static_cast<__mmask8>(out >> 8),
+                             _mm512_maskz_cvtepi32_epi64(0xff, _mm512_maskz_extracti64x4_epi64(0xf, idx, 1)));
+  }
+}
+#endif
+
 template <typename T>
 void maxpool2d_t(const KernelCtx& c) {
   const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
@@ -190,6 +242,16 @@ void maxpool2d_t(const KernelCtx& c) {
       const T* xp = x + pl * ip;
       T* yp = y + pl * op;
       int64_t* id = idx + pl * op;
+#if defined(__AVX512F__)
+      if (pool2 && std::is_same_v<T, float> && ip <= std::numeric_limits<int32_t>::max()) {
+        for (int64_t oy = 0; oy < g.oh; ++oy)
+          maxpool2x2_row_f32(reinterpret_cast<const float*>(xp) + 2 * oy * g.w,
+                             reinterpret_cast<const float*>(xp) + (2 * oy + 1) * g.w, g.w, g.ow,
+                             static_cast<int32_t>(2 * oy * g.w), reinterpret_cast<float*>(yp) + oy * g.ow,
+                             id + oy * g.ow);
+        continue;
+      }
+#endif
       if (pool2) {
         for (int64_t oy = 0; oy < g.oh; ++oy) {
           const T* r0 = xp + 2 * oy * g.w;
