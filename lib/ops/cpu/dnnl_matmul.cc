@@ -1,12 +1,16 @@
 // oneDNN matmul. Primitives are created on first use of a shape and cached together with their argument
-// map and a user scratchpad, so the steady-state step only rebinds data handles and allocates nothing.
+// map, so the steady-state step only rebinds data handles and allocates nothing. Their scratchpads share one
+// grow-only buffer (calls run one at a time under the cache's mutex): a scratchpad per primitive held 8 MiB
+// for gpt-tiny, and twice that once train.adapt_threads had built primitives for a second thread count.
 #include "ops/cpu/dnnl_matmul.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
@@ -26,7 +30,8 @@ using Key = std::tuple<DType, DType, int64_t, int64_t, int64_t, int64_t, int64_t
 
 struct Cached {
   dnnl::matmul prim;
-  dnnl::memory a, b, y, scratch;
+  dnnl::memory a, b, y, scratch;  // scratch: bound to the shared buffer at each call
+  size_t scratch_bytes = 0;
   std::vector<dnnl_exec_arg_t> args;  // built once, for the C API (the C++ execute() builds a vector per call)
 };
 
@@ -66,8 +71,13 @@ Cached make(const Key& key) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), attr, engine());
-  Cached c{dnnl::matmul(pd), dnnl::memory(ad, engine(), nullptr), dnnl::memory(bd, engine(), nullptr),
-           dnnl::memory(yd, engine(), nullptr), dnnl::memory(pd.scratchpad_desc(), engine()), {}};
+  Cached c{dnnl::matmul(pd),
+           dnnl::memory(ad, engine(), nullptr),
+           dnnl::memory(bd, engine(), nullptr),
+           dnnl::memory(yd, engine(), nullptr),
+           dnnl::memory(pd.scratchpad_desc(), engine(), nullptr),
+           pd.scratchpad_desc().get_size(),
+           {}};
   c.args = {{DNNL_ARG_SRC, c.a.get()}, {DNNL_ARG_WEIGHTS, c.b.get()}, {DNNL_ARG_DST, c.y.get()},
             {DNNL_ARG_SCRATCHPAD, c.scratch.get()}};
   return c;
@@ -79,6 +89,17 @@ void run(const Key& key, const void* a, const void* b, void* y) {
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make(key)).first;
   Cached& c = it->second;
+  // Grow-only and 64-byte aligned, as oneDNN's own scratchpads are.
+  struct Free {
+    void operator()(void* p) const { ::operator delete (p, std::align_val_t{64}); }
+  };
+  static std::unique_ptr<void, Free> scratch;
+  static size_t scratch_size = 0;
+  if (scratch_size < c.scratch_bytes) {
+    scratch.reset(::operator new (c.scratch_bytes, std::align_val_t{64}));
+    scratch_size = c.scratch_bytes;
+  }
+  c.scratch.set_data_handle(scratch.get());
   c.a.set_data_handle(const_cast<void*>(a));
   c.b.set_data_handle(const_cast<void*>(b));
   c.y.set_data_handle(y);
