@@ -15,12 +15,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -42,26 +42,6 @@ void execute(const dnnl::primitive& p, dnnl::stream& s, const Args& a) {
   const dnnl_status_t st = dnnl_primitive_execute(p.get(), s.get(), static_cast<int>(a.size()), a.data());
   FR_CHECK(st == dnnl_success, "oneDNN convolution failed with status ", static_cast<int>(st));
 }
-
-// A 64-byte aligned buffer that only grows.
-class Buffer {
- public:
-  size_t size() const { return size_; }
-  void* reserve(size_t bytes) {
-    if (bytes > size_) {
-      data_.reset(::operator new (bytes, std::align_val_t{64}));
-      size_ = bytes;
-    }
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(void* p) const { ::operator delete (p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<void, Free> data_;
-  size_t size_ = 0;
-};
 
 // One tensor the primitive reads or writes: `user` wraps flowrun's plain buffer (rebound per call); `inner`
 // is the primitive's own layout, the same memory as `user` unless a reorder is needed.
@@ -224,8 +204,8 @@ Entry build(Kind k, dt t, const ConvGeom& g, bool runnable = true) {
 
 // Runs entry e on the given buffers, in the order of build()'s ports, with reorder targets and scratchpad in
 // the given pools.
-void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<Buffer, 4>& port_buf,
-               Buffer& scratch_buf, dnnl::stream& stream) {
+void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<GrowBuffer, 4>& port_buf,
+               GrowBuffer& scratch_buf, dnnl::stream& stream) {
   FR_CHECK(bufs.size() == e.ports.size(), "conv buffer count");
   e.scratch.set_data_handle(scratch_buf.reserve(e.scratch_bytes));
   size_t i = 0;
@@ -244,8 +224,8 @@ void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<Buf
 
 // The pools of one thread of the weight gradient, and its primitives (each binds this slot's buffers).
 struct Slot {
-  std::array<Buffer, 4> port_buf;
-  Buffer scratch_buf;
+  std::array<GrowBuffer, 4> port_buf;
+  GrowBuffer scratch_buf;
   std::map<Key, Entry> cache;
   dnnl::stream stream{engine()};
 };
@@ -254,10 +234,11 @@ struct Slot {
 // to the largest need in the first step; buffers per entry held 93 MiB more for ResNet-20. The weight
 // gradient has a slot per thread and the f32 partials of its blocks.
 struct Shared {
-  std::array<Buffer, 4> port_buf;
-  Buffer scratch_buf;
+  std::array<GrowBuffer, 4> port_buf;
+  GrowBuffer scratch_buf;
   std::vector<std::unique_ptr<Slot>> slots;
-  Buffer partials;
+  GrowBuffer partials;
+  std::vector<Entry*> block_entries;  // grad_weight's primitive per (slot, block), kept to reuse its memory
   std::mutex mu;
 };
 Shared& shared() {
@@ -328,7 +309,8 @@ void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* d
   const int team = weight_team(bl);
   const int64_t welems = g.o * g.kdim(), esize = t == dt::f32 ? 4 : 2;
   const int64_t x_stride = g.c * g.h * g.w * esize, y_stride = g.o * g.plane() * esize;
-  std::vector<Entry*> entry(static_cast<size_t>(bl.count * team));  // [slot][block]
+  std::vector<Entry*>& entry = s.block_entries;  // [slot][block]
+  entry.assign(static_cast<size_t>(bl.count * team), nullptr);
   {
     const OneThread one;
     while (s.slots.size() < static_cast<size_t>(team)) s.slots.push_back(std::make_unique<Slot>());
@@ -414,10 +396,10 @@ size_t dnnl_conv2d_held_bytes() {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
   size_t n = s.scratch_buf.size() + s.partials.size();
-  for (const Buffer& b : s.port_buf) n += b.size();
+  for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
     n += slot->scratch_buf.size();
-    for (const Buffer& b : slot->port_buf) n += b.size();
+    for (const GrowBuffer& b : slot->port_buf) n += b.size();
   }
   return n;
 }

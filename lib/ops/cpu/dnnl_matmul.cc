@@ -8,14 +8,13 @@
 
 #include <algorithm>
 #include <map>
-#include <memory>
 #include <mutex>
-#include <new>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -89,17 +88,8 @@ void run(const Key& key, const void* a, const void* b, void* y) {
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make(key)).first;
   Cached& c = it->second;
-  // Grow-only and 64-byte aligned, as oneDNN's own scratchpads are.
-  struct Free {
-    void operator()(void* p) const { ::operator delete (p, std::align_val_t{64}); }
-  };
-  static std::unique_ptr<void, Free> scratch;
-  static size_t scratch_size = 0;
-  if (scratch_size < c.scratch_bytes) {
-    scratch.reset(::operator new (c.scratch_bytes, std::align_val_t{64}));
-    scratch_size = c.scratch_bytes;
-  }
-  c.scratch.set_data_handle(scratch.get());
+  static GrowBuffer scratch;
+  c.scratch.set_data_handle(scratch.reserve(c.scratch_bytes));
   c.a.set_data_handle(const_cast<void*>(a));
   c.b.set_data_handle(const_cast<void*>(b));
   c.y.set_data_handle(y);

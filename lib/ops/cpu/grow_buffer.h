@@ -1,0 +1,30 @@
+// A 64-byte aligned buffer that only grows: the oneDNN kernels' shared scratchpads and reorder targets, which
+// reach their largest size in the first step and then allocate nothing.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <new>
+
+namespace flowrun::cpu {
+
+class GrowBuffer {
+ public:
+  size_t size() const { return size_; }
+  void* reserve(size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(::operator new (bytes, std::align_val_t{64}));
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { ::operator delete (p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<void, Free> data_;
+  size_t size_ = 0;
+};
+
+}  // namespace flowrun::cpu
