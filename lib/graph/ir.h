@@ -71,6 +71,11 @@ class Attrs {
 enum class ValueKind : uint8_t { input, param, state, intermediate };
 const char* value_kind_name(ValueKind k);
 
+// How an (N, C, H, W) value's bytes are arranged. The layout pass (graph/layout.cc) keeps the activations
+// between convolutions in oneDNN's nChw16c (channel blocks of 16 innermost) so that no reorder runs around
+// each convolution; every other value is plain (row-major in its shape).
+enum class Layout : uint8_t { plain, nchw16c };
+
 // Logical tensor type: what shape inference produces.
 struct TensorType {
   Shape shape;
@@ -111,6 +116,7 @@ struct Value {
   NodeId producer = -1;
   int producer_slot = 0;
   bool requires_grad = false;  // params always; inputs never; intermediates derived by autodiff
+  Layout layout = Layout::plain;
   Placement placement;
   const Shape& shape() const { return type.shape; }
   DType dtype() const { return type.dtype; }
@@ -181,6 +187,12 @@ class Graph {
  public:
   // The first node autodiff added (-1 before it ran): the nodes before it are the forward pass.
   NodeId backward_begin = -1;
+  // Whether n belongs to the backward pass: added by autodiff or later, and not scheduled as a forward node
+  // (a pass that adds a node for a forward reader schedules it as that reader, Node::schedule_as).
+  bool in_backward(const Node& n) const {
+    const NodeId at = n.schedule_as >= 0 ? n.schedule_as : n.id;
+    return backward_begin >= 0 && at >= backward_begin;
+  }
 };
 
 }  // namespace flowrun

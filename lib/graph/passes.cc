@@ -387,6 +387,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     if (opts.group_updates.value_or(opts.device == DeviceKind::cuda))
       p.push_back({"group_updates", [](Graph& g, const CompileOptions&) { group_updates(g); }});
   }
+  if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
+    p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});
   p.push_back({"check_kernels", [](Graph& g, const CompileOptions& o) { check_kernels(g, o.device); }});
   return p;
@@ -404,7 +406,7 @@ Program compile(Graph g, const CompileOptions& opts) {
   prog.order = g.live_nodes_topological();
   if (opts.pipeline > 1 && g.backward_begin >= 0) {
     const auto forward_end = std::stable_partition(prog.order.begin(), prog.order.end(),
-                                                   [&](NodeId id) { return id < g.backward_begin; });
+                                                   [&](NodeId id) { return !g.in_backward(g.node(id)); });
     prog.backward_begin = static_cast<size_t>(forward_end - prog.order.begin());
   }
   prog.eager = opts.eager;

@@ -64,6 +64,8 @@ struct CompileOptions {
   DeviceKind device = DeviceKind::cpu;
   bool fuse = true;
   bool inplace = true;
+  // CPU: activations between convolutions stay in oneDNN's blocked layout (blocked_layout).
+  bool blocked_layout = true;
   // An eager program (`train.eager`): the graph as the model and autodiff wrote it, run node by node: no
   // fusion, no recompute, no in-place outputs, and no two values sharing memory (plan_memory's share).
   bool eager = false;
@@ -131,6 +133,10 @@ std::string describe_layout(const Graph& g);
 // scalar inputs (learning rate, step, coefficient) become one sgd_update_multi/adamw_update_multi node each
 // (groups of one stay as they are).
 void group_updates(Graph& g);
+// CPU, after the optimizer: the (N, C, H, W) activations that convolutions make and the elementwise ops and
+// batchnorms between them read are kept in nChw16c (Value::layout), with `reorder` nodes where another op
+// reads one (graph/layout.cc).
+void blocked_layout(Graph& g);
 void eliminate_dead_nodes(Graph& g);                    // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);  // every live node has a kernel for its dtype
 

@@ -335,7 +335,8 @@ void register_conv_ops(OpRegistry& r) {
   conv.doc =
       "2-d convolution (cross-correlation), NCHW: x (N, C, H, W), w (O, C/groups, KH, KW), optional bias "
       "(O); "
-      "attrs stride [1,1], padding [0,0], dilation [1,1], groups 1";
+      "attrs stride [1,1], padding [0,0], dilation [1,1], groups 1; x_blocked, y_blocked (false): x or y "
+      "in nChw16c (graph/layout.cc; the gradient ops take them too, for dx and dy)";
   conv.num_inputs = -1;
   conv.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3) throw input_error("conv2d takes (x, w) or (x, w, bias)");
@@ -569,6 +570,58 @@ void register_conv_ops(OpRegistry& r) {
     return s;
   };
   r.add(gp);
+
+  OpDef ro;
+  ro.name = "reorder";
+  ro.doc =
+      "the same (N, C, H, W) tensor in another memory layout: attr to = nchw16c (channel blocks of 16 "
+      "innermost, oneDNN's nChw16c; C a multiple of 16) or nchw (plain); the layout pass (graph/layout.cc) "
+      "puts it where a value kept blocked between convolutions meets a reader of plain tensors";
+  ro.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    check_nchw("reorder", "input", in[0]);
+    if (in[0].shape[1] % 16 != 0)
+      throw input_error(cat("reorder: channels must be a multiple of 16, got ", shape_str(in[0].shape)));
+    if (!a.is("to", "nchw16c") && !a.is("to", "nchw"))
+      throw input_error("reorder: attribute 'to' must be nchw16c or nchw");
+    return {in[0]};
+  };
+  ro.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+    return Cost{0.0, bytes_of(in) + bytes_of(out)};
+  };
+  ro.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const std::string back = c.attrs().is("to", "nchw16c") ? "nchw" : "nchw16c";
+    return {c.b.op1("reorder", {c.dout(0)}, {{"to", back}})};
+  };
+  ro.sbp = batch_split;
+  ro.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::reorder}};
+  ro.samples = [] {
+    std::vector<OpSample> s;
+    for (const char* to : {"nchw16c", "nchw"})
+      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 1, 1}}) {
+        OpSample o;
+        o.label = cat(to, " ", shape_str(x));
+        o.inputs = {{x, DType::f64}};
+        o.attrs = {{"to", std::string(to)}};
+        // Element (n, c, i) of the plain tensor is element ((n * C/16 + c/16) * HW + i) * 16 + c % 16 of
+        // the blocked one.
+        o.reference = [blocked = std::string(to) == "nchw16c"](const std::vector<Tensor>& in, const Attrs&) {
+          const Shape& xs = in[0].shape();
+          Tensor y = Tensor::zeros(xs, DType::f64);
+          const int64_t hw = xs[2] * xs[3];
+          for (int64_t n = 0; n < xs[0]; ++n)
+            for (int64_t c = 0; c < xs[1]; ++c)
+              for (int64_t i = 0; i < hw; ++i) {
+                const int64_t plain = (n * xs[1] + c) * hw + i,
+                              blk = ((n * (xs[1] / 16) + c / 16) * hw + i) * 16 + c % 16;
+                y.data<double>()[blocked ? blk : plain] = in[0].data<double>()[blocked ? plain : blk];
+              }
+          return std::vector<Tensor>{y};
+        };
+        s.push_back(o);
+      }
+    return s;
+  };
+  r.add(ro);
 }
 
 }  // namespace flowrun

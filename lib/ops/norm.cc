@@ -330,7 +330,8 @@ void register_norm_ops(OpRegistry& r) {
       "running_var (C)), attrs eps (1e-5), momentum (0.1), training (true); outputs (y, save_mean, "
       "save_rstd (C)). Training normalises by the batch mean and biased variance and updates the running "
       "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
-      "inference normalises by the running statistics";
+      "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c "
+      "(graph/layout.cc)";
   bn.num_inputs = 5;
   bn.num_outputs = [](const Attrs&) { return 3; };
   bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {

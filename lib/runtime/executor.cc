@@ -312,7 +312,7 @@ bool all_finite(const TensorView& t) {
 // Every node after the forward pass: the gradients, their sums (named after their op) and the updates,
 // which skip the step.
 bool Executor::may_overflow(const Node& n) const {
-  return loss_scaled_ && program_.graph.backward_begin >= 0 && n.id >= program_.graph.backward_begin;
+  return loss_scaled_ && program_.graph.in_backward(n);
 }
 
 bool Executor::outputs_finite(const Step& s) const {

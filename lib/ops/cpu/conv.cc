@@ -431,6 +431,10 @@ ConvGeom conv_geom(const Shape& x, const Shape& w, const Attrs& a) {
            "bad conv2d attributes ", a.str());
   g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
   g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  g.x_blocked = a.b("x_blocked");
+  g.y_blocked = a.b("y_blocked");
+  FR_CHECK((!g.x_blocked || g.c % 16 == 0) && (!g.y_blocked || g.o % 16 == 0),
+           "nChw16c conv2d tensors need channels in multiples of 16");
   return g;
 }
 
@@ -491,6 +495,40 @@ void avgpool2d_grad(const KernelCtx& c) {
 }
 void global_avgpool(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
+}
+
+// Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
+template <typename T>
+void reorder_t(const KernelCtx& c) {
+  const Shape& s = *c.in[0].shape;
+  const int64_t blocks = s[0] * (s[1] / 16), hw = s[2] * s[3];
+  const bool to_blocked = c.attrs().is("to", "nchw16c");
+  const T* x = static_cast<const T*>(c.in[0].data);
+  T* y = static_cast<T*>(c.out[0].data);
+  parallel_for(blocks, grain_for(16 * hw), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const T* src = x + b * 16 * hw;
+      T* __restrict dst = y + b * 16 * hw;
+      for (int64_t i = 0; i < hw; ++i)
+        for (int64_t j = 0; j < 16; ++j) {
+          if (to_blocked)
+            dst[i * 16 + j] = src[j * hw + i];
+          else
+            dst[j * hw + i] = src[i * 16 + j];
+        }
+    }
+  });
+}
+
+void reorder(const KernelCtx& c) {
+  switch (dtype_size(c.in[0].dtype)) {
+    case 2:
+      return reorder_t<uint16_t>(c);
+    case 4:
+      return reorder_t<uint32_t>(c);
+    default:
+      return reorder_t<uint64_t>(c);
+  }
 }
 
 }  // namespace flowrun::cpu

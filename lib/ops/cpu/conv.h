@@ -18,6 +18,9 @@ struct ConvGeom {
   int64_t oh = 0, ow = 0;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   int64_t groups = 1;
+  // The activations' layouts (attributes x_blocked, y_blocked, set by the layout pass, graph/layout.cc):
+  // nChw16c instead of NCHW for the input-shaped tensor (x, or dx) and the output-shaped one (y, or dy).
+  bool x_blocked = false, y_blocked = false;
   int64_t cg() const { return c / groups; }
   int64_t og() const { return o / groups; }
   int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group
@@ -49,5 +52,7 @@ void maxpool2d_grad(const KernelCtx& c);
 void avgpool2d(const KernelCtx& c);
 void avgpool2d_grad(const KernelCtx& c);
 void global_avgpool(const KernelCtx& c);
+// attr to = nchw16c: NCHW -> nChw16c; nchw: back (graph/layout.cc).
+void reorder(const KernelCtx& c);
 
 }  // namespace flowrun::cpu

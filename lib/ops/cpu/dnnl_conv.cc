@@ -32,7 +32,7 @@ using tag = dnnl::memory::format_tag;
 
 enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
-using Key = std::array<int64_t, 17>;
+using Key = std::array<int64_t, 19>;
 
 // Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
 // and a steady-state step must not allocate.
@@ -73,12 +73,13 @@ dnnl::engine& engine() {
 Key key_of(Kind k, dt t, const ConvGeom& g) {
   const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k),
                 type = static_cast<int64_t>(t);
-  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,  g.o,     g.kh,
-          g.kw,    g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups};
+  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,      g.o,         g.kh,       g.kw,
+          g.sh,    g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.x_blocked, g.y_blocked};
 }
 
-// Plain descriptors of flowrun's tensors. A grouped weight (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw
-// over the same bytes.
+// Descriptors of flowrun's tensors: activations NCHW, or nChw16c where the layout pass keeps them blocked
+// (ConvGeom::x_blocked, y_blocked: then they are what oneDNN picks, and no reorder runs). A grouped weight
+// (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw over the same bytes.
 dnnl::memory::desc src_desc(const ConvGeom& g, dt d, tag t) {
   return {{g.n, g.c, g.h, g.w}, d, t};
 }
@@ -159,7 +160,8 @@ Entry entry_of(const PD& pd, std::vector<Port> ports, bool runnable) {
 Entry build(Kind k, dt t, const ConvGeom& g, bool runnable = true) {
   const Conv v = conv_of(g);
   const auto alg = dnnl::algorithm::convolution_direct;
-  const auto x = src_desc(g, t, tag::nchw), y = dst_desc(g, t, tag::nchw), w = wei_desc(g, t, false);
+  const auto x = src_desc(g, t, g.x_blocked ? tag::nChw16c : tag::nchw),
+             y = dst_desc(g, t, g.y_blocked ? tag::nChw16c : tag::nchw), w = wei_desc(g, t, false);
   switch (k) {
     case Kind::fwd:
     case Kind::fwd_bias: {

@@ -244,6 +244,52 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   }
 }
 
+// channel_sums over an nChw16c tensor (the layout pass's, graph/layout.cc; C a multiple of 16, s > 1), whose
+// element (n, ch, i) is element ((n * C/16 + ch/16) * s + i) * 16 + ch % 16. Each plane's sum is the plain
+// path's, lane for lane: element i goes to lane i % L (lane_sum's and lane_sum2's L) of its channel, and the
+// lanes fold in fold()'s order, so a blocked step computes bitwise what a plain (eager) one does. The 16
+// channels of a block are summed side by side, a vector per lane.
+template <typename T, typename F0, typename F1 = std::nullptr_t>
+void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
+  constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
+  constexpr int64_t kSums = kTwo ? 2 : 1;
+  constexpr int L = (kTwo ? 2 : 4) * 64 / static_cast<int>(sizeof(T));
+  const int64_t cb = v.c / 16;
+  parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
+    for (int64_t p = s; p < e; ++p) {
+      T a[L][16] = {}, b[kTwo ? L : 1][16] = {};
+      const int64_t k0 = p * v.s * 16, c0 = (p % cb) * 16;
+      for (int64_t i = 0; i < v.s; ++i) {
+        T* __restrict ai = a[i % L];
+        T* __restrict bi = b[kTwo ? i % L : 0];
+#pragma omp simd
+        for (int64_t j = 0; j < 16; ++j) {
+          ai[j] += f0(k0 + i * 16 + j, c0 + j);
+          if constexpr (kTwo) bi[j] += f1(k0 + i * 16 + j, c0 + j);
+        }
+      }
+      for (int w = L / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; ++k)
+#pragma omp simd
+          for (int64_t j = 0; j < 16; ++j) {
+            a[k][j] += a[k + w][j];
+            if constexpr (kTwo) b[k][j] += b[k + w][j];
+          }
+      T* to = ws + ((p / cb) * v.c + c0) * kSums;
+      for (int64_t j = 0; j < 16; ++j) {
+        to[j * kSums] = a[0][j];
+        if constexpr (kTwo) to[j * kSums + 1] = b[0][j];
+      }
+    }
+  });
+  for (int64_t q = 0; q < kSums; ++q) {
+    T* out = q == 0 ? out0 : out1;
+    for (int64_t ch = 0; ch < v.c; ++ch) out[ch] = T(0);
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t ch = 0; ch < v.c; ++ch) out[ch] += ws[(n * v.c + ch) * kSums + q];
+  }
+}
+
 // Runs row(k0) for each row of an (N, C) tensor (the caller vectorises over its channels), or
 // plane(k0, ch) for each (n, ch) plane of s elements; k0 is the first element's index.
 template <typename Row, typename Plane>
@@ -259,9 +305,28 @@ void for_each_ncs(const NCS& v, Row row, Plane plane) {
   });
 }
 
+// Runs block(k0, c0) for each (n, channel block) of an nChw16c tensor: 16 * s elements from k0, channels
+// c0 to c0 + 15 innermost.
+template <typename Block>
+void for_each_blocked(const NCS& v, Block block) {
+  const int64_t cb = v.c / 16;
+  parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
+    for (int64_t p = s; p < e; ++p) block(p * v.s * 16, (p % cb) * 16);
+  });
+}
+
+// Whether a batchnorm node's activations are nChw16c (attr `blocked`, graph/layout.cc). With one element per
+// plane both layouts are the same bytes, and the plain path runs.
+bool blocked_planes(const KernelCtx& c, const NCS& v) {
+  if (!c.attrs().b("blocked")) return false;
+  FR_CHECK(v.c % 16 == 0, "an nChw16c batchnorm needs channels in multiples of 16");
+  return v.s > 1;
+}
+
 template <typename T>
 void batchnorm_kernel(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[0]);
+  const bool blocked = blocked_planes(c, v);
   const T* x = c.in[0].as<T>();
   const T* g = c.in[1].as<T>();
   const T* b = c.in[2].as<T>();
@@ -274,13 +339,21 @@ void batchnorm_kernel(const KernelCtx& c) {
   if (c.attrs().b("training", true)) {
     const int64_t m = v.n * v.s;
     T* ws = static_cast<T*>(c.workspace);
-    channel_sums<T>(v, ws, mean, [x](int64_t k, int64_t) { return x[k]; });
+    const auto value = [x](int64_t k, int64_t) { return x[k]; };
+    if (blocked)
+      channel_sums_blocked<T>(v, ws, mean, value);
+    else
+      channel_sums<T>(v, ws, mean, value);
     for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
     // Sum of squared centred values (no cancellation), through rstd's buffer.
-    channel_sums<T>(v, ws, rstd, [x, mean](int64_t k, int64_t ch) {
+    const auto square = [x, mean](int64_t k, int64_t ch) {
       const T d = x[k] - mean[ch];
       return d * d;
-    });
+    };
+    if (blocked)
+      channel_sums_blocked<T>(v, ws, rstd, square);
+    else
+      channel_sums<T>(v, ws, rstd, square);
     for (int64_t ch = 0; ch < v.c; ++ch) {
       const T ss = rstd[ch];
       // PyTorch's update; the running variance is the unbiased estimate (infer rejects m == 1).
@@ -293,6 +366,23 @@ void batchnorm_kernel(const KernelCtx& c) {
       mean[ch] = running_mean[ch];
       rstd[ch] = T(1) / std::sqrt(running_var[ch] + eps);
     }
+  }
+  if (blocked) {
+    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
+      T mu[16], a[16], bb[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        mu[j] = mean[c0 + j];
+        a[j] = rstd[c0 + j] * g[c0 + j];
+        bb[j] = b[c0 + j];
+      }
+      for (int64_t i = 0; i < v.s; ++i) {
+        const T* xp = x + k0 + i * 16;
+        T* __restrict yp = y + k0 + i * 16;
+#pragma omp simd
+        for (int64_t j = 0; j < 16; ++j) yp[j] = (xp[j] - mu[j]) * a[j] + bb[j];
+      }
+    });
+    return;
   }
   for_each_ncs(
       v,
@@ -316,6 +406,7 @@ void batchnorm_kernel(const KernelCtx& c) {
 template <typename T>
 void batchnorm_grad_kernel(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[1]);
+  const bool blocked = blocked_planes(c, v);
   const T* dy = c.in[0].as<T>();
   const T* x = c.in[1].as<T>();
   const T* g = c.in[2].as<T>();
@@ -325,12 +416,35 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   T* dgamma = c.out[1].as<T>();
   T* dbeta = c.out[2].as<T>();
   T* ws = static_cast<T*>(c.workspace);
-  channel_sums<T>(
-      v, ws, dbeta, [dy](int64_t k, int64_t) { return dy[k]; }, dgamma,
-      [dy, x, mean](int64_t k, int64_t ch) { return dy[k] * (x[k] - mean[ch]); });
+  const auto grad = [dy](int64_t k, int64_t) { return dy[k]; };
+  const auto grad_xc = [dy, x, mean](int64_t k, int64_t ch) { return dy[k] * (x[k] - mean[ch]); };
+  if (blocked)
+    channel_sums_blocked<T>(v, ws, dbeta, grad, dgamma, grad_xc);
+  else
+    channel_sums<T>(v, ws, dbeta, grad, dgamma, grad_xc);
   for (int64_t ch = 0; ch < v.c; ++ch) dgamma[ch] *= rstd[ch];
   // dx = g rstd (dy - t dbeta - t (x - mean) rstd dgamma): t = 1/m in training, 0 in inference.
   const T t = c.attrs().b("training", true) ? T(1) / static_cast<T>(std::max<int64_t>(1, v.n * v.s)) : T(0);
+  if (blocked) {
+    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
+      T p[16], mu[16], bt[16], gt[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t ch = c0 + j;
+        p[j] = g[ch] * rstd[ch];
+        mu[j] = mean[ch];
+        bt[j] = t * dbeta[ch];
+        gt[j] = t * rstd[ch] * dgamma[ch];
+      }
+      for (int64_t i = 0; i < v.s; ++i) {
+        const T* dyp = dy + k0 + i * 16;
+        const T* xp = x + k0 + i * 16;
+        T* __restrict dxp = dx + k0 + i * 16;
+#pragma omp simd
+        for (int64_t j = 0; j < 16; ++j) dxp[j] = p[j] * (dyp[j] - bt[j] - (xp[j] - mu[j]) * gt[j]);
+      }
+    });
+    return;
+  }
   for_each_ncs(
       v,
       [&](int64_t k0) {

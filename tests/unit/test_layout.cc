@@ -1,0 +1,107 @@
+// The layout pass (graph/layout.cc): a small residual CNN keeps its activations in nChw16c between the
+// convolutions, with reorders only where a plain reader (pooling, the loss) meets them, and trains to bitwise
+// the losses and weights of the same program all in NCHW.
+#include <gtest/gtest.h>
+
+#include "graph/passes.h"
+#include "models.h"
+
+namespace flowrun::testing {
+namespace {
+
+// x (4, 3, 8, 8) -> conv 16 -> bn -> relu -> maxpool 2 -> [conv 16 -> bn -> relu -> conv 32 -> bn] +
+// conv 1x1 32 (shortcut) -> relu -> global average -> mse against "target" (4, 32).
+void build_cnn(Graph& g) {
+  GraphBuilder b(g);
+  auto conv = [&](ValueId v, int64_t in, int64_t out, int64_t k, const std::string& name) {
+    return b.op1("conv2d", {v, b.param(name + "/weight", {out, in, k, k})}, {{"padding", (k - 1) / 2}}, name);
+  };
+  auto bn = [&](ValueId v, int64_t c, const std::string& name) {
+    return b.op("batchnorm",
+                {v, b.param(name + "/gamma", {c}), b.param(name + "/beta", {c}), b.state(name + "/mean", {c}),
+                 b.state(name + "/var", {c})},
+                {}, name)[0];
+  };
+  auto relu = [&](ValueId v) { return b.op1("relu", {v}); };
+  ValueId x = relu(bn(conv(b.input("x", {4, 3, 8, 8}), 3, 16, 3, "stem"), 16, "stem_bn"));
+  x = b.op("maxpool2d", {x}, {{"kernel", int64_t{2}}})[0];
+  const ValueId h = bn(conv(relu(bn(conv(x, 16, 16, 3, "c1"), 16, "bn1")), 16, 32, 3, "c2"), 32, "bn2");
+  x = relu(b.add(h, conv(x, 16, 32, 1, "shortcut")));
+  g.mark_output("loss", b.op1("mse_loss", {b.op1("global_avgpool", {x}), b.input("target", {4, 32})}));
+}
+
+Program compile_cnn(bool blocked) {
+  Graph g;
+  build_cnn(g);
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.blocked_layout = blocked;
+  return compile(std::move(g), opts);
+}
+
+TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
+  const Program p = compile_cnn(true);
+  const Graph& g = p.graph;
+  int reorders = 0, blocked_convs = 0;
+  for (NodeId id : p.order) {
+    const Node& n = g.node(id);
+    if (n.op == "reorder") ++reorders;
+    if (n.op == "conv2d" || n.op == "conv2d_grad_input")
+      blocked_convs += g.value(n.outputs[0]).layout == Layout::nchw16c;
+    // A plain reader never reads a blocked value.
+    if (n.op == "maxpool2d" || n.op == "global_avgpool" || n.op == "maxpool2d_grad") {
+      for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, Layout::plain) << n.name;
+    }
+  }
+  // Forward: the inputs of maxpool (maxpool2d_grad reads the same reorder) and of global_avgpool; backward:
+  // maxpool2d_grad's dy (the sum of c1's and the shortcut's blocked input gradients), and the plain gradients
+  // of maxpool and of global_avgpool where relu_grad meets them with a blocked relu output. Every
+  // convolution's activation output is blocked (4 in the forward pass; grad_input of c1, c2 and the
+  // shortcut: the stem's input needs none).
+  EXPECT_EQ(reorders, 5);
+  EXPECT_EQ(blocked_convs, 7);
+
+  const Program eager = [] {
+    Graph g;
+    build_cnn(g);
+    CompileOptions opts;
+    opts.optimizer = {.type = "sgd", .momentum = 0.9};
+    opts.eager = true;
+    return compile(std::move(g), opts);
+  }();
+  for (const Value& v : eager.graph.values()) EXPECT_EQ(v.layout, Layout::plain) << v.name;
+}
+
+// Losses of `steps` SGD steps and the final parameters and state (running statistics).
+std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train(Program p, int steps) {
+  Executor ex(std::move(p), kCpu, /*seed=*/3);
+  init_params(ex, 5);
+  ex.tensor("lr").data<float>()[0] = 0.05f;
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    for (const char* in : {"x", "target"}) {
+      Tensor& t = ex.tensor(in);
+      const RngStream r{7, static_cast<uint64_t>(s * 2 + (in[0] == 'x'))};
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r.uniform(i) - 0.5);
+    }
+    ex.set_step(s);
+    ex.run();
+    losses.push_back(ex.output("loss").data<float>()[0]);
+  }
+  std::map<std::string, std::vector<float>> tensors;
+  for (auto& [name, t] : ex.persistent())
+    if (t.dtype() == DType::f32) tensors[name].assign(t.data<float>(), t.data<float>() + t.numel());
+  return {losses, tensors};
+}
+
+TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
+  const auto [plain_losses, plain] = train(compile_cnn(false), 3);
+  const auto [blocked_losses, blocked] = train(compile_cnn(true), 3);
+  EXPECT_EQ(plain_losses, blocked_losses);
+  ASSERT_EQ(plain.size(), blocked.size());
+  for (const auto& [name, v] : plain) EXPECT_EQ(v, blocked.at(name)) << name;
+  EXPECT_GT(plain.count("bn2/var"), 0u);
+}
+
+}  // namespace
+}  // namespace flowrun::testing
