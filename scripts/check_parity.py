@@ -675,9 +675,10 @@ def worst(errs):
 
 def check_model(name, flowrun, work):
     """One row: flowrun against PyTorch float64 and float32. The gradients pass where they agree with
-    either within TOL (tensor by tensor: a gradient whose f32 value is ill-conditioned, e.g. under
-    cancellation, is as far from float64 in PyTorch's f32 as in flowrun's); the step is PyTorch's optimizer
-    on flowrun's gradients; the end-to-end update (PyTorch's own gradients) is reported."""
+    either within TOL, tensor by tensor, or, for a gradient whose f32 value is ill-conditioned (e.g. under
+    cancellation: PyTorch's own f32 is far from its f64), where flowrun is at most twice as far from float64
+    as PyTorch's float32 (`ill`, listed); the step is PyTorch's optimizer on flowrun's gradients; the
+    end-to-end update (PyTorch's own gradients) is reported."""
     cfg = CONFIGS[name]
     dump, ckpt = run_flowrun(flowrun, name, cfg, work)
     dump["classes"] = num_classes(cfg, dump)
@@ -689,11 +690,16 @@ def check_model(name, flowrun, work):
     e64 = {n: rel(dump["grads"][n], g, gfloor) for n, g in g64.items()}
     e32 = {n: rel(dump["grads"][n], g, gfloor) for n, g in g32.items()}
     best = {n: min(e64[n], e32[n]) for n in e64}
+    # PyTorch float32's own distance from float64: an ill-conditioned gradient (terms that cancel) is that far
+    # in any f32 program, and two of them need not round alike.
+    own32 = {n: rel(g32[n], g, gfloor) for n, g in g64.items()}
+    r_ill = {n: own32[n] for n in e64 if best[n] > TOL and e64[n] <= 2 * own32[n]}
     r = {"model": name, "params": sum(v.size for v in dump["params"].values()), "loss": dump["loss"],
          "loss_err": abs(dump["loss"] - loss64) / abs(loss64), "loss_err32": abs(dump["loss"] - loss32) / abs(loss32)}
     r["grad64"], r["grad64_at"] = worst(e64)
     r["grad32"], r["grad32_at"] = worst(e32)
-    r["grad"], r["grad_at"] = worst(best)
+    r["grad"], r["grad_at"] = worst({n: e for n, e in best.items() if n not in r_ill} or {"-": 0.0})
+    r["ill"], r["e64"] = r_ill, e64
     r["update"], r["update_at"] = worst({n: rel(flow_after[n], a, wfloor) for n, a in step64.items()})
     r["e2e"], r["e2e_at"] = worst({n: rel(flow_after[n], a, wfloor) for n, a in own64.items()})
     # Gradients that vanish in exact arithmetic, and flowrun's largest value in them.
@@ -760,6 +766,10 @@ def main():
             print(f"\n{r['model']}: gradients below {FLOOR:g} of the model's largest in float64 (zero in exact "
                   "arithmetic), flowrun's largest value in each: " +
                   ", ".join(f"`{n}` {v:.1e}" for n, v in r["zero_grads"].items()))
+        if r["ill"]:
+            print(f"\n{r['model']}: ill-conditioned in float32, judged against PyTorch float32's own distance "
+                  "from float64 (flowrun's / PyTorch's): " +
+                  ", ".join(f"`{n}` {r['e64'][n]:.1e} / {v:.1e}" for n, v in r["ill"].items()))
     if failed:
         print(f"\nnot checked (errors above): {', '.join(failed)}")
     return 0 if not failed and all(passed(r) for r in rows) else 1
