@@ -6,8 +6,9 @@
 // Nodes are visited in schedule order and each value gets a layout:
 // - convolutions (f32, bf16) read either layout and write their activation output (y, or dx) blocked;
 // - `follow` ops (relu, relu_grad, add of equal shapes, cast, batchnorm, batchnorm_grad) write blocked when
-//   one of their activation inputs is blocked, the others reordered to it; their kernels are elementwise, or
-//   batchnorm's, which sums each plane in the plain kernel's order (ops/cpu/norm.cc);
+//   one of their leading activation inputs is blocked (see follow_inputs), the others reordered to it; their
+//   kernels are elementwise, or batchnorm's, which sums each plane in the plain kernel's order
+//   (ops/cpu/norm.cc);
 // - every other reader of a blocked value reads a `reorder` of it back to NCHW (one per value).
 // Only intermediates of shape (N, C, H, W) with C a multiple of 16 (f32 or bf16) are blocked, never a graph
 // output nor a value something updates in place. A reorder is scheduled as its first reader.
