@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cmath>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/builder.h"
@@ -74,6 +76,31 @@ inline void init_params(Executor& ex, uint64_t seed) {
                      : (2.0 * r.uniform(i) - 1.0) / std::sqrt(fan_in);
     p.fill_from(vals);
   }
+}
+
+// Losses of `steps` SGD steps (lr 0.05, parameters from init_params(5)) on inputs "x" and "target" drawn
+// uniform in [-0.5, 0.5) from step-keyed streams, and the final f32 persistent tensors (parameters and
+// state: momentum, running statistics), for comparing two compilations of one model bit for bit.
+inline std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train_sgd(Program p,
+                                                                                          int steps) {
+  Executor ex(std::move(p), kCpu, /*seed=*/3);
+  init_params(ex, 5);
+  ex.tensor("lr").data<float>()[0] = 0.05f;
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    for (const char* in : {"x", "target"}) {
+      Tensor& t = ex.tensor(in);
+      const RngStream r{7, static_cast<uint64_t>(s * 2 + (in[0] == 'x'))};
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r.uniform(i) - 0.5);
+    }
+    ex.set_step(s);
+    ex.run();
+    losses.push_back(ex.output("loss").data<float>()[0]);
+  }
+  std::map<std::string, std::vector<float>> tensors;
+  for (auto& [name, t] : ex.persistent())
+    if (t.dtype() == DType::f32) tensors[name].assign(t.data<float>(), t.data<float>() + t.numel());
+  return {losses, tensors};
 }
 
 }  // namespace flowrun::testing

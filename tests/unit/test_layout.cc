@@ -33,12 +33,13 @@ void build_cnn(Graph& g) {
                 b.op1("mse_loss", {b.op1("global_avgpool", {b.add(r, t)}), b.input("target", {4, 32})}));
 }
 
-Program compile_cnn(bool blocked) {
+Program compile_cnn(bool blocked, bool eager = false) {
   Graph g;
   build_cnn(g);
   CompileOptions opts;
   opts.optimizer = {.type = "sgd", .momentum = 0.9};
   opts.blocked_layout = blocked;
+  opts.eager = eager;
   return compile(std::move(g), opts);
 }
 
@@ -66,42 +67,13 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
   // blocked (the plain one reordered).
   EXPECT_EQ(reorders, 3);
 
-  const Program eager = [] {
-    Graph g;
-    build_cnn(g);
-    CompileOptions opts;
-    opts.optimizer = {.type = "sgd", .momentum = 0.9};
-    opts.eager = true;
-    return compile(std::move(g), opts);
-  }();
+  const Program eager = compile_cnn(true, /*eager=*/true);
   for (const Value& v : eager.graph.values()) EXPECT_EQ(v.layout, Layout::plain) << v.name;
 }
 
-// Losses of `steps` SGD steps and the final parameters and state (running statistics).
-std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train(Program p, int steps) {
-  Executor ex(std::move(p), kCpu, /*seed=*/3);
-  init_params(ex, 5);
-  ex.tensor("lr").data<float>()[0] = 0.05f;
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    for (const char* in : {"x", "target"}) {
-      Tensor& t = ex.tensor(in);
-      const RngStream r{7, static_cast<uint64_t>(s * 2 + (in[0] == 'x'))};
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r.uniform(i) - 0.5);
-    }
-    ex.set_step(s);
-    ex.run();
-    losses.push_back(ex.output("loss").data<float>()[0]);
-  }
-  std::map<std::string, std::vector<float>> tensors;
-  for (auto& [name, t] : ex.persistent())
-    if (t.dtype() == DType::f32) tensors[name].assign(t.data<float>(), t.data<float>() + t.numel());
-  return {losses, tensors};
-}
-
 TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
-  const auto [plain_losses, plain] = train(compile_cnn(false), 3);
-  const auto [blocked_losses, blocked] = train(compile_cnn(true), 3);
+  const auto [plain_losses, plain] = train_sgd(compile_cnn(false), 3);
+  const auto [blocked_losses, blocked] = train_sgd(compile_cnn(true), 3);
   EXPECT_EQ(plain_losses, blocked_losses);
   ASSERT_EQ(plain.size(), blocked.size());
   for (const auto& [name, v] : plain) EXPECT_EQ(v, blocked.at(name)) << name;

@@ -53,29 +53,6 @@ Program compile_stack(int layers, bool recompute) {
   return compile(std::move(g), opts);
 }
 
-// Losses of `steps` SGD steps and the final parameters.
-std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train(Program p, int steps) {
-  Executor ex(std::move(p), kCpu, /*seed=*/3);
-  init_params(ex, 5);
-  ex.tensor("lr").data<float>()[0] = 0.05f;
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    for (const char* in : {"x", "target"}) {
-      Tensor& t = ex.tensor(in);
-      const RngStream r{7, static_cast<uint64_t>(s * 2 + (in[0] == 'x'))};
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r.uniform(i) - 0.5);
-    }
-    ex.set_step(s);
-    ex.run();
-    losses.push_back(ex.output("loss").data<float>()[0]);
-  }
-  std::map<std::string, std::vector<float>> params;
-  for (auto& [name, t] : ex.persistent())
-    if (ex.program().graph.value(ex.program().graph.find_value(name)).kind == ValueKind::param)
-      params[name].assign(t.data<float>(), t.data<float>() + t.numel());
-  return {losses, params};
-}
-
 TEST(Recompute, BitwiseTheSameTrainingInASmallerArena) {
   const Program plain = compile_stack(4, false), again = compile_stack(4, true);
   size_t copies = 0;
@@ -86,8 +63,8 @@ TEST(Recompute, BitwiseTheSameTrainingInASmallerArena) {
               static_cast<double>(again.memory.arena_bytes) / 1048576.0, copies);
   EXPECT_LT(static_cast<double>(again.memory.arena_bytes),
             0.6 * static_cast<double>(plain.memory.arena_bytes));
-  const auto [l0, p0] = train(plain, 4);
-  const auto [l1, p1] = train(again, 4);
+  const auto [l0, p0] = train_sgd(plain, 4);
+  const auto [l1, p1] = train_sgd(again, 4);
   EXPECT_EQ(l0, l1);  // bitwise: dropout draws its masks again from the same keys
   ASSERT_EQ(p0.size(), p1.size());
   for (const auto& [name, v] : p0) EXPECT_EQ(v, p1.at(name)) << name;
