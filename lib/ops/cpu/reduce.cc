@@ -1,6 +1,6 @@
 // Reductions. The input is viewed as alternating kept/reduced dimension groups; each reduced group is an
-// (outer, reduced, inner) reduction done in a fixed order, parallel over outputs only, so sums are bitwise
-// reproducible for any thread count.
+// (outer, reduced, inner) reduction done in a fixed order (a contiguous row in 16 lanes, see lane_sum),
+// parallel over outputs only, so sums are bitwise reproducible for any thread count.
 #include "ops/cpu/reduce.h"
 
 #include <algorithm>
@@ -42,6 +42,23 @@ Groups groups_of(const Shape& s, const std::vector<int64_t>& raw_axes) {
   return out;
 }
 
+// sum_{r<n} row[r] in kLanes lanes (element r into lane r % kLanes), folded pairwise in a fixed order: the
+// loop vectorises without -ffast-math, where one running sum waited on each add's latency (a conv bias
+// gradient's sum over H x W took 8% of the bench CNN's step), and the order stays fixed.
+constexpr int kLanes = 16;
+template <typename S>
+Compute<S> lane_sum(const S* row, int64_t n) {
+  using T = Compute<S>;
+  T acc[kLanes] = {};
+  int64_t r = 0;
+  for (; r + kLanes <= n; r += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += ld(row[r + k]);
+  for (int k = 0; r + k < n; ++k) acc[k] += ld(row[r + k]);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 // y[a, k] = reduce_r x[a, r, k], x stored as S (bf16 is loaded to f32), y in the compute type T.
 template <typename S, typename T>
 void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t inner) {
@@ -49,11 +66,12 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
     parallel_for(outer, 256, [&](int64_t s, int64_t e) {
       for (int64_t a = s; a < e; ++a) {
         const S* row = x + a * red;
-        T acc = kind == Kind::sum ? T(0) : ld(row[0]);
-        if (kind == Kind::sum)
-          for (int64_t r = 0; r < red; ++r) acc += ld(row[r]);
-        else
-          for (int64_t r = 1; r < red; ++r) acc = std::max(acc, ld(row[r]));
+        if (kind == Kind::sum) {
+          y[a] = lane_sum(row, red);
+          continue;
+        }
+        T acc = ld(row[0]);
+        for (int64_t r = 1; r < red; ++r) acc = std::max(acc, ld(row[r]));
         y[a] = acc;
       }
     });
