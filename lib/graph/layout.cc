@@ -5,16 +5,21 @@
 //
 // Nodes are visited in schedule order and each value gets a layout:
 // - convolutions (f32, bf16) read either layout and write their activation output (y, or dx) blocked;
-// - `follow` ops (relu, relu_grad, add of equal shapes, cast, batchnorm, batchnorm_grad) write blocked when
-//   one of their leading activation inputs is blocked (see follow_inputs), the others reordered to it; their
-//   kernels are elementwise, or batchnorm's, which sums each plane in the plain kernel's order
-//   (ops/cpu/norm.cc);
+// - `follow` ops (relu, relu_grad, add of equal shapes, cast, batchnorm, batchnorm_grad, maxpool2d,
+//   maxpool2d_grad) write blocked when one of their leading activation inputs is blocked (see
+//   follow_inputs), the others reordered to it; their kernels are elementwise, or batchnorm's, which sums
+//   each plane in the plain kernel's order (ops/cpu/norm.cc), or maxpool's, which scans each window in it
+//   (ops/cpu/conv.cc);
+// - a per-channel reduce_sum (a convolution's bias gradient) sums a blocked input in place;
 // - every other reader of a blocked value reads a `reorder` of it back to NCHW (one per value).
 // Only intermediates of shape (N, C, H, W) with C a multiple of 16 (f32 or bf16) are blocked, never a graph
 // output nor a value something updates in place. A reorder is scheduled as its first reader.
-// A chain (values joined through follow ops) is kept blocked only when a convolution reads it: a LeNet-style
-// conv -> relu -> maxpool chain gains nothing (oneDNN's jit reorder inside the convolution would become one
-// of ours, and its gradient two), so a first walk over the graph finds the chains that feed a convolution.
+// A chain (values joined through follow ops) is kept blocked only when a convolution reads it: a chain that
+// ends in a plain reader gains nothing (oneDNN's jit reorder inside the convolution would become one of
+// ours, and its gradient two), so a first walk over the graph finds the chains that feed a convolution. A
+// LeNet-style conv -> relu -> maxpool -> conv chain does, and so does the last conv -> relu -> maxpool
+// before the classifier, through its gradient: maxpool2d_grad follows the forward indices and feeds the
+// convolution's gradients.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "graph/passes.h"
+#include "ops/cpu/reduce.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -33,13 +39,24 @@ bool is_conv(const std::string& op) {
   return op == "conv2d" || op == "conv2d_grad_input" || op == "conv2d_grad_weight";
 }
 
-// Whether n is a follow op: its activation inputs (those of the output's shape) in `acts`, of which the first
-// `lead` decide the output's layout. A gradient (relu_grad's and batchnorm_grad's dy) leads alone: it takes
-// the layout its chain of gradients has, and the forward value it reads is reordered to that if need be
-// (this keeps a forward chain and its gradients' chain apart, each blocked only where it feeds a
-// convolution).
+// Whether n is a follow op: its activation inputs in `acts`, of which the first `lead` decide the layout of
+// its outputs (follow_outputs). Elementwise ops and batchnorm read activations of their output's shape;
+// maxpool2d writes its output and indices in its input's layout, and its gradient follows the indices. A
+// gradient (relu_grad's and batchnorm_grad's dy) leads alone: it takes the layout its chain of gradients
+// has, and the forward value it reads is reordered to that if need be (this keeps a forward chain and its
+// gradients' chain apart, each blocked only where it feeds a convolution). maxpool2d_grad is the exception,
+// as its indices (i64) cannot be reordered: its dy is reordered to them instead.
 bool follow_inputs(const Graph& g, const Node& n, std::vector<size_t>& acts, size_t& lead) {
-  acts.clear();
+  lead = 1;
+  if (n.op == "maxpool2d") {
+    acts = {0};
+    return true;
+  }
+  if (n.op == "maxpool2d_grad") {
+    acts = {1, 0};
+    if (n.inputs.size() == 3) acts.push_back(2);  // the fused relu_grad's mask
+    return true;
+  }
   if (n.op == "batchnorm" || n.op == "relu" || n.op == "cast") {
     acts = {0};
   } else if (n.op == "batchnorm_grad" || n.op == "relu_grad" || n.op == "add") {
@@ -47,11 +64,22 @@ bool follow_inputs(const Graph& g, const Node& n, std::vector<size_t>& acts, siz
   } else {
     return false;
   }
-  lead = n.op == "add" ? 2 : 1;
+  if (n.op == "add") lead = 2;
   const Shape& out = g.value(n.outputs[0]).shape();
   for (size_t i : acts)
     if (g.value(n.inputs[i]).shape() != out) return false;
   return true;
+}
+
+// The outputs a follow op writes in the layout its leading inputs decide: maxpool2d's indices go with y.
+std::vector<ValueId> follow_outputs(const Node& n) {
+  if (n.op == "maxpool2d") return {n.outputs[0], n.outputs[1]};
+  return {n.outputs[0]};
+}
+
+// The follow ops whose kernels take attr `blocked` (the elementwise ones need none).
+bool takes_blocked_attr(const std::string& op) {
+  return op == "batchnorm" || op == "batchnorm_grad" || op == "maxpool2d" || op == "maxpool2d_grad";
 }
 
 class LayoutPass {
@@ -110,17 +138,27 @@ class LayoutPass {
         continue;
       }
       if (!follow_inputs(g_, n, acts, lead) || !could_block(n.outputs[0])) continue;
-      const ValueId out = n.outputs[0];
       for (size_t k = 0; k < lead; ++k) {
         const ValueId in = n.inputs[acts[k]];
         if (!blocked[static_cast<size_t>(in)]) continue;
-        blocked[static_cast<size_t>(out)] = true;
-        const ValueId a = root(in), b = root(out);
-        if (a == b) continue;
-        parent_[static_cast<size_t>(a)] = b;
-        if (feeds_conv_.erase(a) > 0) feeds_conv_.insert(b);
+        for (ValueId out : follow_outputs(n)) {
+          blocked[static_cast<size_t>(out)] = true;
+          join(in, out);
+        }
       }
+      // maxpool2d_grad's dy is reordered to its indices' layout: a blocked dy joins their chain, so that the
+      // sum of convolutions' input gradients it reads stays blocked with it.
+      const ValueId dy = n.inputs[0];
+      if (n.op == "maxpool2d_grad" && blocked[static_cast<size_t>(n.outputs[0])] &&
+          blocked[static_cast<size_t>(dy)])
+        join(dy, n.outputs[0]);
     }
+  }
+  void join(ValueId x, ValueId y) {
+    const ValueId a = root(x), b = root(y);
+    if (a == b) return;
+    parent_[static_cast<size_t>(a)] = b;
+    if (feeds_conv_.erase(a) > 0) feeds_conv_.insert(b);
   }
   bool blocked(ValueId id) const { return g_.value(id).layout == Layout::nchw16c; }
 
@@ -128,6 +166,9 @@ class LayoutPass {
   void read_as(NodeId id, size_t i, Layout to) {
     const ValueId v = g_.node(id).inputs[i];
     if (g_.value(v).layout == to) return;
+    FR_CHECK(g_.value(v).dtype() == DType::f32 || g_.value(v).dtype() == DType::bf16,
+             "layout pass: ", g_.value(v).name, " (", dtype_name(g_.value(v).dtype()),
+             ") cannot be reordered");
     const auto key = std::make_pair(v, to);
     auto it = reorders_.find(key);
     if (it == reorders_.end()) {
@@ -168,9 +209,15 @@ class LayoutPass {
     if (follow_inputs(g_, n, acts, lead) && eligible(n.outputs[0]) &&
         std::any_of(acts.begin(), acts.begin() + static_cast<std::ptrdiff_t>(lead),
                     [&](size_t i) { return blocked(n.inputs[i]); })) {
-      g_.value(n.outputs[0]).layout = Layout::nchw16c;
-      if (n.op == "batchnorm" || n.op == "batchnorm_grad") n.attrs.set("blocked", true);
+      for (ValueId out : follow_outputs(n)) g_.value(out).layout = Layout::nchw16c;
+      if (takes_blocked_attr(n.op)) n.attrs.set("blocked", true);
       for (size_t i : acts) read_as(id, i, Layout::nchw16c);
+      return;
+    }
+    // A convolution's bias gradient (a per-channel reduce_sum of dy) sums the blocked dy where it lies.
+    if (n.op == "reduce_sum" && blocked(n.inputs[0]) &&
+        cpu::sums_per_channel(g_.value(n.inputs[0]).shape(), n.attrs.ints_or_empty("axes"))) {
+      n.attrs.set("blocked", true);
       return;
     }
     for (size_t i = 0; i < g_.node(id).inputs.size(); ++i)

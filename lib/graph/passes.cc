@@ -99,6 +99,27 @@ void fuse_ops(Graph& g, DeviceKind device) {
   fuse_linear_gelu(g, device);
 }
 
+void fuse_backward(Graph& g, DeviceKind device) {
+  // The mask input exists in the CPU kernels only. A conv -> relu -> maxpool gradient otherwise writes the
+  // pooled gradient over the whole activation and reads it back at once to mask it (the bench CNN's largest
+  // tensors, a twelfth of its step).
+  if (device != DeviceKind::cpu) return;
+  const auto consumers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  for (Node& rg : g.nodes()) {
+    if (rg.dead || rg.op != "relu_grad") continue;
+    const Value& d = g.value(rg.inputs[0]);
+    if (d.producer < 0 || consumers[static_cast<size_t>(d.id)].size() != 1 || outputs.count(d.id)) continue;
+    Node& pool = g.node(d.producer);
+    if (pool.op != "maxpool2d_grad" || pool.inputs.size() != 2) continue;
+    pool.inputs.push_back(rg.inputs[1]);
+    pool.name += "+relu_grad";
+    rg.dead = true;
+    replace_uses(g, rg.outputs[0], d.id);
+  }
+}
+
 namespace {
 
 ValueId scalar_input(Graph& g, const std::string& name, DType t) {
@@ -379,6 +400,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     // eager program, which keeps every value, skips it and computes the same.
     if (!opts.eager)
       p.push_back({"recompute", [](Graph& g, const CompileOptions&) { recompute_segments(g); }});
+    if (opts.fuse && !opts.eager)
+      p.push_back({"fuse_backward", [](Graph& g, const CompileOptions& o) { fuse_backward(g, o.device); }});
     if (opts.data_parallel > 1)
       p.push_back({"reduce_gradients", [](Graph& g, const CompileOptions& o) {
                      reduce_gradients(g, o.data_parallel, o.zero >= 2, o.bucket_bytes);

@@ -86,6 +86,9 @@ void infer_shapes(Graph& g);  // re-run inference; checks recorded types
 // log_softmax+nll_loss -> cross_entropy; for the GPU (device cuda) linear+gelu(tanh) -> linear with a fused
 // GELU (activation: gelu).
 void fuse_ops(Graph& g, DeviceKind device);
+// After autodiff, on the CPU: relu_grad(maxpool2d_grad(dy, indices), y) -> maxpool2d_grad(dy, indices, y),
+// one pass over the gradient instead of two.
+void fuse_backward(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

@@ -455,7 +455,8 @@ void register_conv_ops(OpRegistry& r) {
   mp.doc =
       "2-d max pooling, NCHW: attrs kernel [kh,kw], stride (default kernel), padding [0,0] (as -inf); "
       "outputs "
-      "y and i64 indices of each maximum within its (n, c) plane (ih * W + iw)";
+      "y and i64 indices of each maximum within its (n, c) plane (ih * W + iw); attr blocked (false): x, y "
+      "and the indices in nChw16c";
   mp.num_outputs = [](const Attrs&) { return 2; };
   mp.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     check_nchw("maxpool2d", "input", in[0]);
@@ -475,11 +476,21 @@ void register_conv_ops(OpRegistry& r) {
 
   OpDef mg;
   mg.name = "maxpool2d_grad";
-  mg.doc = "gradient of maxpool2d: (dy, indices) -> dx of attribute in_shape, dy scattered to each argmax";
-  mg.num_inputs = 2;
+  mg.doc =
+      "gradient of maxpool2d: (dy, indices[, mask]) -> dx of attribute in_shape, dy scattered to each "
+      "argmax; "
+      "with a mask (shaped like dx: the fused relu_grad of the CPU's backward fusion, graph/passes.cc), dx "
+      "is "
+      "0 where mask <= 0; attr blocked (false): all in nChw16c";
+  mg.num_inputs = -1;
   mg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() != 2 && in.size() != 3)
+      throw input_error(cat("maxpool2d_grad takes (dy, indices[, mask]), got ", in.size(), " inputs"));
     check_nchw("maxpool2d_grad", "dy", in[0]);
     const Shape xs = attr_shape("maxpool2d_grad", a, "in_shape");
+    if (in.size() == 3 && in[2].shape != xs)
+      throw input_error(cat("maxpool2d_grad: the mask ", shape_str(in[2].shape), " must be shaped like dx ",
+                            shape_str(xs)));
     if (in[1].dtype != DType::i64 || in[1].shape != in[0].shape)
       throw input_error(cat("maxpool2d_grad: indices must be i64 shaped like dy ", shape_str(in[0].shape)));
     if (pool_out_shape("maxpool2d_grad", xs, a) != in[0].shape)
@@ -490,7 +501,7 @@ void register_conv_ops(OpRegistry& r) {
   mg.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     return Cost{static_cast<double>(numel(in[0].shape)), bytes_of(in) + bytes_of(out)};
   };
-  mg.nondiff_inputs = {1};
+  mg.nondiff_inputs = {1, 2};
   mg.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d_grad}};
   mg.covered_by = {"maxpool2d"};
   r.add(mg);
@@ -597,7 +608,7 @@ void register_conv_ops(OpRegistry& r) {
   ro.samples = [] {
     std::vector<OpSample> s;
     for (const char* to : {"nchw16c", "nchw"})
-      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 1, 1}}) {
+      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}}) {
         OpSample o;
         o.label = cat(to, " ", shape_str(x));
         o.inputs = {{x, DType::f64}};

@@ -1,6 +1,6 @@
 // The layout pass (graph/layout.cc): a small residual CNN keeps the activations that feed convolutions in
-// nChw16c, with reorders only where a plain reader (pooling) meets them, and trains to bitwise the losses,
-// weights and running statistics of the same program all in NCHW.
+// nChw16c, max pooling included, with reorders only where a plain reader (global pooling) meets them, and
+// trains to bitwise the losses, weights and running statistics of the same program all in NCHW.
 #include <gtest/gtest.h>
 
 #include "graph/passes.h"
@@ -52,15 +52,19 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
     const Node& n = g.node(id);
     if (n.op == "reorder") ++reorders;
     if (n.op == "conv2d") conv_out[n.name] = g.value(n.outputs[0]).layout;
-    // A plain reader never reads a blocked value.
-    if (n.op == "maxpool2d" || n.op == "global_avgpool" || n.op == "maxpool2d_grad" || n.op == "mse_loss") {
+    // A plain reader never reads a blocked value; maxpool and its gradient read and write blocked ones.
+    if (n.op == "global_avgpool" || n.op == "mse_loss") {
       for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, Layout::plain) << n.name;
     }
+    if (n.op == "maxpool2d" || n.op == "maxpool2d_grad") {
+      for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, Layout::nchw16c) << n.name;
+      for (ValueId v : n.outputs) EXPECT_EQ(g.value(v).layout, Layout::nchw16c) << n.name;
+      EXPECT_TRUE(n.attrs.b("blocked")) << n.name;
+    }
   }
-  // The stem's chain only reaches maxpool: it stays plain. The block's convolutions feed c3, and c3's output
-  // joins r in the sum, which global_avgpool reads through a reorder.
-  EXPECT_EQ(conv_out.at("stem"), Layout::plain);
-  for (const char* name : {"c1", "c2", "shortcut", "c3"})
+  // The stem's chain reaches c1 and the shortcut through maxpool; the block's convolutions feed c3, and c3's
+  // output joins r in the sum, which global_avgpool reads through a reorder.
+  for (const char* name : {"stem", "c1", "c2", "shortcut", "c3"})
     EXPECT_EQ(conv_out.at(name), Layout::nchw16c) << name;
   // global_avgpool's input (forward); in the backward pass its plain gradient leads relu_grad of t, whose
   // output t is reordered to it, and the sum of that plain gradient with c3's blocked input gradient is
@@ -78,6 +82,49 @@ TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
   ASSERT_EQ(plain.size(), blocked.size());
   for (const auto& [name, v] : plain) EXPECT_EQ(v, blocked.at(name)) << name;
   EXPECT_GT(plain.count("bn2/var"), 0u);
+}
+
+// Overlapping, padded windows on odd planes after a ReLU (so that windows tie at zero), the ReLU's gradient
+// fused into the pooling's, and the bias gradients summed per channel in nChw16c: x (2, 16, 7, 7) -> conv 16
+// + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global average -> mse.
+Program compile_overlapping_pool(bool blocked, bool eager = false) {
+  Graph g;
+  GraphBuilder b(g);
+  auto conv = [&](ValueId v, const std::string& name) {
+    return b.op1("conv2d", {v, b.param(name + "/weight", {16, 16, 3, 3}), b.param(name + "/bias", {16})},
+                 {{"padding", int64_t{1}}}, name);
+  };
+  const ValueId h = b.op1("relu", {conv(b.input("x", {2, 16, 7, 7}), "a")});
+  const ValueId p =
+      b.op("maxpool2d", {h}, {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"padding", int64_t{1}}})[0];
+  g.mark_output("loss",
+                b.op1("mse_loss", {b.op1("global_avgpool", {conv(p, "b")}), b.input("target", {2, 16})}));
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.blocked_layout = blocked;
+  opts.eager = eager;
+  return compile(std::move(g), opts);
+}
+
+TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {
+  const Program blocked = compile_overlapping_pool(true);
+  std::map<std::string, int> blocked_ops;
+  for (NodeId id : blocked.order) {
+    const Node& n = blocked.graph.node(id);
+    if (n.attrs.b("blocked")) ++blocked_ops[n.op];
+  }
+  EXPECT_EQ(blocked_ops["maxpool2d"], 1);
+  EXPECT_EQ(blocked_ops["maxpool2d_grad"], 1);
+  EXPECT_EQ(blocked_ops["reduce_sum"], 1);  // a's bias gradient; b's dy comes plain from global pooling
+  // relu_grad is fused into the pooling's gradient (graph/passes.cc, fuse_backward); the eager program,
+  // unfused and plain, is the reference.
+  int relu_grads = 0;
+  for (NodeId id : blocked.order) relu_grads += blocked.graph.node(id).op == "relu_grad";
+  EXPECT_EQ(relu_grads, 0);
+  const auto [plain_losses, plain] = train_sgd(compile_overlapping_pool(false, /*eager=*/true), 3);
+  const auto [blocked_losses, trained] = train_sgd(compile_overlapping_pool(true), 3);
+  EXPECT_EQ(plain_losses, blocked_losses);
+  for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
 }
 
 }  // namespace

@@ -222,9 +222,170 @@ void maxpool2x2_row_f32(const float* r0, const float* r1, int64_t w, int64_t ow,
 }
 #endif
 
+// relu_grad fused into maxpool2d_grad (its optional mask input, graph/passes.cc): d = m > 0 ? d : 0 over a
+// plane the scatter has just written, still in cache.
+template <typename T>
+void apply_relu_mask(const T* m, T* d, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) d[i] = m[i] > 0 ? d[i] : T(0);
+}
+
+// maxpool2d and its gradient on nChw16c activations (attr `blocked`, graph/layout.cc): each pixel is 16
+// channels, one per lane, and the indices are stored in the same layout, each still the position within its
+// channel's plane. Every lane scans its window in the plain kernel's row-major order with the same rule,
+// and the gradient adds into each element in the same order, so both give the plain kernels' values.
+// pool_geom reads the shape (N, C, H, W) alone, which both layouts share.
+template <typename T>
+void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
+  FR_CHECK(g.c % 16 == 0, "an nChw16c maxpool2d needs channels in multiples of 16");
+  const T* x = c.in[0].as<T>();
+  T* y = c.out[0].as<T>();
+  int64_t* idx = c.out[1].as<int64_t>();
+  const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  parallel_for(g.n * (g.c / 16), grain_for(16 * op * g.kh * g.kw), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      const T* xp = x + pl * ip * 16;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = ox * g.sw - g.pw;
+          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
+          const int64_t first = ya * g.w + xa;
+          const int64_t o = (pl * op + oy * g.ow + ox) * 16;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            __m512 best = _mm512_loadu_ps(xp + first * 16);
+            __m512i lo = _mm512_set1_epi64(first), hi = lo;
+            for (int64_t iy = ya; iy < yb; ++iy)
+              for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
+                const int64_t i = iy * g.w + ix;
+                const __m512 v = _mm512_loadu_ps(xp + i * 16);
+                // first maximum wins; NaN propagates
+                const __mmask16 t =
+                    _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                best = _mm512_mask_blend_ps(t, best, v);
+                const __m512i iv = _mm512_set1_epi64(i);
+                lo = _mm512_mask_blend_epi64(static_cast<__mmask8>(t), lo, iv);
+                hi = _mm512_mask_blend_epi64(static_cast<__mmask8>(t >> 8), hi, iv);
+              }
+            _mm512_storeu_ps(y + o, best);
+            _mm512_storeu_si512(idx + o, lo);
+            _mm512_storeu_si512(idx + o + 8, hi);
+            continue;
+          }
+#endif
+          T best[16];
+          int64_t bi[16];
+#pragma omp simd
+          for (int l = 0; l < 16; ++l) {
+            best[l] = xp[first * 16 + l];
+            bi[l] = first;
+          }
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
+              const int64_t i = iy * g.w + ix;
+              const T* v = xp + i * 16;
+#pragma omp simd
+              for (int l = 0; l < 16; ++l) {
+                const bool t = v[l] > best[l] || v[l] != v[l];  // first maximum wins; NaN propagates
+                best[l] = t ? v[l] : best[l];
+                bi[l] = t ? i : bi[l];
+              }
+            }
+          std::copy(best, best + 16, y + o);
+          std::copy(bi, bi + 16, idx + o);
+        }
+      }
+    }
+  });
+}
+
+// Each output pixel adds its dy to every pixel of its window, in the lanes whose index points there, in
+// output order: per element the plain kernel's additions in its order, 16 lanes at a time (f32) instead of
+// one scattered add per element.
+template <typename T>
+void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
+  const T* dy = c.in[0].as<T>();
+  const int64_t* idx = c.in[1].as<int64_t>();
+  const T* mask = c.num_in > 2 ? c.in[2].as<T>() : nullptr;
+  T* dx = c.out[0].as<T>();
+  const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  // Windows that tile the plane exactly: every element of dx is written once, 0 + dy where its window's
+  // index points (the plain kernel's sum, -0 becoming +0) and 0 elsewhere, masked as it is written.
+  const bool tiles =
+      g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh * g.kh == g.h && g.ow * g.kw == g.w;
+  parallel_for(g.n * (g.c / 16), grain_for(16 * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
+    for (int64_t pl = s; pl < e; ++pl) {
+      T* dp = dx + pl * ip * 16;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (tiles) {
+          const __m512 zero = _mm512_setzero_ps();
+          for (int64_t o = 0; o < op; ++o) {
+            const __m512 gv = _mm512_loadu_ps(dy + (pl * op + o) * 16);
+            const __m512i lo = _mm512_loadu_si512(idx + (pl * op + o) * 16);
+            const __m512i hi = _mm512_loadu_si512(idx + (pl * op + o) * 16 + 8);
+            const int64_t oy = o / g.ow, ox = o % g.ow;
+            for (int64_t ky = 0; ky < g.kh; ++ky)
+              for (int64_t kx = 0; kx < g.kw; ++kx) {
+                const int64_t i = (oy * g.kh + ky) * g.w + ox * g.kw + kx;
+                const __m512i iv = _mm512_set1_epi64(i);
+                __mmask16 keep = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
+                                                        (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
+                if (mask)
+                  keep &= _mm512_cmp_ps_mask(_mm512_loadu_ps(mask + (pl * ip + i) * 16), zero, _CMP_GT_OQ);
+                _mm512_storeu_ps(dp + i * 16, _mm512_maskz_add_ps(keep, zero, gv));
+              }
+          }
+          continue;
+        }
+      }
+#endif
+      std::fill(dp, dp + ip * 16, T(0));
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = oy * g.sh - g.ph;
+        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = ox * g.sw - g.pw;
+          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
+          const int64_t o = (pl * op + oy * g.ow + ox) * 16;
+          const T* go = dy + o;
+          const int64_t* io = idx + o;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            const __m512 gv = _mm512_loadu_ps(go);
+            const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
+            for (int64_t iy = ya; iy < yb; ++iy)
+              for (int64_t ix = xa; ix < xb; ++ix) {
+                const int64_t i = iy * g.w + ix;
+                const __m512i iv = _mm512_set1_epi64(i);
+                const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
+                                                             (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
+                float* d = dp + i * 16;
+                _mm512_storeu_ps(d, _mm512_mask_add_ps(_mm512_loadu_ps(d), hit, _mm512_loadu_ps(d), gv));
+              }
+            continue;
+          }
+#endif
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = xa; ix < xb; ++ix) {
+              const int64_t i = iy * g.w + ix;
+              T* d = dp + i * 16;
+              for (int l = 0; l < 16; ++l)
+                if (io[l] == i) d[l] += go[l];
+            }
+        }
+      }
+      if (mask) apply_relu_mask(mask + pl * ip * 16, dp, ip * 16);
+    }
+  });
+}
+
 template <typename T>
 void maxpool2d_t(const KernelCtx& c) {
   const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
+  if (c.attrs().b("blocked")) return maxpool2d_blocked<T>(c, g);
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
@@ -299,10 +460,15 @@ void maxpool2d_t(const KernelCtx& c) {
 template <typename T>
 void maxpool2d_grad_t(const KernelCtx& c) {
   const Shape& xs = c.attrs().ints("in_shape");
+  if (c.attrs().b("blocked")) {
+    FR_CHECK(xs[1] % 16 == 0, "an nChw16c maxpool2d_grad needs channels in multiples of 16");
+    return maxpool2d_grad_blocked<T>(c, pool_geom(xs, c.attrs()));
+  }
+  const int64_t ip = xs[2] * xs[3], op = c.in[0].dim(2) * c.in[0].dim(3);
   const T* dy = c.in[0].as<T>();
   const int64_t* idx = c.in[1].as<int64_t>();
+  const T* mask = c.num_in > 2 ? c.in[2].as<T>() : nullptr;
   T* dx = c.out[0].as<T>();
-  const int64_t ip = xs[2] * xs[3], op = c.in[0].dim(2) * c.in[0].dim(3);
   parallel_for(xs[0] * xs[1], grain_for(ip + op), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
       T* dp = dx + pl * ip;
@@ -310,6 +476,7 @@ void maxpool2d_grad_t(const KernelCtx& c) {
       const int64_t* id = idx + pl * op;
       std::fill(dp, dp + ip, T(0));
       for (int64_t j = 0; j < op; ++j) dp[id[j]] += gp[j];
+      if (mask) apply_relu_mask(mask + pl * ip, dp, ip);
     }
   });
 }
@@ -497,6 +664,32 @@ void global_avgpool(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 
+#if defined(__AVX512F__)
+// dst[k * ds + r] = src[r * ss + k] for r < rows, k < cols (at most 16 each), 4-byte values: a 16 x 16 tile
+// transposed in registers in four butterfly stages, stage d swapping bit d of the row and column indices.
+void transpose16(const uint32_t* src, int64_t ss, int rows, int cols, uint32_t* dst, int64_t ds) {
+  const auto mask = [](int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1); };
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_maskz_loadu_epi32(mask(cols), src + i * ss) : _mm512_setzero_si512();
+  for (int d = 1; d < 16; d *= 2) {
+    alignas(64) int32_t keep_low[16], keep_high[16];  // the rows without and with bit d
+    for (int j = 0; j < 16; ++j) {
+      keep_low[j] = (j & d) ? 16 + (j ^ d) : j;
+      keep_high[j] = (j & d) ? 16 + j : (j ^ d);
+    }
+    const __m512i lo = _mm512_load_si512(keep_low), hi = _mm512_load_si512(keep_high);
+    for (int a = 0; a < 16; ++a) {
+      if (a & d) continue;
+      const __m512i x = r[a], y = r[a | d];
+      r[a] = _mm512_permutex2var_epi32(x, lo, y);
+      r[a | d] = _mm512_permutex2var_epi32(x, hi, y);
+    }
+  }
+  for (int k = 0; k < cols; ++k) _mm512_mask_storeu_epi32(dst + k * ds, mask(rows), r[k]);
+}
+#endif
+
 // Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
 template <typename T>
 void reorder_t(const KernelCtx& c) {
@@ -509,6 +702,18 @@ void reorder_t(const KernelCtx& c) {
     for (int64_t b = begin; b < end; ++b) {
       const T* src = x + b * 16 * hw;
       T* __restrict dst = y + b * 16 * hw;
+#if defined(__AVX512F__)
+      if constexpr (sizeof(T) == 4) {
+        for (int64_t i = 0; i < hw; i += 16) {
+          const int n = static_cast<int>(std::min<int64_t>(16, hw - i));
+          if (to_blocked)
+            transpose16(src + i, hw, 16, n, dst + i * 16, 16);
+          else
+            transpose16(src + i * 16, 16, n, 16, dst + i, hw);
+        }
+        continue;
+      }
+#endif
       for (int64_t i = 0; i < hw; ++i)
         for (int64_t j = 0; j < 16; ++j) {
           if (to_blocked)

@@ -97,6 +97,38 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
   });
 }
 
+// The sum over (N, H, W) of an nChw16c x (attr `blocked`, graph/layout.cc: a convolution's bias gradient)
+// into dst[C], in the plain kernel's order: per (n, c) lane_sum's 16 lanes over H x W and their pairwise
+// fold, the 16 channels of a block side by side; then the sum over n in order. t holds N x C partial sums.
+template <typename S>
+void channel_sum_nchw16c(const S* x, Compute<S>* t, Compute<S>* dst, int64_t n, int64_t c, int64_t hw) {
+  using T = Compute<S>;
+  const int64_t cb = c / 16;
+  parallel_for(n * cb, 1, [&](int64_t s, int64_t e) {
+    for (int64_t p = s; p < e; ++p) {
+      const S* v = x + p * hw * 16;
+      T acc[kLanes][16] = {};
+      int64_t r = 0;
+      for (; r + kLanes <= hw; r += kLanes)
+        for (int k = 0; k < kLanes; ++k)
+#pragma omp simd
+          for (int l = 0; l < 16; ++l) acc[k][l] += ld(v[(r + k) * 16 + l]);
+      for (int k = 0; r + k < hw; ++k)
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) acc[k][l] += ld(v[(r + k) * 16 + l]);
+      for (int w = kLanes / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; ++k)
+#pragma omp simd
+          for (int l = 0; l < 16; ++l) acc[k][l] += acc[k + w][l];
+      // p = image * cb + block, so t[image, block * 16 + l] is t[p * 16 + l].
+      std::copy(acc[0], acc[0] + 16, t + p * 16);
+    }
+  });
+  std::copy(t, t + c, dst);
+  for (int64_t i = 1; i < n; ++i)
+    for (int64_t k = 0; k < c; ++k) dst[k] += t[i * c + k];
+}
+
 // S is the storage type, T = Compute<S> the accumulator. f32/f64 write the last stage straight into y; bf16
 // keeps every stage (and the mean's scaling) in f32 in the workspace and rounds each output once at the end,
 // so it sums exactly as the f32 kernel does on the widened input.
@@ -119,6 +151,18 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
   FR_CHECK(c.workspace_bytes >= static_cast<size_t>(n) * sizeof(T), "reduce workspace too small");
   const T* src = nullptr;
   int flip = 0;
+  const Shape& xs = *c.in[0].shape;
+  if (c.attrs().b("blocked")) {
+    FR_CHECK(kind == Kind::sum && sums_per_channel(xs, c.attrs().ints_or_empty("axes")) && xs[1] % 16 == 0,
+             "an nChw16c reduction sums an (N, C, H, W) tensor over N, H and W, C in multiples of 16");
+  }
+  if (c.attrs().b("blocked") && xs[2] * xs[3] > 1) {  // with H x W = 1 both layouts are the same bytes
+    T* dst = ws + n / 2;
+    if constexpr (direct) dst = y;
+    channel_sum_nchw16c<S>(x, ws, dst, xs[0], xs[1], xs[2] * xs[3]);
+    src = dst;
+    gs.n = 0;  // done: only the scaling and rounding below remain
+  }
   for (int gi = gs.n - 1; gi >= 0; --gi) {
     if (!g[static_cast<size_t>(gi)].reduced) continue;
     int64_t outer = 1, inner = 1;
@@ -199,6 +243,13 @@ std::array<int64_t, 8> reduced_strides(const Shape& x, const std::vector<int64_t
 }
 
 }  // namespace
+
+bool sums_per_channel(const Shape& x, const std::vector<int64_t>& axes) {
+  if (x.size() != 4 || axes.size() != 3) return false;
+  std::array<bool, 4> red{};
+  for (int64_t a : axes) red[static_cast<size_t>(normalize_axis(a, 4))] = true;
+  return red[0] && !red[1] && red[2] && red[3];
+}
 
 void reduce_sum(const KernelCtx& c) {
   dispatch_storage(c.in[0].dtype, [&](auto* t) { reduce_kernel<std::remove_pointer_t<decltype(t)>>(c, Kind::sum, false); });

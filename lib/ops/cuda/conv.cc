@@ -260,6 +260,8 @@ void maxpool2d(const KernelCtx& c) {
 }
 
 void maxpool2d_grad(const KernelCtx& c) {
+  // The relu mask input comes from the CPU's backward fusion alone (graph/passes.cc).
+  FR_CHECK(c.num_in == 2, "maxpool2d_grad with a relu mask has no CUDA kernel");
   maxpool2d_grad(storage_of(c.in[0].dtype), pool_of(c.attrs().ints("in_shape"), c.attrs()), c.in[0].data,
                  c.in[1].as<int64_t>(), c.out[0].data, stream_of(c));
 }
