@@ -102,6 +102,8 @@ void register_cases() {
         {{"padding", std::vector<int64_t>{1, 1}}}}},
       {"conv2d/fwd+bwd_64x32x14x14_k3x64",
        {"conv2d", {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}}, {{"padding", std::vector<int64_t>{1, 1}}}, true}},
+      {"reduce_sum/bias_grad_2048x256", {"reduce_sum", {{{2048, 256}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
+      {"reduce_sum/bias_grad_2048x1024", {"reduce_sum", {{{2048, 1024}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
       {"layernorm/2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}}},
       {"layernorm/fwd+bwd_2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}, true}},
       {"sdpa/causal_B16_H4_T128_D64",
