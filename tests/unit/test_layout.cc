@@ -33,14 +33,19 @@ void build_cnn(Graph& g) {
                 b.op1("mse_loss", {b.op1("global_avgpool", {b.add(r, t)}), b.input("target", {4, 32})}));
 }
 
-Program compile_cnn(bool blocked, bool eager = false) {
-  Graph g;
-  build_cnn(g);
+// A graph's training program (SGD with momentum), with or without the layout pass, or eager.
+Program compile_sgd(Graph g, bool blocked, bool eager) {
   CompileOptions opts;
   opts.optimizer = {.type = "sgd", .momentum = 0.9};
   opts.blocked_layout = blocked;
   opts.eager = eager;
   return compile(std::move(g), opts);
+}
+
+Program compile_cnn(bool blocked, bool eager = false) {
+  Graph g;
+  build_cnn(g);
+  return compile_sgd(std::move(g), blocked, eager);
 }
 
 TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
@@ -99,11 +104,7 @@ Program compile_overlapping_pool(bool blocked, bool eager = false) {
       b.op("maxpool2d", {h}, {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"padding", int64_t{1}}})[0];
   g.mark_output("loss",
                 b.op1("mse_loss", {b.op1("global_avgpool", {conv(p, "b")}), b.input("target", {2, 16})}));
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
-  opts.blocked_layout = blocked;
-  opts.eager = eager;
-  return compile(std::move(g), opts);
+  return compile_sgd(std::move(g), blocked, eager);
 }
 
 TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {

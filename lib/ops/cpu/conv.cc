@@ -222,6 +222,20 @@ void maxpool2x2_row_f32(const float* r0, const float* r1, int64_t w, int64_t ow,
 }
 #endif
 
+// Calls f(o, ya, yb, xa, xb) for each output position o = oy * OW + ox of one plane, with its window clipped
+// to the image: rows [ya, yb), columns [xa, xb) (padding lies outside and is never read).
+template <typename F>
+void for_each_window(const PoolGeom& g, F f) {
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    const int64_t y0 = oy * g.sh - g.ph;
+    const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t x0 = ox * g.sw - g.pw;
+      f(oy * g.ow + ox, ya, yb, std::max<int64_t>(x0, 0), std::min(x0 + g.kw, g.w));
+    }
+  }
+}
+
 // relu_grad fused into maxpool2d_grad (its optional mask input, graph/passes.cc): d = m > 0 ? d : 0 over a
 // plane the scatter has just written, still in cache.
 template <typename T>
@@ -245,58 +259,52 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
   parallel_for(g.n * (g.c / 16), grain_for(16 * op * g.kh * g.kw), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
       const T* xp = x + pl * ip * 16;
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t x0 = ox * g.sw - g.pw;
-          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
-          const int64_t first = ya * g.w + xa;
-          const int64_t o = (pl * op + oy * g.ow + ox) * 16;
+      for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+        const int64_t first = ya * g.w + xa;
+        const int64_t o = (pl * op + j) * 16;
 #if defined(__AVX512F__)
-          if constexpr (std::is_same_v<T, float>) {
-            __m512 best = _mm512_loadu_ps(xp + first * 16);
-            __m512i lo = _mm512_set1_epi64(first), hi = lo;
-            for (int64_t iy = ya; iy < yb; ++iy)
-              for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
-                const int64_t i = iy * g.w + ix;
-                const __m512 v = _mm512_loadu_ps(xp + i * 16);
-                // first maximum wins; NaN propagates
-                const __mmask16 t =
-                    _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-                best = _mm512_mask_blend_ps(t, best, v);
-                const __m512i iv = _mm512_set1_epi64(i);
-                lo = _mm512_mask_blend_epi64(static_cast<__mmask8>(t), lo, iv);
-                hi = _mm512_mask_blend_epi64(static_cast<__mmask8>(t >> 8), hi, iv);
-              }
-            _mm512_storeu_ps(y + o, best);
-            _mm512_storeu_si512(idx + o, lo);
-            _mm512_storeu_si512(idx + o + 8, hi);
-            continue;
-          }
-#endif
-          T best[16];
-          int64_t bi[16];
-#pragma omp simd
-          for (int l = 0; l < 16; ++l) {
-            best[l] = xp[first * 16 + l];
-            bi[l] = first;
-          }
+        if constexpr (std::is_same_v<T, float>) {
+          __m512 best = _mm512_loadu_ps(xp + first * 16);
+          __m512i lo = _mm512_set1_epi64(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              const T* v = xp + i * 16;
-#pragma omp simd
-              for (int l = 0; l < 16; ++l) {
-                const bool t = v[l] > best[l] || v[l] != v[l];  // first maximum wins; NaN propagates
-                best[l] = t ? v[l] : best[l];
-                bi[l] = t ? i : bi[l];
-              }
+              const __m512 v = _mm512_loadu_ps(xp + i * 16);
+              // first maximum wins; NaN propagates
+              const __mmask16 t =
+                  _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+              best = _mm512_mask_blend_ps(t, best, v);
+              const __m512i iv = _mm512_set1_epi64(i);
+              lo = _mm512_mask_blend_epi64(static_cast<__mmask8>(t), lo, iv);
+              hi = _mm512_mask_blend_epi64(static_cast<__mmask8>(t >> 8), hi, iv);
             }
-          std::copy(best, best + 16, y + o);
-          std::copy(bi, bi + 16, idx + o);
+          _mm512_storeu_ps(y + o, best);
+          _mm512_storeu_si512(idx + o, lo);
+          _mm512_storeu_si512(idx + o + 8, hi);
+          return;
         }
-      }
+#endif
+        T best[16];
+        int64_t bi[16];
+#pragma omp simd
+        for (int l = 0; l < 16; ++l) {
+          best[l] = xp[first * 16 + l];
+          bi[l] = first;
+        }
+        for (int64_t iy = ya; iy < yb; ++iy)
+          for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
+            const int64_t i = iy * g.w + ix;
+            const T* v = xp + i * 16;
+#pragma omp simd
+            for (int l = 0; l < 16; ++l) {
+              const bool t = v[l] > best[l] || v[l] != v[l];  // first maximum wins; NaN propagates
+              best[l] = t ? v[l] : best[l];
+              bi[l] = t ? i : bi[l];
+            }
+          }
+        std::copy(best, best + 16, y + o);
+        std::copy(bi, bi + 16, idx + o);
+      });
     }
   });
 }
@@ -343,40 +351,34 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
       }
 #endif
       std::fill(dp, dp + ip * 16, T(0));
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t x0 = ox * g.sw - g.pw;
-          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
-          const int64_t o = (pl * op + oy * g.ow + ox) * 16;
-          const T* go = dy + o;
-          const int64_t* io = idx + o;
+      for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+        const int64_t o = (pl * op + j) * 16;
+        const T* go = dy + o;
+        const int64_t* io = idx + o;
 #if defined(__AVX512F__)
-          if constexpr (std::is_same_v<T, float>) {
-            const __m512 gv = _mm512_loadu_ps(go);
-            const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
-            for (int64_t iy = ya; iy < yb; ++iy)
-              for (int64_t ix = xa; ix < xb; ++ix) {
-                const int64_t i = iy * g.w + ix;
-                const __m512i iv = _mm512_set1_epi64(i);
-                const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
-                                                             (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
-                float* d = dp + i * 16;
-                _mm512_storeu_ps(d, _mm512_mask_add_ps(_mm512_loadu_ps(d), hit, _mm512_loadu_ps(d), gv));
-              }
-            continue;
-          }
-#endif
+        if constexpr (std::is_same_v<T, float>) {
+          const __m512 gv = _mm512_loadu_ps(go);
+          const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              T* d = dp + i * 16;
-              for (int l = 0; l < 16; ++l)
-                if (io[l] == i) d[l] += go[l];
+              const __m512i iv = _mm512_set1_epi64(i);
+              const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
+                                                           (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
+              float* d = dp + i * 16;
+              _mm512_storeu_ps(d, _mm512_mask_add_ps(_mm512_loadu_ps(d), hit, _mm512_loadu_ps(d), gv));
             }
+          return;
         }
-      }
+#endif
+        for (int64_t iy = ya; iy < yb; ++iy)
+          for (int64_t ix = xa; ix < xb; ++ix) {
+            const int64_t i = iy * g.w + ix;
+            T* d = dp + i * 16;
+            for (int l = 0; l < 16; ++l)
+              if (io[l] == i) d[l] += go[l];
+          }
+      });
       if (mask) apply_relu_mask(mask + pl * ip * 16, dp, ip * 16);
     }
   });
@@ -432,27 +434,21 @@ void maxpool2d_t(const KernelCtx& c) {
         }
         continue;
       }
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t x0 = ox * g.sw - g.pw;
-          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
-          // Padding is -inf, i.e. never chosen: start from the first real element of the window.
-          int64_t best_i = ya * g.w + xa;
-          T best = xp[best_i];
-          for (int64_t iy = ya; iy < yb; ++iy)
-            for (int64_t ix = xa; ix < xb; ++ix) {
-              const T v = xp[iy * g.w + ix];
-              if (v > best || v != v) {  // first maximum wins; NaN propagates as in PyTorch
-                best = v;
-                best_i = iy * g.w + ix;
-              }
+      for_each_window(g, [&](int64_t o, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+        // Padding is -inf, i.e. never chosen: start from the first real element of the window.
+        int64_t best_i = ya * g.w + xa;
+        T best = xp[best_i];
+        for (int64_t iy = ya; iy < yb; ++iy)
+          for (int64_t ix = xa; ix < xb; ++ix) {
+            const T v = xp[iy * g.w + ix];
+            if (v > best || v != v) {  // first maximum wins; NaN propagates as in PyTorch
+              best = v;
+              best_i = iy * g.w + ix;
             }
-          yp[oy * g.ow + ox] = best;
-          id[oy * g.ow + ox] = best_i;
-        }
-      }
+          }
+        yp[o] = best;
+        id[o] = best_i;
+      });
     }
   });
 }
@@ -498,18 +494,12 @@ void avgpool2d_t(const KernelCtx& c) {
     for (int64_t pl = s; pl < e; ++pl) {
       const T* xp = x + pl * ip;
       T* yp = y + pl * op;
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t x0 = ox * g.sw - g.pw;
-          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
-          T acc = T(0);
-          for (int64_t iy = ya; iy < yb; ++iy)
-            for (int64_t ix = xa; ix < xb; ++ix) acc += xp[iy * g.w + ix];
-          yp[oy * g.ow + ox] = acc / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
-        }
-      }
+      for_each_window(g, [&](int64_t o, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+        T acc = T(0);
+        for (int64_t iy = ya; iy < yb; ++iy)
+          for (int64_t ix = xa; ix < xb; ++ix) acc += xp[iy * g.w + ix];
+        yp[o] = acc / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
+      });
     }
   });
 }
@@ -526,17 +516,11 @@ void avgpool2d_grad_t(const KernelCtx& c) {
       T* dp = dx + pl * ip;
       const T* gp = dy + pl * op;
       std::fill(dp, dp + ip, T(0));
-      for (int64_t oy = 0; oy < g.oh; ++oy) {
-        const int64_t y0 = oy * g.sh - g.ph;
-        const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + g.kh, g.h);
-        for (int64_t ox = 0; ox < g.ow; ++ox) {
-          const int64_t x0 = ox * g.sw - g.pw;
-          const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + g.kw, g.w);
-          const T v = gp[oy * g.ow + ox] / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
-          for (int64_t iy = ya; iy < yb; ++iy)
-            for (int64_t ix = xa; ix < xb; ++ix) dp[iy * g.w + ix] += v;
-        }
-      }
+      for_each_window(g, [&](int64_t o, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+        const T v = gp[o] / static_cast<T>(avg_divisor(g, include_pad, ya, yb, xa, xb));
+        for (int64_t iy = ya; iy < yb; ++iy)
+          for (int64_t ix = xa; ix < xb; ++ix) dp[iy * g.w + ix] += v;
+      });
     }
   });
 }
