@@ -208,14 +208,19 @@ record() {
 }
 
 # ---- sgemm ceiling, at each thread count ----
+# sgemm_probe T FILTER [JQ-EXTRA]: flowrun_bench's sgemm benchmarks matching FILTER at T threads, appended to
+# sgemm.jsonl (JQ-EXTRA: more fields, e.g. the model and round of a per-round probe).
+sgemm_probe() {
+  local t=$1 filter=$2 extra=${3:-"{}"}
+  [[ -x build/tests/flowrun_bench ]] || return 0
+  OMP_NUM_THREADS=$t build/tests/flowrun_bench --benchmark_filter="$filter" --benchmark_format=json 2>/dev/null |
+    jq -c --argjson t "$t" --argjson extra "$extra" '.benchmarks[] | {probe: (if (.name | startswith("BM_sgemm_ceiling_onednn"))
+      then "oneDNN matmul (flowrun_bench)" else "OpenBLAS (flowrun_bench)" end), threads: $t, gflops: .GFLOPS} + $extra' \
+    >>"$OUT/sgemm.jsonl" || log "flowrun_bench sgemm probe failed"
+}
 for t in "${THREAD_LIST[@]}"; do
   OMP_NUM_THREADS=$t "$PY" scripts/bench/sgemm_probe.py --threads "$t" >>"$OUT/sgemm.jsonl"
-  if [[ -x build/tests/flowrun_bench ]]; then
-    OMP_NUM_THREADS=$t build/tests/flowrun_bench --benchmark_filter=sgemm --benchmark_format=json 2>/dev/null |
-      jq -c --argjson t "$t" '.benchmarks[] | {probe: (if (.name | startswith("BM_sgemm_ceiling_onednn"))
-        then "oneDNN matmul (flowrun_bench)" else "OpenBLAS (flowrun_bench)" end), threads: $t, gflops: .GFLOPS}' \
-      >>"$OUT/sgemm.jsonl" || log "flowrun_bench sgemm probe failed"
-  fi
+  sgemm_probe "$t" sgemm
 done
 
 # ---- step times: flowrun, eager, compiled, jax, alternating ----
@@ -227,6 +232,9 @@ for m in "${MODEL_LIST[@]}"; do
     for ((r = 1; r <= ROUNDS; r++)); do
       tag="$OUT/log-$m-${t}T-r$r"
       if [[ $HAVE_TIME == 1 ]]; then
+        # The sgemm rate right before this round's flowrun run: on a shared host the machine's speed drifts
+        # between minutes, and each round's share of the sgemm rate compares the two under one condition.
+        sgemm_probe "$t" sgemm_ceiling_onednn "{\"model\": \"$m\", \"round\": $r}"
         # A step at exactly t threads, as the peers' are: train.adapt_threads would try a few at t - 1.
         record "$m" "$t" flowrun "$r" "$tag-flowrun.txt" "$FLOWRUN" time "${CONFIG[$m]}" --steps "$STEPS" \
           --warmup "$WARMUP" --profile 0 --set "train.threads=$t" --set train.adapt_threads=false \

@@ -3,7 +3,8 @@
 Reads DIR/meta.json (date, cpu, torch, jax, notes), DIR/runs.jsonl (one record per timed run: the JSON line
 of `flowrun time --json`, torch_step.py or jax_step.py, plus "impl" and "round"), DIR/sgemm.jsonl and
 DIR/ttl.jsonl. Per model and thread count it takes the median over rounds of each run's median step time and
-the largest peak RSS, and prints one table, with flowrun's time over the fastest peer's; then the
+the largest peak RSS, and prints one table, with flowrun's time over the fastest peer's and its share of the
+sgemm rate (against the largest probe, and round by round against the probe run just before it); then the
 time-to-loss table.
 
 Usage: report.py DIR
@@ -32,6 +33,10 @@ def ratio(a, b):
     return "-" if a is None or b is None else f"{a / b:.2f}x"
 
 
+def pct(v):
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def rate(v):
     if v is None:
         return "-"
@@ -56,12 +61,23 @@ def peak_for(sgemm, threads):
     return max(vals) if vals else None
 
 
+def round_share(runs, sgemm, model, threads):
+    """Median over rounds of flowrun's GFLOP/s over the sgemm probe run just before it (None without them)."""
+    probes = {s["round"]: s["gflops"] for s in sgemm
+              if s.get("model") == model and s["threads"] == threads and "round" in s}
+    shares = [r["flops_per_step"] / r["median_step_ms"] / 1e6 / probes[r["round"]] for r in runs
+              if r["impl"] == "flowrun" and r["model"] == model and r["threads"] == threads
+              and r.get("flops_per_step") and r["round"] in probes]
+    return statistics.median(shares) if shares else None
+
+
 def step_table(meta, runs, sgemm):
     rows = [
         "| model | threads | flowrun ms | eager ms | compiled ms | jax ms | flowrun/eager | flowrun/compiled "
         "| flowrun / best peer | throughput flowrun / eager / compiled / jax "
-        "| peak RSS MiB flowrun / eager / compiled / jax | flowrun GFLOP/s | sgemm peak GFLOP/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak RSS MiB flowrun / eager / compiled / jax | flowrun GFLOP/s | sgemm peak GFLOP/s "
+        "| share of sgemm, per round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {m: i for i, m in enumerate(meta.get("models", []))}
     for (model, threads), s in sorted(summarise(runs).items(), key=lambda kv: (order.get(kv[0][0], 99), -kv[0][1])):
@@ -78,7 +94,8 @@ def step_table(meta, runs, sgemm):
             f"| {model} | {threads} | {' | '.join(fmt(ms[i], 2) for i in IMPLS)} "
             f"| {ratio(ms['flowrun'], ms['eager'])} | {ratio(ms['flowrun'], ms['compiled'])} | {vs_best} "
             f"| {' / '.join(rate(thr[i]) for i in IMPLS)} {unit} "
-            f"| {' / '.join(fmt(rss[i], 0) for i in IMPLS)} | {fmt(gflops)} | {fmt(peak_for(sgemm, threads))} |")
+            f"| {' / '.join(fmt(rss[i], 0) for i in IMPLS)} | {fmt(gflops)} | {fmt(peak_for(sgemm, threads))} "
+            f"| {pct(round_share(runs, sgemm, model, threads))} |")
     return rows
 
 
@@ -116,8 +133,13 @@ def main(argv):
              f"{meta['warmup']} warm-up, median of {meta['rounds']} alternating rounds; step = zero-grad + forward "
              f"+ loss + backward + optimizer step{' (JAX: one jax.jit-compiled function)' if jax else ''}.", ""]
     lines += step_table(meta, runs, sgemm)
-    probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm)
+    probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm if "round" not in s)
     lines += ["", f"sgemm probes (GFLOP/s): {probes or 'none'}."]
+    per_round = [s["gflops"] for s in sgemm if "round" in s]
+    if per_round:
+        lines.append(f"The {len(per_round)} probes of oneDNN's sgemm right before each flowrun round ranged "
+                     f"{min(per_round):.0f}-{max(per_round):.0f} GFLOP/s: the last column divides each round's "
+                     "flowrun GFLOP/s by its own probe, the median over rounds.")
     for name, impls, module in (("PyTorch", ("eager", "compiled"), "torch"), ("JAX", ("jax",), "jax")):
         imports = [r["import_rss_mib"] for r in runs if r["impl"] in impls and "import_rss_mib" in r]
         if imports:
