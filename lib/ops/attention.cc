@@ -581,6 +581,10 @@ void register_attention_ops(OpRegistry& r) {
     return sigs;
   };
   d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa}};
+#if defined(__AVX512BF16__)
+  d.kernels.push_back(
+      {DeviceKind::cpu, {DType::bf16}, cpu::sdpa_bf16, cpu::has_avx512_bf16, cpu::sdpa_bf16_workspace});
+#endif
   d.samples = sdpa_samples;
   r.add(d);
 
@@ -624,6 +628,13 @@ void register_attention_ops(OpRegistry& r) {
   };
   g.nondiff_inputs = {6};
   g.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_grad}};
+#if defined(__AVX512BF16__)
+  g.kernels.push_back({DeviceKind::cpu,
+                       {DType::bf16},
+                       cpu::sdpa_grad_bf16,
+                       cpu::has_avx512_bf16,
+                       cpu::sdpa_grad_bf16_workspace});
+#endif
   g.covered_by = {"sdpa"};
   r.add(g);
 }

@@ -83,6 +83,7 @@ void BM_sgemm_ceiling_onednn(benchmark::State& state) {
 BENCHMARK(BM_sgemm_ceiling_onednn)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 const DType f32 = DType::f32;
+const DType bf16 = DType::bf16;
 
 void register_cases() {
   const std::vector<std::pair<std::string, OpCase>> cases = {
@@ -101,17 +102,45 @@ void register_cases() {
         {{{64, 16, 32, 32}, f32}, {{16, 16, 3, 3}, f32}},
         {{"padding", std::vector<int64_t>{1, 1}}}}},
       {"conv2d/fwd+bwd_64x32x14x14_k3x64",
-       {"conv2d", {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}}, {{"padding", std::vector<int64_t>{1, 1}}}, true}},
-      {"reduce_sum/bias_grad_2048x256", {"reduce_sum", {{{2048, 256}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
-      {"reduce_sum/bias_grad_2048x1024", {"reduce_sum", {{{2048, 1024}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
+       {"conv2d",
+        {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}},
+        {{"padding", std::vector<int64_t>{1, 1}}},
+        true}},
+      {"reduce_sum/bias_grad_2048x256",
+       {"reduce_sum", {{{2048, 256}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
+      {"reduce_sum/bias_grad_2048x1024",
+       {"reduce_sum", {{{2048, 1024}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
+      {"gelu/tanh_2048x1024", {"gelu", {{{2048, 1024}, f32}}, {{"approximate", std::string("tanh")}}}},
+      {"gelu/bf16_tanh_2048x1024", {"gelu", {{{2048, 1024}, bf16}}, {{"approximate", std::string("tanh")}}}},
+      {"gelu/fwd+bwd_tanh_2048x1024",
+       {"gelu", {{{2048, 1024}, f32}}, {{"approximate", std::string("tanh")}}, true}},
+      {"gelu/bf16_fwd+bwd_tanh_2048x1024",
+       {"gelu", {{{2048, 1024}, bf16}}, {{"approximate", std::string("tanh")}}, true}},
       {"layernorm/2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}}},
-      {"layernorm/fwd+bwd_2048x256", {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}, true}},
+      {"layernorm/fwd+bwd_2048x256",
+       {"layernorm", {{{2048, 256}, f32}, {{256}, f32}, {{256}, f32}}, {}, true}},
       {"sdpa/causal_B16_H4_T128_D64",
-       {"sdpa", {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}}, {{"causal", true}}}},
+       {"sdpa",
+        {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}},
+        {{"causal", true}}}},
       {"sdpa/fwd+bwd_causal_B16_H4_T128_D64",
-       {"sdpa", {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}}, {{"causal", true}}, true}},
+       {"sdpa",
+        {{{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}, {{16, 4, 128, 64}, f32}},
+        {{"causal", true}},
+        true}},
+      {"sdpa/bf16_causal_B16_H4_T128_D64",
+       {"sdpa",
+        {{{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}},
+        {{"causal", true}}}},
+      {"sdpa/bf16_fwd+bwd_causal_B16_H4_T128_D64",
+       {"sdpa",
+        {{{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}},
+        {{"causal", true}},
+        true}},
       {"sdpa/causal_B1_H12_T1024_D64",
-       {"sdpa", {{{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}}, {{"causal", true}}}},
+       {"sdpa",
+        {{{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}},
+        {{"causal", true}}}},
   };
   for (const auto& [name, c] : cases)
     benchmark::RegisterBenchmark(name.c_str(), [c](benchmark::State& s) { run_case(s, c); })

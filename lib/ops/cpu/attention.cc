@@ -21,45 +21,14 @@
 #include <cstring>
 #include <limits>
 
+#include "ops/cpu/attention_tiles.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
 
 namespace {
 
-constexpr int64_t kBQ = 64;  // query rows per block
-constexpr int64_t kBK = 64;  // key rows per block
-
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#elif defined(__AVX__)
-constexpr int kVecBytes = 32;
-#else
-constexpr int kVecBytes = 16;
-#endif
-
-// One SIMD register of T (GCC/Clang vector extension: element-wise arithmetic, scalars broadcast).
-template <typename T>
-struct Vec;
-template <>
-struct Vec<float> {
-  typedef float type __attribute__((vector_size(kVecBytes)));
-};
-template <>
-struct Vec<double> {
-  typedef double type __attribute__((vector_size(kVecBytes)));
-};
-
-template <typename V, typename T>
-inline V vload(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <typename V, typename T>
-inline void vstore(T* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
-}
+using namespace attn;
 
 // C[R x n] (+)= A[R x kd] B[kd x n]; A element (r, p) at a[r * ars + p * acs] (so A may be a transposed
 // view), B and C row-major. R rows x NV registers of C stay in registers across the whole kd loop: each
@@ -136,136 +105,6 @@ void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
     for (int64_t c = 0; c < d; ++c)
       for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * d + c];
   }
-}
-
-template <typename T>
-constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
-
-// exp of one register, in place. f32: Cephes' expf (range reduction by ln 2, degree-6 polynomial, exponent
-// bits built directly), branch-free; about 1 ulp, and exactly 0 below the f32 range (so -inf gives 0).
-// f64 keeps std::exp per lane: that kernel is the accuracy reference, and speed matters in f32.
-inline void exp_inplace(Vec<float>::type& x) {
-  using V = Vec<float>::type;
-  typedef int32_t VI __attribute__((vector_size(kVecBytes)));
-  const V lo = V{} - 87.0f, hi = V{} + 88.0f, zero = V{};
-  const V xc = x < lo ? lo : (x > hi ? hi : x);
-  const V n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // +- 1.5 * 2^23 rounds to an integer
-  V r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  V y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const V pow2n = std::bit_cast<V>((__builtin_convertvector(n, VI) + 127) << 23);
-  x = x < lo ? zero : y * pow2n;
-}
-inline void exp_inplace(Vec<double>::type& x) {
-  for (int64_t l = 0; l < kLanes<double>; ++l) x[l] = std::exp(x[l]);
-}
-
-// max(init, s[0..n)).
-template <typename T>
-T row_max(const T* s, int64_t n, T init) {
-  using V = typename Vec<T>::type;
-  constexpr int64_t L = kLanes<T>;
-  V vm = V{} + init;
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    const V x = vload<V>(s + j);
-    vm = x > vm ? x : vm;
-  }
-  T mx = init;
-  for (int64_t l = 0; l < L; ++l) mx = std::max(mx, T(vm[l]));
-  for (; j < n; ++j) mx = std::max(mx, s[j]);
-  return mx;
-}
-
-// s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then lanes in order).
-template <typename T>
-T exp_sum(T* s, int64_t n, T sub) {
-  using V = typename Vec<T>::type;
-  constexpr int64_t L = kLanes<T>;
-  V acc = V{};
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    V x = vload<V>(s + j) - sub;
-    exp_inplace(x);
-    vstore(s + j, x);
-    acc += x;
-  }
-  if (j < n) {  // the tail as one padded register: exp(-inf) = 0 adds nothing
-    V x{};
-    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? s[j + l] - sub : -std::numeric_limits<T>::infinity();
-    exp_inplace(x);
-    for (int64_t l = 0; j + l < n; ++l) s[j + l] = x[l];
-    acc += x;
-  }
-  T sum = 0;
-  for (int64_t l = 0; l < L; ++l) sum += acc[l];
-  return sum;
-}
-
-// Backward row: p[j] = exp(p[j] - lse), ds[j] = p[j] * (ds[j] - di) * sc for j < n.
-template <typename T>
-void probs_and_ds(T* p, T* ds, int64_t n, T lse, T di, T sc) {
-  using V = typename Vec<T>::type;
-  constexpr int64_t L = kLanes<T>;
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    V x = vload<V>(p + j) - lse;
-    exp_inplace(x);
-    vstore(p + j, x);
-    vstore(ds + j, x * (vload<V>(ds + j) - di) * sc);
-  }
-  if (j < n) {
-    V x{};
-    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? p[j + l] - lse : -std::numeric_limits<T>::infinity();
-    exp_inplace(x);
-    for (int64_t l = 0; j + l < n; ++l) {
-      p[j + l] = x[l];
-      ds[j + l] = x[l] * (ds[j + l] - di) * sc;
-    }
-  }
-}
-
-struct Geometry {
-  int64_t bh, t, s, d, dv;
-  int64_t off;  // S - T: query i sees keys j <= i + off under the causal mask (bottom-right aligned)
-  bool causal;
-  double scale;
-  // Key padding (sdpa's optional key_ids, B x S): key j of batch b is hidden where key_ids[b * s + j] == pad.
-  const int64_t* key_ids = nullptr;
-  int64_t heads = 1, pad = 0;
-  // Head h's batch row of key_ids, or null without padding.
-  const int64_t* keys_of(int64_t h) const { return key_ids ? key_ids + h / heads * s : nullptr; }
-  // One past the last key that query row i attends to.
-  int64_t kv_end(int64_t i) const { return causal ? std::min(s, i + off + 1) : s; }
-  // Keys of block [kb, kb + n) that each of the m rows from i0 attends to (non-decreasing down the rows).
-  void limits(int64_t i0, int64_t m, int64_t kb, int64_t n, int64_t* lim) const {
-    for (int64_t r = 0; r < m; ++r) lim[r] = std::clamp<int64_t>(kv_end(i0 + r) - kb, 0, n);
-  }
-};
-
-// key_ids: input `ids_at` when the node has it.
-Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v,
-                  int ids_at) {
-  Geometry g;
-  if (c.num_in > ids_at) {
-    g.key_ids = c.in[ids_at].as<int64_t>();
-    g.heads = q.dim(1);
-    g.pad = c.attrs().i("pad_id");
-  }
-  g.bh = q.dim(0) * q.dim(1);
-  g.t = q.dim(2);
-  g.d = q.dim(3);
-  g.s = k.dim(2);
-  g.dv = v.dim(3);
-  g.off = g.s - g.t;
-  g.causal = c.attrs().b("causal", true);
-  g.scale = c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
-  return g;
 }
 
 // Rows [i0, i0 + m) of one (batch, head): q (T x D), kt = scale * k^T (D x S), v (S x Dv), o (T x Dv),

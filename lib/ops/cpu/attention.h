@@ -13,6 +13,20 @@ void sdpa(const KernelCtx& c);
 // (dout, q, k, v, out, lse) -> (dq, dk, dv): FlashAttention-2 backward, probabilities recomputed from lse.
 void sdpa_grad(const KernelCtx& c);
 
+#if defined(__AVX512BF16__)
+// Native bf16 sdpa and sdpa_grad (attention_bf16.cc): compiled where the compiler targets avx512_bf16
+// (FLOWRUN_NATIVE on such a CPU) and registered as available where the running CPU has it; elsewhere bf16
+// attention runs widened through the f32 kernels. Their workspaces hold repacked operands and f32
+// accumulators.
+bool has_avx512_bf16();
+void sdpa_bf16(const KernelCtx& c);
+void sdpa_grad_bf16(const KernelCtx& c);
+size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                           const Attrs& a);
+size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                                const Attrs& a);
+#endif
+
 // (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each
 // query attends over the cached keys up to its own position (a KV-cache decode or prefill step).
 void sdpa_cache(const KernelCtx& c);

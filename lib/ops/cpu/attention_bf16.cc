@@ -1,0 +1,500 @@
+// Native bf16 flash attention for CPUs with avx512_bf16 (Zen 4, Cooper Lake, Sapphire Rapids): attention.cc's
+// block products run as vdpbf16ps dot products of bf16 pairs, at twice the f32 FMA rate, while the scores,
+// the online softmax and every accumulator (out, dq, dk, dv) stay f32. As in FlashAttention-2 and PyTorch's
+// bf16 attention, the probabilities P and dS are rounded to bf16 for the products that read them; that is
+// the one rounding the widened f32 kernel does not make. Outputs are rounded once, at the end.
+//
+// Layouts. vdpbf16ps multiplies a pair (A[r][2p], A[r][2p+1]), broadcast as one 32-bit word, with 16 columns
+// of B's pair row p, whose words are (B[2p][j], B[2p+1][j]). So each B operand is repacked once into "pair
+// layout" [K/2][N] words, zero-padded to an even K:
+//  - forward, per head: K^T for the scores, V for the output;
+//  - backward, per head: K^T and V^T for the scores and dP, K for dq, and Q and dout over query rows for dk
+//    and dv.
+// An A operand's word (r, p) is read at a + r * ars + p * aps (in bf16 elements). Row-major tiles have
+// aps = 2. P^T and dS^T are the tiles' own pair layout over query rows (ars = 2), built two f32 rows at a
+// time, so no tile is transposed element by element.
+//
+// Scratch: the kernel's workspace holds, per (batch, head), the repacked operands, padded copies of q and
+// dout (only read when D or Dv is odd), and the f32 accumulators; the tiles live on the task's stack.
+//
+// Determinism is as in attention.cc. Tasks own their rows (forward: a head's query block; backward: a whole
+// head). Pairs are formed at even absolute indices, and the range that a group of rows computes beyond a
+// row's own holds exact zeros only. So the bits do not depend on the thread count.
+#include "ops/cpu/attention.h"
+
+#if defined(__AVX512BF16__)
+
+#include <immintrin.h>
+
+#include "ops/cpu/attention_tiles.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/parallel.h"
+
+namespace flowrun::cpu {
+
+namespace {
+
+using namespace attn;
+
+int64_t even(int64_t n) {
+  return (n + 1) & ~int64_t{1};
+}
+// Elements rounded up to whole 64-byte lines, so that every scratch region starts aligned.
+int64_t lines(int64_t n, int64_t elem_bytes) {
+  const int64_t per = 64 / elem_bytes;
+  return (n + per - 1) / per * per;
+}
+
+// C[R x 16 NV] (+)= A B over the pairs [p0, p1): A word (r, p) at a + r * ars + p * aps, B pair row p at
+// b + p * 2 * ldb (ldb columns), C f32 row-major; the last of the NV registers of columns is masked by
+// `last`. R x NV accumulators stay in registers across the pairs: each B load feeds R dot products. A fresh C
+// (acc false) is stored times `alpha` (the attention scale of the scores, for free).
+template <int R, int NV>
+inline void bdot_tile(int64_t p0, int64_t p1, const uint16_t* a, int64_t ars, int64_t aps, const uint16_t* b,
+                      int64_t ldb, float* c, int64_t ldc, bool acc, float alpha, __mmask16 last) {
+  auto mask = [&](int u) { return u == NV - 1 ? last : static_cast<__mmask16>(0xffff); };
+  __m512 cr[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u)
+      cr[r][u] = acc ? _mm512_maskz_loadu_ps(mask(u), c + r * ldc + 16 * u) : _mm512_setzero_ps();
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512bh br[NV];
+    for (int u = 0; u < NV; ++u)
+      br[u] = (__m512bh)_mm512_maskz_loadu_epi32(mask(u), b + (p * ldb + 16 * u) * 2);
+    for (int r = 0; r < R; ++r) {
+      int32_t w;
+      std::memcpy(&w, a + r * ars + p * aps, sizeof(w));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+      for (int u = 0; u < NV; ++u) cr[r][u] = _mm512_dpbf16_ps(cr[r][u], av, br[u]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u)
+      _mm512_mask_storeu_ps(c + r * ldc + 16 * u, mask(u), acc ? cr[r][u] : _mm512_mul_ps(cr[r][u], va));
+}
+
+template <int R>
+void bdot_rows(int64_t n, int64_t p0, int64_t p1, const uint16_t* a, int64_t ars, int64_t aps,
+               const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool acc, float alpha) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64)
+    bdot_tile<R, 4>(p0, p1, a, ars, aps, b + 2 * j, ldb, c + j, ldc, acc, alpha, 0xffff);
+  const int64_t rest = n - j;
+  if (rest == 0) return;
+  const auto last = static_cast<__mmask16>(rest % 16 ? (1u << (rest % 16)) - 1 : 0xffffu);
+  switch ((rest + 15) / 16) {
+    case 1:
+      bdot_tile<R, 1>(p0, p1, a, ars, aps, b + 2 * j, ldb, c + j, ldc, acc, alpha, last);
+      break;
+    case 2:
+      bdot_tile<R, 2>(p0, p1, a, ars, aps, b + 2 * j, ldb, c + j, ldc, acc, alpha, last);
+      break;
+    case 3:
+      bdot_tile<R, 3>(p0, p1, a, ars, aps, b + 2 * j, ldb, c + j, ldc, acc, alpha, last);
+      break;
+    default:
+      bdot_tile<R, 4>(p0, p1, a, ars, aps, b + 2 * j, ldb, c + j, ldc, acc, alpha, last);
+      break;
+  }
+}
+
+// C[m x n] (+)= A[m x k] B[k x n] with A and B as above (C = alpha A B when not accumulating). The optional
+// per-row limits are attention.cc's gemm_nn's: `ncols` (columns computed, rounded up to 16) and [kbeg, kend)
+// (the inner range, outside of which the row of A is zero, rounded out to whole pairs).
+void bgemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, int64_t aps, const uint16_t* b,
+           int64_t ldb, float* c, int64_t ldc, bool acc, float alpha, const int64_t* ncols = nullptr,
+           const int64_t* kbeg = nullptr, const int64_t* kend = nullptr) {
+  auto run = [&]<int R>(int64_t i) {
+    const int64_t last = i + R - 1;
+    const int64_t nc = ncols ? std::min(n, (ncols[last] + 15) / 16 * 16) : n;
+    const int64_t p0 = kbeg ? kbeg[i] / 2 : 0;
+    const int64_t p1 = std::max(p0, ((kend ? kend[last] : k) + 1) / 2);
+    bdot_rows<R>(nc, p0, p1, a + i * ars, ars, aps, b, ldb, c + i * ldc, ldc, acc, alpha);
+  };
+  int64_t i = 0;
+  for (; i + 6 <= m; i += 6) run.template operator()<6>(i);
+  for (; i + 4 <= m; i += 4) run.template operator()<4>(i);
+  for (; i < m; ++i) run.template operator()<1>(i);
+}
+
+// Pair layout over rows of a row-major (rows x cols) bf16 source: word (p, j) = (src[2p][j], src[2p+1][j]),
+// the row past an odd count zero. B for a product that sums over the source's rows.
+void pack_rows(int64_t rows, int64_t cols, const uint16_t* src, uint32_t* dst) {
+  for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
+    const uint16_t* r0 = src + 2 * p * cols;
+    uint32_t* d = dst + p * cols;
+    if (2 * p + 1 < rows) {
+      const uint16_t* r1 = r0 + cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) d[j] = r0[j] | static_cast<uint32_t>(r1[j]) << 16;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) d[j] = r0[j];
+    }
+  }
+}
+
+// The block of up to 16 x 16 32-bit words at src (row stride lds) transposed into dst (row stride ldd):
+// `nr` rows and `nc` columns are read, the rest of the 16 x 16 registers is zero; nc rows of nr words are
+// written. Four rounds of unpacks and 128-bit lane shuffles, where element-wise copies would take 256 loads
+// and stores.
+// GCC 12's plain unpack and shuffle intrinsics start from _mm512_undefined_epi32(), which
+// -Werror=uninitialized rejects; the zero-masked forms with every lane kept are the same instructions.
+constexpr __mmask16 kAll16 = 0xffff;
+constexpr __mmask8 kAll8 = 0xff;
+
+void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, uint32_t* dst, int64_t ldd) {
+  const auto cmask = static_cast<__mmask16>(nc < 16 ? (1u << nc) - 1 : 0xffffu);
+  const auto rmask = static_cast<__mmask16>(nr < 16 ? (1u << nr) - 1 : 0xffffu);
+  const auto* s = static_cast<const uint32_t*>(src);
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < nr ? _mm512_maskz_loadu_epi32(cmask, s + i * lds) : _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(kAll16, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(kAll16, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_i32x4(kAll16, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_i32x4(kAll16, r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_maskz_shuffle_i32x4(kAll16, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_i32x4(kAll16, r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_maskz_shuffle_i32x4(kAll16, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_maskz_shuffle_i32x4(kAll16, t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_maskz_shuffle_i32x4(kAll16, t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_maskz_shuffle_i32x4(kAll16, t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < nc; ++i) _mm512_mask_storeu_epi32(dst + i * ldd, rmask, r[i]);
+}
+
+// Pair layout over columns (the source's transpose): word (p, j) = (src[j][2p], src[j][2p+1]), the column
+// past an odd count zero. With an even count a source row is cols / 2 whole words, so this is a transpose of
+// 32-bit words, done in 16 x 16 blocks.
+void pack_cols(int64_t rows, int64_t cols, const uint16_t* src, uint32_t* dst) {
+  const int64_t np = (cols + 1) / 2;
+  if (cols % 2 == 0) {
+    for (int64_t j0 = 0; j0 < rows; j0 += 16)
+      for (int64_t p0 = 0; p0 < np; p0 += 16)
+        transpose16(src + j0 * cols + 2 * p0, np, std::min<int64_t>(16, rows - j0),
+                    std::min<int64_t>(16, np - p0), dst + p0 * rows + j0, rows);
+    return;
+  }
+  for (int64_t p = 0; p < np; ++p)
+    for (int64_t j = 0; j < rows; ++j) {
+      const uint16_t* s = src + j * cols + 2 * p;
+      dst[p * rows + j] = s[0] | (2 * p + 1 < cols ? static_cast<uint32_t>(s[1]) << 16 : 0u);
+    }
+}
+
+// A row-major (rows x cols) source with rows padded to an even stride (the pad zero), or the source itself
+// when cols is even already. Returns the rows' stride.
+const uint16_t* padded_rows(int64_t rows, int64_t cols, const uint16_t* src, uint16_t* dst, int64_t* ld) {
+  *ld = even(cols);
+  if (cols % 2 == 0) return src;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(src + r * cols, cols, dst + r * *ld);
+    dst[r * *ld + cols] = 0;
+  }
+  return dst;
+}
+
+// Rounded rows of an f32 tile (ld kBK), row-major: dst[r][j] for j < even(n), the column past an odd n zero
+// (src holds zeros there: the callers clear each row past its last key).
+void round_tile(int64_t m, int64_t n, const float* src, uint16_t* dst) {
+  for (int64_t r = 0; r < m; ++r) {
+#pragma omp simd
+    for (int64_t j = 0; j < even(n); ++j) dst[r * kBK + j] = bf16_bits_of(src[r * kBK + j]);
+  }
+}
+
+// Rounded f32 tile (ld kBK) in pair layout over its rows (ld kBK words): A^T for dv and dk.
+void round_tile_pairs(int64_t m, int64_t n, const float* src, uint32_t* dst) {
+  for (int64_t p = 0; p < (m + 1) / 2; ++p) {
+    const float* r0 = src + 2 * p * kBK;
+    uint32_t* d = dst + p * kBK;
+    if (2 * p + 1 < m) {
+      const float* r1 = r0 + kBK;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j)
+        d[j] = bf16_bits_of(r0[j]) | static_cast<uint32_t>(bf16_bits_of(r1[j])) << 16;
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) d[j] = bf16_bits_of(r0[j]);
+    }
+  }
+}
+
+void round_out(int64_t n, const float* src, uint16_t* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_of(src[i]);
+}
+
+// A score row of `lim` visible keys made whole vectors for the row passes: padded keys (key_ids == pad) and
+// the columns from lim up to the next multiple of 16 become -inf, whose exp is 0, so the passes need no
+// partial register. Returns that width (at most kBK, as the tile is).
+int64_t masked_to_vectors(float* srow, int64_t lim, const int64_t* kid, int64_t pad) {
+  if (kid)
+    for (int64_t j = 0; j < lim; ++j)
+      if (kid[j] == pad) srow[j] = -std::numeric_limits<float>::infinity();
+  const int64_t w = (lim + 15) / 16 * 16;
+  std::fill(srow + lim, srow + w, -std::numeric_limits<float>::infinity());
+  return w;
+}
+
+// Per-(batch, head) scratch of the forward, in bytes from the head's base; `bytes` is one head's total.
+struct ForwardScratch {
+  int64_t kt, vp, q, o, bytes;
+  explicit ForwardScratch(const Geometry& g) {
+    kt = 0;
+    vp = kt + 2 * lines(even(g.d) * g.s, 2);
+    q = vp + 2 * lines(even(g.s) * g.dv, 2);
+    o = q + 2 * lines(g.t * even(g.d), 2);
+    bytes = o + 4 * lines(g.t * g.dv, 4);
+  }
+};
+
+struct BackwardScratch {
+  int64_t kt, vt, kn, qp, dop, q, dout, dq, dk, dv, bytes;
+  explicit BackwardScratch(const Geometry& g) {
+    kt = 0;
+    vt = kt + 2 * lines(even(g.d) * g.s, 2);
+    kn = vt + 2 * lines(even(g.dv) * g.s, 2);
+    qp = kn + 2 * lines(even(g.s) * g.d, 2);
+    dop = qp + 2 * lines(even(g.t) * g.d, 2);
+    q = dop + 2 * lines(even(g.t) * g.dv, 2);
+    dout = q + 2 * lines(g.t * even(g.d), 2);
+    dq = dout + 2 * lines(g.t * even(g.dv), 2);
+    dk = dq + 4 * lines(g.t * g.d, 4);
+    dv = dk + 4 * lines(g.s * g.d, 4);
+    bytes = dv + 4 * lines(g.s * g.dv, 4);
+  }
+};
+
+Geometry geometry_of(const std::vector<TensorType>& in, const Attrs& a, int q_at) {
+  Geometry g;
+  const Shape &q = in[static_cast<size_t>(q_at)].shape, &k = in[static_cast<size_t>(q_at) + 1].shape,
+              &v = in[static_cast<size_t>(q_at) + 2].shape;
+  g.bh = q[0] * q[1];
+  g.t = q[2];
+  g.d = q[3];
+  g.s = k[2];
+  g.dv = v[3];
+  g.off = g.s - g.t;
+  g.causal = a.b("causal", true);
+  g.scale = a.f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
+  return g;
+}
+
+// Rows [i0, i0 + m) of one head: q rows of stride ldq (even), kt and vp in pair layout, o the head's f32
+// accumulator, out and lse the head's outputs. The online softmax of attention.cc's forward_block on the
+// f32 score tile; the probabilities are rounded to bf16 for the product with V.
+void forward_block(const Geometry& g, const uint16_t* q, int64_t ldq, const uint16_t* kt, const uint16_t* vp,
+                   float* o, uint16_t* out, float* lse, int64_t i0, int64_t m, const int64_t* kid) {
+  alignas(64) float st[kBQ * kBK];
+  alignas(64) uint16_t pb[kBQ * kBK];
+  float mrow[kBQ], lrow[kBQ];
+  int64_t lim[kBQ];
+  const int64_t dv = g.dv;
+  const auto sc = static_cast<float>(g.scale);
+  float* ob = o + i0 * dv;
+  const int64_t kend = g.kv_end(i0 + m - 1);
+  for (int64_t kb = 0; kb < kend; kb += kBK) {
+    const int64_t n = std::min(kBK, kend - kb);
+    g.limits(i0, m, kb, n, lim);
+    bgemm(m, n, g.d, q + i0 * ldq, ldq, 2, kt + 2 * kb, g.s, st, kBK, false, sc, lim);
+    for (int64_t r = 0; r < m; ++r) {
+      float* srow = st + r * kBK;
+      const int64_t w = masked_to_vectors(srow, lim[r], kid ? kid + kb : nullptr, g.pad);
+      const float mprev = kb > 0 ? mrow[r] : -std::numeric_limits<float>::infinity();
+      const float mx = row_max(srow, w, mprev);
+      const bool none = mx == -std::numeric_limits<float>::infinity();
+      const float sum = none ? 0.0f : exp_sum(srow, w, mx);
+      std::fill(srow + (none ? 0 : lim[r]), srow + even(n), 0.0f);
+      if (kb > 0) {
+        const float alpha = none ? 1.0f : std::exp(mprev - mx);
+        lrow[r] = lrow[r] * alpha + sum;
+        if (alpha != 1.0f) {
+          float* orow = ob + r * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) orow[j] *= alpha;
+        }
+      } else {
+        lrow[r] = sum;
+      }
+      mrow[r] = mx;
+    }
+    round_tile(m, n, st, pb);
+    bgemm(m, dv, n, pb, kBK, 2, vp + kb * dv, dv, ob, dv, /*acc=*/kb > 0, 1.0f, nullptr, nullptr, lim);
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    const bool none = lrow[r] == 0.0f;
+    const float inv = none ? 0.0f : 1.0f / lrow[r];
+    float* orow = ob + r * dv;
+    uint16_t* dst = out + (i0 + r) * dv;
+#pragma omp simd
+    for (int64_t j = 0; j < dv; ++j) dst[j] = bf16_bits_of(orow[j] * inv);
+    lse[i0 + r] = none ? 0.0f : mrow[r] + std::log(lrow[r]);
+  }
+}
+
+// Gradients of one head (attention.cc's backward_head with bf16 products); `ws` is the head's scratch.
+void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const uint16_t* dout,
+                   const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o,
+                   const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* kid) {
+  alignas(64) float pt[kBQ * kBK];          // scores, then P
+  alignas(64) float ds[kBQ * kBK];          // dP, then dS
+  alignas(64) uint32_t pp[kBQ / 2 * kBK];   // P^T: P in pair layout over query rows
+  alignas(64) uint32_t dsp[kBQ / 2 * kBK];  // dS^T likewise
+  alignas(64) uint16_t dsr[kBQ * kBK];      // dS row-major
+  float di[kBQ];
+  int64_t lim[kBQ], first[kBK];
+  const int64_t d = g.d, dvn = g.dv;
+  const auto sc = static_cast<float>(g.scale);
+  auto u16_at = [&](int64_t off) { return reinterpret_cast<uint16_t*>(ws + off); };
+  auto u32_at = [&](int64_t off) { return reinterpret_cast<uint32_t*>(ws + off); };
+  auto f32_at = [&](int64_t off) { return reinterpret_cast<float*>(ws + off); };
+  pack_cols(g.s, d, k, u32_at(at.kt));
+  pack_cols(g.s, dvn, v, u32_at(at.vt));
+  pack_rows(g.s, d, k, u32_at(at.kn));
+  pack_rows(g.t, d, q, u32_at(at.qp));
+  pack_rows(g.t, dvn, dout, u32_at(at.dop));
+  int64_t ldq = 0, ldo = 0;
+  const uint16_t* qa = padded_rows(g.t, d, q, u16_at(at.q), &ldq);
+  const uint16_t* doa = padded_rows(g.t, dvn, dout, u16_at(at.dout), &ldo);
+  const uint16_t *kt = u16_at(at.kt), *vt = u16_at(at.vt), *kn = u16_at(at.kn), *qp = u16_at(at.qp),
+                 *dop = u16_at(at.dop);
+  float *dqa = f32_at(at.dq), *dka = f32_at(at.dk), *dva = f32_at(at.dv);
+  std::fill(dka, dka + g.s * d, 0.0f);
+  std::fill(dva, dva + g.s * dvn, 0.0f);
+  for (int64_t i0 = 0; i0 < g.t; i0 += kBQ) {
+    const int64_t m = std::min(kBQ, g.t - i0);
+    const float* lb = lse + i0;
+    float* dqb = dqa + i0 * d;
+    for (int64_t r = 0; r < m; ++r) {
+      const uint16_t *dor = dout + (i0 + r) * dvn, *orow = o + (i0 + r) * dvn;
+      float acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < dvn; ++j) acc += float_of_bf16_bits(dor[j]) * float_of_bf16_bits(orow[j]);
+      di[r] = acc;
+    }
+    const int64_t kend = g.kv_end(i0 + m - 1);
+    for (int64_t kb = 0; kb < kend; kb += kBK) {
+      const int64_t n = std::min(kBK, kend - kb);
+      g.limits(i0, m, kb, n, lim);
+      for (int64_t j = 0, r = 0; j < n; ++j) {
+        while (r < m && lim[r] <= j) ++r;
+        first[j] = r;
+      }
+      bgemm(m, n, d, qa + i0 * ldq, ldq, 2, kt + 2 * kb, g.s, pt, kBK, false, sc, lim);       // S = q k^T
+      bgemm(m, n, dvn, doa + i0 * ldo, ldo, 2, vt + 2 * kb, g.s, ds, kBK, false, 1.0f, lim);  // dP = dout v^T
+      for (int64_t r = 0; r < m; ++r) {
+        float *prow = pt + r * kBK, *dsrow = ds + r * kBK;
+        const int64_t w = masked_to_vectors(prow, lim[r], kid ? kid + kb : nullptr, g.pad);
+        probs_and_ds(prow, dsrow, w, lb[r], di[r], sc);
+        std::fill(prow + lim[r], prow + even(n), 0.0f);
+        std::fill(dsrow + lim[r], dsrow + even(n), 0.0f);
+      }
+      round_tile_pairs(m, n, pt, pp);
+      round_tile_pairs(m, n, ds, dsp);
+      round_tile(m, n, ds, dsr);
+      const auto* ppa = reinterpret_cast<const uint16_t*>(pp);
+      const auto* dspa = reinterpret_cast<const uint16_t*>(dsp);
+      // dv += P^T dout, dk += dS^T q (A rows are keys, pairs over query rows), then dq += dS k.
+      bgemm(n, dvn, m, ppa, 2, 2 * kBK, dop + i0 * dvn, dvn, dva + kb * dvn, dvn, true, 1.0f, nullptr, first);
+      bgemm(n, d, m, dspa, 2, 2 * kBK, qp + i0 * d, d, dka + kb * d, d, true, 1.0f, nullptr, first);
+      bgemm(m, d, n, dsr, kBK, 2, kn + kb * d, d, dqb, d, /*acc=*/kb > 0, 1.0f, nullptr, nullptr, lim);
+    }
+  }
+  round_out(g.t * d, dqa, dq);
+  round_out(g.s * d, dka, dk);
+  round_out(g.s * dvn, dva, dv);
+}
+
+const uint16_t* bits(const TensorView& t) {
+  return reinterpret_cast<const uint16_t*>(t.as<bf16>());
+}
+uint16_t* bits_out(const TensorView& t) {
+  return reinterpret_cast<uint16_t*>(t.as<bf16>());
+}
+
+}  // namespace
+
+bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                           const Attrs& a) {
+  const Geometry g = geometry_of(in, a, 0);
+  return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
+}
+
+size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                                const Attrs& a) {
+  const Geometry g = geometry_of(in, a, 1);
+  return static_cast<size_t>(g.bh * BackwardScratch(g).bytes);
+}
+
+void sdpa_bf16(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
+  const ForwardScratch at(g);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * at.bytes), "sdpa workspace too small");
+  char* ws = static_cast<char*>(c.workspace);
+  const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
+  uint16_t* out = bits_out(c.out[0]);
+  float* lse = c.out[1].as<float>();
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    for (int64_t h = s; h < e; ++h) {
+      char* hw = ws + h * at.bytes;
+      pack_cols(g.s, g.d, k + h * g.s * g.d, reinterpret_cast<uint32_t*>(hw + at.kt));
+      pack_rows(g.s, g.dv, v + h * g.s * g.dv, reinterpret_cast<uint32_t*>(hw + at.vp));
+    }
+  });
+  const int64_t nqb = (g.t + kBQ - 1) / kBQ;
+  parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+    for (int64_t task = s; task < e; ++task) {
+      const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
+      char* hw = ws + h * at.bytes;
+      // The query block's rows alone, padded when D is odd.
+      int64_t ldq = 0;
+      const uint16_t* qh = q + h * g.t * g.d;
+      const uint16_t* qa =
+          padded_rows(m, g.d, qh + i0 * g.d, reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
+      forward_block(g, qa - i0 * ldq, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
+                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
+                    out + h * g.t * g.dv, lse + h * g.t, i0, m, g.keys_of(h));
+    }
+  });
+}
+
+void sdpa_grad_bf16(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3], 6);
+  const BackwardScratch at(g);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * at.bytes), "sdpa_grad workspace too small");
+  char* ws = static_cast<char*>(c.workspace);
+  const uint16_t *dout = bits(c.in[0]), *q = bits(c.in[1]), *k = bits(c.in[2]), *v = bits(c.in[3]),
+                 *o = bits(c.in[4]);
+  const float* lse = c.in[5].as<float>();
+  uint16_t *dq = bits_out(c.out[0]), *dk = bits_out(c.out[1]), *dv = bits_out(c.out[2]);
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    for (int64_t h = s; h < e; ++h) {
+      const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
+      backward_head(g, at, ws + h * at.bytes, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t,
+                    dq + qo, dk + ko, dv + vo, g.keys_of(h));
+    }
+  });
+}
+
+}  // namespace flowrun::cpu
+
+#endif  // __AVX512BF16__
