@@ -195,10 +195,7 @@ void backward_head(const Geometry& g, const T* dout, const T* q, const T* k, con
     for (int64_t kb = 0; kb < kend; kb += kBK) {
       const int64_t n = std::min(kBK, kend - kb);
       g.limits(i0, m, kb, n, lim);
-      for (int64_t j = 0, r = 0; j < n; ++j) {
-        while (r < m && lim[r] <= j) ++r;
-        first[j] = r;
-      }
+      Geometry::first_rows(lim, m, n, first);
       gemm_nn(m, n, d, qb, d, 1, kt + kb, g.s, pt, kBK, false, lim);       // S = scale q k^T
       gemm_nn(m, n, dvn, dob, dvn, 1, vt + kb, g.s, ds, kBK, false, lim);  // dP = dout v^T
       for (int64_t r = 0; r < m; ++r) {

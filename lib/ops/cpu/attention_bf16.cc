@@ -279,21 +279,6 @@ struct BackwardScratch {
   }
 };
 
-Geometry geometry_of(const std::vector<TensorType>& in, const Attrs& a, int q_at) {
-  Geometry g;
-  const Shape &q = in[static_cast<size_t>(q_at)].shape, &k = in[static_cast<size_t>(q_at) + 1].shape,
-              &v = in[static_cast<size_t>(q_at) + 2].shape;
-  g.bh = q[0] * q[1];
-  g.t = q[2];
-  g.d = q[3];
-  g.s = k[2];
-  g.dv = v[3];
-  g.off = g.s - g.t;
-  g.causal = a.b("causal", true);
-  g.scale = a.f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
-  return g;
-}
-
 // Rows [i0, i0 + m) of one head: q rows of stride ldq (even), kt and vp in pair layout, o the head's f32
 // accumulator, out and lse the head's outputs. The online softmax of attention.cc's forward_block on the
 // f32 score tile; the probabilities are rounded to bf16 for the product with V.
@@ -390,10 +375,7 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
     for (int64_t kb = 0; kb < kend; kb += kBK) {
       const int64_t n = std::min(kBK, kend - kb);
       g.limits(i0, m, kb, n, lim);
-      for (int64_t j = 0, r = 0; j < n; ++j) {
-        while (r < m && lim[r] <= j) ++r;
-        first[j] = r;
-      }
+      Geometry::first_rows(lim, m, n, first);
       bgemm(m, n, d, qa + i0 * ldq, ldq, 2, kt + 2 * kb, g.s, pt, kBK, false, sc, lim);       // S = q k^T
       bgemm(m, n, dvn, doa + i0 * ldo, ldo, 2, vt + 2 * kb, g.s, ds, kBK, false, 1.0f, lim);  // dP = dout v^T
       for (int64_t r = 0; r < m; ++r) {
@@ -435,13 +417,13 @@ bool has_avx512_bf16() {
 
 size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
                            const Attrs& a) {
-  const Geometry g = geometry_of(in, a, 0);
+  const Geometry g = geometry(in[0].shape, in[1].shape, in[2].shape, a);
   return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
 }
 
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
                                 const Attrs& a) {
-  const Geometry g = geometry_of(in, a, 1);
+  const Geometry g = geometry(in[1].shape, in[2].shape, in[3].shape, a);
   return static_cast<size_t>(g.bh * BackwardScratch(g).bytes);
 }
 

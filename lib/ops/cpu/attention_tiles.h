@@ -155,25 +155,39 @@ struct Geometry {
   void limits(int64_t i0, int64_t m, int64_t kb, int64_t n, int64_t* lim) const {
     for (int64_t r = 0; r < m; ++r) lim[r] = std::clamp<int64_t>(kv_end(i0 + r) - kb, 0, n);
   }
+  // For each key j < n of a block, the first of its m rows that attends to it (m where none does), from the
+  // rows' limits: the backward's products over query rows start there.
+  static void first_rows(const int64_t* lim, int64_t m, int64_t n, int64_t* first) {
+    for (int64_t j = 0, r = 0; j < n; ++j) {
+      while (r < m && lim[r] <= j) ++r;
+      first[j] = r;
+    }
+  }
 };
 
-// key_ids: input `ids_at` when the node has it.
+// The geometry of q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv) under the op's attributes, without key padding.
+inline Geometry geometry(const Shape& q, const Shape& k, const Shape& v, const Attrs& a) {
+  Geometry g;
+  g.bh = q[0] * q[1];
+  g.t = q[2];
+  g.d = q[3];
+  g.s = k[2];
+  g.dv = v[3];
+  g.off = g.s - g.t;
+  g.causal = a.b("causal", true);
+  g.scale = a.f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
+  return g;
+}
+
+// A call's geometry; key_ids: input `ids_at` when the node has it.
 inline Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorView& k, const TensorView& v,
                          int ids_at) {
-  Geometry g;
+  Geometry g = geometry(*q.shape, *k.shape, *v.shape, c.attrs());
   if (c.num_in > ids_at) {
     g.key_ids = c.in[ids_at].as<int64_t>();
     g.heads = q.dim(1);
     g.pad = c.attrs().i("pad_id");
   }
-  g.bh = q.dim(0) * q.dim(1);
-  g.t = q.dim(2);
-  g.d = q.dim(3);
-  g.s = k.dim(2);
-  g.dv = v.dim(3);
-  g.off = g.s - g.t;
-  g.causal = c.attrs().b("causal", true);
-  g.scale = c.attrs().f("scale", 1.0 / std::sqrt(static_cast<double>(g.d)));
   return g;
 }
 
