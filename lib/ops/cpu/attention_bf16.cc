@@ -279,10 +279,10 @@ struct BackwardScratch {
   }
 };
 
-// Rows [i0, i0 + m) of one head: q rows of stride ldq (even), kt and vp in pair layout, o the head's f32
+// Rows [i0, i0 + m) of one head: qb those rows of q (stride ldq, even), kt and vp in pair layout, o the head's f32
 // accumulator, out and lse the head's outputs. The online softmax of attention.cc's forward_block on the
 // f32 score tile; the probabilities are rounded to bf16 for the product with V.
-void forward_block(const Geometry& g, const uint16_t* q, int64_t ldq, const uint16_t* kt, const uint16_t* vp,
+void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uint16_t* kt, const uint16_t* vp,
                    float* o, uint16_t* out, float* lse, int64_t i0, int64_t m, const int64_t* kid) {
   alignas(64) float st[kBQ * kBK];
   alignas(64) uint16_t pb[kBQ * kBK];
@@ -295,7 +295,7 @@ void forward_block(const Geometry& g, const uint16_t* q, int64_t ldq, const uint
   for (int64_t kb = 0; kb < kend; kb += kBK) {
     const int64_t n = std::min(kBK, kend - kb);
     g.limits(i0, m, kb, n, lim);
-    bgemm(m, n, g.d, q + i0 * ldq, ldq, 2, kt + 2 * kb, g.s, st, kBK, false, sc, lim);
+    bgemm(m, n, g.d, qb, ldq, 2, kt + 2 * kb, g.s, st, kBK, false, sc, lim);
     for (int64_t r = 0; r < m; ++r) {
       float* srow = st + r * kBK;
       const int64_t w = masked_to_vectors(srow, lim[r], kid ? kid + kb : nullptr, g.pad);
@@ -452,7 +452,7 @@ void sdpa_bf16(const KernelCtx& c) {
       const uint16_t* qh = q + h * g.t * g.d;
       const uint16_t* qa =
           padded_rows(m, g.d, qh + i0 * g.d, reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
-      forward_block(g, qa - i0 * ldq, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
+      forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
                     reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
                     out + h * g.t * g.dv, lse + h * g.t, i0, m, g.keys_of(h));
     }
