@@ -233,11 +233,6 @@ void round_tile_pairs(int64_t m, int64_t n, const float* src, uint32_t* dst) {
   }
 }
 
-void round_out(int64_t n, const float* src, uint16_t* dst) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_of(src[i]);
-}
-
 // A score row of `lim` visible keys made whole vectors for the row passes: padded keys (key_ids == pad) and
 // the columns from lim up to the next multiple of 16 become -inf, whose exp is 0, so the passes need no
 // partial register. Returns that width (at most kBK, as the tile is).
@@ -396,9 +391,10 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
       bgemm(m, d, n, dsr, kBK, 2, kn + kb * d, d, dqb, d, /*acc=*/kb > 0, 1.0f, nullptr, nullptr, lim);
     }
   }
-  round_out(g.t * d, dqa, dq);
-  round_out(g.s * d, dka, dk);
-  round_out(g.s * dvn, dva, dv);
+  // Inside the per-head parallel loop, convert runs on this thread.
+  convert(dqa, DType::f32, dq, DType::bf16, g.t * d);
+  convert(dka, DType::f32, dk, DType::bf16, g.s * d);
+  convert(dva, DType::f32, dv, DType::bf16, g.s * dvn);
 }
 
 const uint16_t* bits(const TensorView& t) {
