@@ -20,12 +20,15 @@ AmpPolicy amp_policy(const std::string& op) {
   // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
   // exponentials and logarithms, losses, normalisation statistics, reductions. The KV cache of decoding
   // (sdpa_cache) stays f32, as the state it updates in place.
-  static const std::set<std::string> f32 = {"softmax",    "log_softmax", "cross_entropy", "nll_loss",
-                                            "mse_loss",   "layernorm",   "rmsnorm",       "batchnorm",
-                                            "reduce_sum", "reduce_mean", "reduce_max",    "global_avgpool",
-                                            "pow_scalar", "sdpa_cache"};
+  static const std::set<std::string> f32 = {
+      "softmax",    "log_softmax", "cross_entropy", "nll_loss",       "mse_loss",   "layernorm", "rmsnorm",
+      "reduce_sum", "reduce_mean", "reduce_max",    "global_avgpool", "pow_scalar", "sdpa_cache"};
+  // Statistics summed in f32 from low-precision activations, normalised output rounded once: as PyTorch's
+  // autocast and cuDNN run batchnorm (bf16 activations, f32 parameters and running statistics).
+  static const std::set<std::string> norm = {"batchnorm"};
   if (low.count(op)) return AmpPolicy::low;
   if (f32.count(op)) return AmpPolicy::f32;
+  if (norm.count(op)) return AmpPolicy::norm;
   return AmpPolicy::follow;
 }
 
@@ -37,11 +40,13 @@ const char* amp_policy_name(AmpPolicy p) {
       return "f32";
     case AmpPolicy::follow:
       return "follow";
+    case AmpPolicy::norm:
+      return "norm";
   }
   return "?";
 }
 
-void auto_mixed_precision(Graph& g, DType low) {
+void auto_mixed_precision(Graph& g, DType low, DeviceKind device) {
   FR_CHECK(is_low_precision(low), "mixed precision needs f16 or bf16, got ", dtype_name(low));
   auto amp_dtype = [&](DType t) { return t == DType::f32 || t == low; };
   std::map<std::pair<ValueId, DType>, ValueId> casts;  // one cast per (value, dtype)
@@ -72,19 +77,25 @@ void auto_mixed_precision(Graph& g, DType low) {
     bool convertible = !floating.empty();
     for (size_t i : floating) convertible = convertible && amp_dtype(g.value(n.inputs[i]).dtype());
     if (convertible) {
-      const AmpPolicy p = amp_policy(n.op);
-      // Mixed inputs of an op that follows them are promoted to the widest, as in PyTorch's autocast.
-      const DType target = p == AmpPolicy::low               ? low
-                           : p == AmpPolicy::f32 || !uniform ? DType::f32
-                                                             : DType::f64;
-      if (target != DType::f64)
-        for (size_t i : floating) {
-          const ValueId v = g.node(id).inputs[i];
-          if (g.value(v).dtype() != target) {
-            const ValueId c = cast_to(v, target);
-            g.node(id).inputs[i] = c;  // add_node may have reallocated the node list: index again
-          }
+      AmpPolicy p = amp_policy(n.op);
+      // A norm keeps a low-precision x (its first input) where the device's low kernel takes the rest in f32.
+      const KernelDef* mixed = p == AmpPolicy::norm ? def.kernel(device, low) : nullptr;
+      std::vector<DType> target(n.inputs.size(), DType::f64);  // f64: leave as it is
+      if (mixed && !mixed->f32_inputs.empty() && g.value(n.inputs[0]).dtype() == low) {
+        for (int i : mixed->f32_inputs) target[static_cast<size_t>(i)] = DType::f32;
+      } else {
+        if (p == AmpPolicy::norm) p = AmpPolicy::f32;
+        // Mixed inputs of an op that follows them are promoted to the widest, as in PyTorch's autocast.
+        const DType t = p == AmpPolicy::low ? low : p == AmpPolicy::f32 || !uniform ? DType::f32 : DType::f64;
+        for (size_t i : floating) target[i] = t;
+      }
+      for (size_t i : floating) {
+        const ValueId v = g.node(id).inputs[i];
+        if (target[i] != DType::f64 && g.value(v).dtype() != target[i]) {
+          const ValueId c = cast_to(v, target[i]);
+          g.node(id).inputs[i] = c;  // add_node may have reallocated the node list: index again
         }
+      }
     }
     // Re-infer: the outputs follow whatever the inputs became.
     const Node& cur = g.node(id);

@@ -378,8 +378,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.zero >= 3 && opts.data_parallel > 1)
     p.push_back({"zero3", [](Graph& g, const CompileOptions& o) { shard_parameters(g, o.data_parallel); }});
   if (opts.compute != DType::f32)
-    p.push_back(
-        {"mixed_precision", [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute); }});
+    p.push_back({"mixed_precision",
+                 [](Graph& g, const CompileOptions& o) { auto_mixed_precision(g, o.compute, o.device); }});
   if (!opts.loss.empty()) {
     p.push_back({"autodiff", [](Graph& g, const CompileOptions& o) {
                    auto it = g.outputs().find(o.loss);

@@ -99,11 +99,13 @@ void recompute_segments(Graph& g);
 void add_optimizer(Graph& g, const OptimizerSpec& spec);  // appends update ops (and their state)
 // Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa) run in the low dtype,
 // `f32` ops (softmax, losses, norms, reductions) in f32, and the rest `follow` their inputs, promoting mixed
-// f32/low inputs to f32. Casts go on boundary edges only, one per (value, dtype); parameters stay f32.
-enum class AmpPolicy { low, f32, follow };
+// f32/low inputs to f32. A `norm` op (batchnorm) keeps low-precision activations low and its parameters f32
+// where the device has such a kernel (KernelDef::f32_inputs), and is an `f32` op elsewhere. Casts go on
+// boundary edges only, one per (value, dtype); parameters stay f32.
+enum class AmpPolicy { low, f32, follow, norm };
 AmpPolicy amp_policy(const std::string& op);
 const char* amp_policy_name(AmpPolicy p);
-void auto_mixed_precision(Graph& g, DType low);  // forward graph, before autodiff
+void auto_mixed_precision(Graph& g, DType low, DeviceKind device);  // forward graph, before autodiff
 // Which ops run in which dtype, natively or widened (`flowrun check --plan`): one row per (op, dtype,
 // kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,

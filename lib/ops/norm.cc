@@ -29,6 +29,26 @@ void check_same_dtype(const std::string& op, const std::vector<TensorType>& in) 
           cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but x is ", dtype_name(in[0].dtype)));
 }
 
+// batchnorm's activations are its inputs before `first` (x last among them), all of one dtype; its
+// per-channel inputs from `first` on (gamma, beta, statistics) are x's dtype, or f32 with an f16/bf16 x
+// (mixed precision: a kernel with KernelDef::f32_inputs). Returns their dtype, the statistics'.
+DType check_channel_dtypes(const std::string& op, const std::vector<TensorType>& in, size_t first) {
+  const DType x = in[first - 1].dtype;
+  if (!is_floating(x)) throw input_error(cat(op, ": x must be floating, got ", dtype_name(x)));
+  for (size_t i = 0; i < first; ++i)
+    if (in[i].dtype != x)
+      throw input_error(cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but x is ", dtype_name(x)));
+  const DType p = in[first].dtype;
+  if (p != x && !(p == DType::f32 && is_low_precision(x)))
+    throw input_error(cat(op, ": input ", first, " is ", dtype_name(p), " but x is ", dtype_name(x),
+                          " (per-channel inputs are x's dtype, or f32 with an f16/bf16 x)"));
+  for (size_t i = first + 1; i < in.size(); ++i)
+    if (in[i].dtype != p)
+      throw input_error(cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but input ", first, " is ",
+                            dtype_name(p)));
+  return p;
+}
+
 void check_eps(const std::string& op, const Attrs& a, double dflt) {
   const double eps = a.f("eps", dflt);
   if (!(eps >= 0)) throw input_error(cat(op, ": eps must be >= 0, got ", eps));
@@ -153,10 +173,11 @@ BatchDims batch_dims(const Shape& x) {
   return {n, c, n * c == 0 ? 0 : numel(x) / c};
 }
 
-size_t batchnorm_workspace_bytes(const TensorType& x, int64_t sums) {
+// The sums are in the statistics' dtype `stat` (f32 for a bf16 x).
+size_t batchnorm_workspace_bytes(const TensorType& x, DType stat, int64_t sums) {
   const BatchDims d = batch_dims(x.shape);
   const int64_t s = d.n == 0 ? 0 : d.per_channel / d.n;
-  return static_cast<size_t>(cpu::batchnorm_workspace_elems(d.n, d.c, s, sums)) * dtype_size(x.dtype);
+  return static_cast<size_t>(cpu::batchnorm_workspace_elems(d.n, d.c, s, sums)) * dtype_size(stat);
 }
 
 std::vector<Tensor> batchnorm_reference(const std::vector<Tensor>& in, const Attrs& a) {
@@ -331,11 +352,11 @@ void register_norm_ops(OpRegistry& r) {
       "save_rstd (C)). Training normalises by the batch mean and biased variance and updates the running "
       "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
       "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c "
-      "(graph/layout.cc)";
+      "(graph/layout.cc). With a bf16 x the per-channel inputs and outputs may be f32 (mixed precision)";
   bn.num_inputs = 5;
   bn.num_outputs = [](const Attrs&) { return 3; };
   bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    check_same_dtype("batchnorm", in);
+    const DType stat_dtype = check_channel_dtypes("batchnorm", in, 1);
     const Shape& x = in[0].shape;
     if (x.size() < 2) throw input_error(cat("batchnorm: x must be (N, C, ...), got ", shape_str(x)));
     const char* names[] = {"gamma", "beta", "running_mean", "running_var"};
@@ -347,7 +368,7 @@ void register_norm_ops(OpRegistry& r) {
     if (a.b("training", true) && batch_dims(x).per_channel < 2)
       throw input_error(
           cat("batchnorm: training needs more than one value per channel, x is ", shape_str(x)));
-    const TensorType stat{{x[1]}, in[0].dtype};
+    const TensorType stat{{x[1]}, stat_dtype};
     return {in[0], stat, stat};
   };
   bn.grad = [](GradCtx& c) -> std::vector<ValueId> {
@@ -363,7 +384,7 @@ void register_norm_ops(OpRegistry& r) {
   bn.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                     const Attrs& a) -> size_t {
     // The mean and variance passes reuse one buffer.
-    return a.b("training", true) ? batchnorm_workspace_bytes(in[0], 1) : 0;
+    return a.b("training", true) ? batchnorm_workspace_bytes(in[0], in[1].dtype, 1) : 0;
   };
   bn.nondiff_inputs = {3, 4};
   bn.nondiff_outputs = {1, 2};
@@ -378,7 +399,10 @@ void register_norm_ops(OpRegistry& r) {
                       {Sbp::split(0), Sbp::broadcast(), Sbp::broadcast()}});
     return sigs;
   };
-  bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm}};
+  // bf16: activations in bf16, gamma, beta and the statistics in f32, the arithmetic in f32 (no avx512_bf16
+  // instruction needed).
+  bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm},
+                {DeviceKind::cpu, {DType::bf16}, cpu::batchnorm, nullptr, nullptr, nullptr, {1, 2, 3, 4}}};
   bn.samples = batchnorm_samples;
   r.add(bn);
 
@@ -390,7 +414,7 @@ void register_norm_ops(OpRegistry& r) {
   bng.num_inputs = 5;
   bng.num_outputs = [](const Attrs&) { return 3; };
   bng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    check_same_dtype("batchnorm_grad", in);
+    check_channel_dtypes("batchnorm_grad", in, 2);
     const Shape& x = in[1].shape;
     if (in[0].shape != x || x.size() < 2)
       throw input_error(
@@ -404,9 +428,10 @@ void register_norm_ops(OpRegistry& r) {
     return Cost{10 * n, (5 * n + 5 * c) * e};
   };
   bng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
-    return batchnorm_workspace_bytes(in[1], 2);  // dbeta and dgamma sums in one pass
+    return batchnorm_workspace_bytes(in[1], in[2].dtype, 2);  // dbeta and dgamma sums in one pass
   };
-  bng.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm_grad}};
+  bng.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm_grad},
+                 {DeviceKind::cpu, {DType::bf16}, cpu::batchnorm_grad, nullptr, nullptr, nullptr, {2, 3, 4}}};
   bng.covered_by = {"batchnorm"};
   r.add(bng);
 }

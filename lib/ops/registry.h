@@ -78,6 +78,11 @@ struct KernelDef {
   std::function<std::vector<std::pair<std::string, size_t>>(const std::vector<TensorType>& in,
                                                             const std::vector<TensorType>& out, const Attrs&)>
       host_buffers = nullptr;
+  // Inputs that this kernel takes in f32 when its primary input is f16/bf16: the parameters and statistics of
+  // a mixed-precision norm (bf16 activations, f32 gamma, beta and running statistics, as PyTorch's and
+  // cuDNN's batchnorm take them). The mixed-precision pass keeps such an op's activations in the low dtype
+  // only where the device's kernel says so (AmpPolicy::norm). Empty: every floating input in its dtype.
+  std::vector<int> f32_inputs = {};
 };
 
 struct Cost {

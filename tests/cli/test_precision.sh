@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Mixed precision tracks fp32: the MLP (Fashion-MNIST, SGD Nesterov) and the GPT (KJV, AdamW, clipping)
-# train 200 steps in fp32, bf16 and fp16 from the same seed and data order; the mean loss of the last 50
-# steps in bf16 and fp16 must be within 2% of fp32's. Then a forced overflow: fp16 from a loss scale of
+# Mixed precision tracks fp32: the MLP (Fashion-MNIST, SGD Nesterov), the GPT (KJV, AdamW, clipping) and a
+# ResNet (batchnorm on bf16 activations with f32 statistics) train 200 steps in fp32, bf16 and fp16 from the
+# same seed and data order; the mean loss of the last 50 steps in bf16 and fp16 must be within 2% of fp32's. Then a forced overflow: fp16 from a loss scale of
 # 1e30 must skip steps, halve the scale on each, recover (the loss falls) and grow the scale again.
 source "$(dirname "$0")/lib.sh"
 FLOWRUN=$1 SRC=$2
 COMMON=(--no-progress --set train.steps=200 --set train.log_every=1 --set train.eval_every=0
         --set train.checkpoint_every=0)
 
-for model in mlp gpt; do
+for model in mlp gpt resnet; do
   for dtype in fp32 bf16 fp16; do
     expect_exit 0 "$FLOWRUN" train "$SRC/tests/configs/tiny_$model.yaml" --run-dir "$SCRATCH/$model-$dtype" \
       "${COMMON[@]}" --set precision.dtype=$dtype

@@ -46,9 +46,12 @@ inline SampleProgram build_sample(const OpDef& def, const OpSample& s, bool with
   GraphBuilder b(g);
   std::vector<ValueId> ins;
   const std::vector<int> mutated = def.mutated_inputs(s.attrs, static_cast<int>(s.inputs.size()));
+  // A mixed-precision kernel's parameters and statistics stay f32 (KernelDef::f32_inputs).
+  const KernelDef* k = is_low_precision(as) ? select_kernel(def, DeviceKind::cpu, as).kernel : nullptr;
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     const std::string name = "x" + std::to_string(i);
-    const DType t = s.inputs[i].dtype == DType::f64 ? as : s.inputs[i].dtype;
+    const bool f32_input = k && contains(k->f32_inputs, static_cast<int>(i));
+    const DType t = s.inputs[i].dtype != DType::f64 ? s.inputs[i].dtype : f32_input ? DType::f32 : as;
     const bool param = with_grad && def.grad && is_floating(t) &&
                        !contains(def.nondiff_inputs, static_cast<int>(i)) &&
                        !contains(mutated, static_cast<int>(i));

@@ -115,28 +115,54 @@ TEST(Amp, CastsOnlyOnBoundariesAndOncePerValue) {
   EXPECT_EQ(forward_casts, 8);
 }
 
-// conv2d (low) -> batchnorm (f32, updating its running statistics in place) -> relu: the activations are
-// cast for batchnorm, the running statistics stay f32 state.
-TEST(Amp, BatchnormStatisticsStayF32) {
-  Graph g;
-  GraphBuilder b(g);
-  const ValueId x = b.input("x", {2, 3, 6, 6});
-  const ValueId c = b.op1("conv2d", {x, b.param("w", {4, 3, 3, 3})}, {}, "conv");
-  const auto bn = b.op("batchnorm",
-                       {c, b.param("g", {4}), b.param("b", {4}), b.state("mean", {4}), b.state("var", {4})}, {},
-                       "bn");
-  const ValueId h = b.op1("relu", {bn[0]});
-  g.mark_output("loss", b.op1("reduce_mean", {h}, {{"axes", std::vector<int64_t>{}}}));
-  Program p = compile(std::move(g), options(DType::bf16, false));
-  EXPECT_EQ(in_dtype(p, forward_node(p, "conv"), 0), DType::bf16);
-  const Node& n = forward_node(p, "bn");
-  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(in_dtype(p, n, i), DType::f32) << "batchnorm input " << i;
-  EXPECT_EQ(p.graph.value(n.inputs[3]).kind, ValueKind::state);
-  Executor ex(std::move(p));
-  ex.tensor("lr").fill_from({0.1});
-  ex.tensor("var").fill_from(std::vector<double>(4, 1.0));
-  ex.run();
-  EXPECT_TRUE(std::isfinite(ex.output("loss").to_f64()[0]));
+// conv2d (low) -> batchnorm -> relu. In bf16 the CPU's batchnorm takes the convolution's bf16 output as it
+// is, with f32 gamma and beta and f32 running statistics (state updated in place), and relu follows in bf16:
+// no cast between the convolution and the next layer. f16 has no such kernel on the CPU: batchnorm runs in
+// f32 there, its activations cast.
+TEST(Amp, BatchnormKeepsBf16ActivationsWithF32Statistics) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Graph g;
+    GraphBuilder b(g);
+    const ValueId x = b.input("x", {2, 3, 6, 6});
+    const ValueId c = b.op1("conv2d", {x, b.param("w", {4, 3, 3, 3})}, {}, "conv");
+    const auto bn =
+        b.op("batchnorm",
+             {c, b.param("g", {4}), b.param("b", {4}), b.state("mean", {4}), b.state("var", {4})}, {}, "bn");
+    const ValueId h = b.op1("relu", {bn[0]}, {}, "relu");
+    g.mark_output("loss", b.op1("reduce_mean", {h}, {{"axes", std::vector<int64_t>{}}}));
+    Program p = compile(std::move(g), options(low, false));
+    EXPECT_EQ(in_dtype(p, forward_node(p, "conv"), 0), low);
+    const Node& n = forward_node(p, "bn");
+    const DType act = low == DType::bf16 ? low : DType::f32;
+    EXPECT_EQ(in_dtype(p, n, 0), act);
+    for (size_t i = 1; i < 5; ++i) EXPECT_EQ(in_dtype(p, n, i), DType::f32) << "batchnorm input " << i;
+    EXPECT_EQ(p.graph.value(n.inputs[3]).kind, ValueKind::state);
+    EXPECT_EQ(p.graph.value(n.outputs[1]).dtype(), DType::f32);  // the saved statistics
+    EXPECT_EQ(in_dtype(p, forward_node(p, "relu"), 0), act);
+    int forward_casts = 0;
+    for (NodeId id : p.order) {
+      const Node& k = p.graph.node(id);
+      if (k.op == "cast" && p.graph.value(k.inputs[0]).kind != ValueKind::param)
+        forward_casts += k.name.rfind("grad/", 0) != 0;
+    }
+    // x -> low for the convolution, then in bf16 relu's output -> f32 for reduce_mean, in f16 the
+    // convolution's output -> f32 for batchnorm.
+    EXPECT_EQ(forward_casts, 2);
+    for (const auto& [param, grad] : p.graph.param_grads())
+      EXPECT_EQ(p.graph.value(grad).dtype(), DType::f32) << p.graph.value(param).name;
+    Executor ex(std::move(p));
+    ex.tensor("lr").fill_from({0.1});
+    ex.tensor("var").fill_from(std::vector<double>(4, 1.0));
+    for (const char* name : {"x", "w"}) {
+      std::vector<double> v(static_cast<size_t>(ex.tensor(name).numel()));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5 + std::sin(0.3 * static_cast<double>(i));
+      ex.tensor(name).fill_from(v);
+    }
+    ex.run();
+    EXPECT_TRUE(std::isfinite(ex.output("loss").to_f64()[0]));
+    EXPECT_NE(ex.tensor("mean").to_f64(), std::vector<double>(4, 0.0));  // the running mean moved
+  }
 }
 
 TEST(Amp, Fp32CompileHasNoCasts) {

@@ -97,24 +97,36 @@ std::vector<Tensor> run_kernel(const OpDef& def, const KernelDef& k, const Attrs
   return out;
 }
 
-// The native bf16 kernel of `op` must equal its f32 kernel on the widened inputs, rounded once per output:
-// both compute in f32 in the same order.
+// The native bf16 kernel of `op` must equal its f32 kernel on the widened inputs, rounded once per bf16
+// output: both compute in f32 in the same order. f32 inputs (a mixed kernel's parameters and statistics,
+// KernelDef::f32_inputs) go to both as they are; f32 outputs and the inputs updated in place must be equal.
 void expect_native_matches_widened(const std::string& op, const Attrs& attrs, const std::vector<Tensor>& in) {
   const OpDef& def = OpRegistry::get().at(op);
   const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
   ASSERT_TRUE(native.kernel && !native.widened) << op << " has no native bf16 kernel";
   std::vector<Tensor> wide;
-  for (const Tensor& t : in) wide.push_back(t.to(DType::f32));
+  for (const Tensor& t : in) wide.push_back(t.to(DType::f32).clone());
   const std::vector<Tensor> got = run_kernel(def, *native.kernel, attrs, in);
   const std::vector<Tensor> want = run_kernel(def, *def.kernel(DeviceKind::cpu, DType::f32), attrs, wide);
   ASSERT_EQ(got.size(), want.size());
+  auto expect_equal = [&](const Tensor& g, const Tensor& w, const std::string& what) {
+    ASSERT_EQ(g.shape(), w.shape());
+    for (int64_t e = 0; e < g.numel(); ++e) {
+      const float x = w.data<float>()[e];
+      if (g.dtype() == DType::bf16)
+        ASSERT_EQ(g.data<bf16>()[e].bits, float_to_bf16(x).bits)
+            << op << " " << what << " [" << e << "] of " << x;
+      else
+        ASSERT_EQ(g.data<float>()[e], x) << op << " " << what << " [" << e << "]";
+    }
+  };
   for (size_t j = 0; j < got.size(); ++j) {
-    ASSERT_EQ(got[j].dtype(), DType::bf16);
-    ASSERT_EQ(got[j].shape(), want[j].shape());
-    for (int64_t e = 0; e < got[j].numel(); ++e)
-      ASSERT_EQ(got[j].data<bf16>()[e].bits, float_to_bf16(want[j].data<float>()[e]).bits)
-          << op << " output " << j << " [" << e << "] of " << want[j].data<float>()[e];
+    ASSERT_EQ(got[j].dtype(), j == 0 || native.kernel->f32_inputs.empty() ? DType::bf16 : DType::f32);
+    expect_equal(got[j], want[j], cat("output ", j));
   }
+  for (int i : def.mutated_inputs(attrs, static_cast<int>(in.size())))
+    expect_equal(in[static_cast<size_t>(i)], wide[static_cast<size_t>(i)],
+                 cat("input ", i, " (updated in place)"));
 }
 
 // Large enough (24576 elements) for the multi-threaded paths.
@@ -150,6 +162,45 @@ TEST(LowpKernels, ReduceSumMatchesWidenedFloat32) {
                                   {bf16_input(kBig, 11)});
     expect_native_matches_widened("reduce_mean", Attrs{{"axes", axes}, {"keepdims", true}},
                                   {bf16_input(kBig, 12)});
+  }
+}
+
+// bf16 activations with f32 per-channel inputs: a training step's statistics, the running statistics it
+// updates and the gradients are the f32 kernel's exactly (the sums run in f32 in the same order), y and dx
+// its results rounded once. Plain (N, C) with more rows than the 64 row blocks, plain planes, nChw16c planes
+// (attr blocked), and inference.
+TEST(LowpKernels, BatchnormMatchesWidenedFloat32WithFloat32Statistics) {
+  auto f32_input = [](int64_t c, uint64_t seed, double lo) {
+    Tensor t = Tensor::empty({c}, DType::f32);
+    const RngStream r{seed, 5};
+    for (int64_t i = 0; i < c; ++i)
+      t.data<float>()[i] = static_cast<float>(lo + r.uniform(static_cast<uint64_t>(i)));
+    return t;
+  };
+  struct Case {
+    Shape x;
+    bool blocked, training;
+  };
+  for (const Case& k : std::vector<Case>{{{67, 48}, false, true},
+                                         {{4, 32, 9, 11}, false, true},
+                                         {{4, 32, 9, 11}, true, true},
+                                         {{4, 32, 9, 11}, true, false},
+                                         {{3, 5, 7}, false, false}}) {
+    SCOPED_TRACE(cat(shape_str(k.x), k.blocked ? " blocked" : "", k.training ? " training" : " inference"));
+    const int64_t c = k.x[1];
+    const Attrs a{{"training", k.training}, {"blocked", k.blocked}};
+    const Tensor x = bf16_input(k.x, 20);
+    expect_native_matches_widened(
+        "batchnorm", a,
+        {x, f32_input(c, 21, 0.5), f32_input(c, 22, -0.5), f32_input(c, 23, -0.5), f32_input(c, 24, 0.5)});
+    // The statistics the forward pass saves, from the f32 kernel, for the gradient.
+    const OpDef& bn = OpRegistry::get().at("batchnorm");
+    Tensor rm = f32_input(c, 23, -0.5), rv = f32_input(c, 24, 0.5);
+    const std::vector<Tensor> fwd =
+        run_kernel(bn, *bn.kernel(DeviceKind::cpu, DType::f32), a,
+                   {x.to(DType::f32), f32_input(c, 21, 0.5), f32_input(c, 22, -0.5), rm, rv});
+    expect_native_matches_widened("batchnorm_grad", Attrs{{"training", k.training}, {"blocked", k.blocked}},
+                                  {bf16_input(k.x, 25), x, f32_input(c, 21, 0.5), fwd[1], fwd[2]});
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -323,23 +324,33 @@ bool blocked_planes(const KernelCtx& c, const NCS& v) {
   return v.s > 1;
 }
 
-template <typename T>
+// The per-channel inputs and outputs of a batchnorm kernel whose activations are stored as S: S's compute
+// type (f32 for bf16, the mixed-precision kernel's f32_inputs).
+template <typename S>
+Compute<S>* channel_data(const TensorView& t) {
+  FR_CHECK(t.dtype == dtype_of<Compute<S>>(), "a batchnorm kernel got per-channel data of dtype ",
+           dtype_name(t.dtype));
+  return t.as<Compute<S>>();
+}
+
+// Activations stored as S (f32, f64, or bf16 rounded once per output), arithmetic in T.
+template <typename S, typename T = Compute<S>>
 void batchnorm_kernel(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[0]);
   const bool blocked = blocked_planes(c, v);
-  const T* x = c.in[0].as<T>();
-  const T* g = c.in[1].as<T>();
-  const T* b = c.in[2].as<T>();
-  T* running_mean = c.in[3].as<T>();
-  T* running_var = c.in[4].as<T>();
-  T* y = c.out[0].as<T>();
-  T* mean = c.out[1].as<T>();
-  T* rstd = c.out[2].as<T>();
+  const S* x = c.in[0].as<S>();
+  const T* g = channel_data<S>(c.in[1]);
+  const T* b = channel_data<S>(c.in[2]);
+  T* running_mean = channel_data<S>(c.in[3]);
+  T* running_var = channel_data<S>(c.in[4]);
+  S* y = c.out[0].as<S>();
+  T* mean = channel_data<S>(c.out[1]);
+  T* rstd = channel_data<S>(c.out[2]);
   const T eps = eps_of<T>(c, 1e-5), momentum = static_cast<T>(c.attrs().f("momentum", 0.1));
   if (c.attrs().b("training", true)) {
     const int64_t m = v.n * v.s;
     T* ws = static_cast<T*>(c.workspace);
-    const auto value = [x](int64_t k, int64_t) { return x[k]; };
+    const auto value = [x](int64_t k, int64_t) { return ld(x[k]); };
     if (blocked)
       channel_sums_blocked<T>(v, ws, mean, value);
     else
@@ -347,7 +358,7 @@ void batchnorm_kernel(const KernelCtx& c) {
     for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
     // Sum of squared centred values (no cancellation), through rstd's buffer.
     const auto square = [x, mean](int64_t k, int64_t ch) {
-      const T d = x[k] - mean[ch];
+      const T d = ld(x[k]) - mean[ch];
       return d * d;
     };
     if (blocked)
@@ -376,10 +387,10 @@ void batchnorm_kernel(const KernelCtx& c) {
         bb[j] = b[c0 + j];
       }
       for (int64_t i = 0; i < v.s; ++i) {
-        const T* xp = x + k0 + i * 16;
-        T* __restrict yp = y + k0 + i * 16;
+        const S* xp = x + k0 + i * 16;
+        S* __restrict yp = y + k0 + i * 16;
 #pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) yp[j] = (xp[j] - mu[j]) * a[j] + bb[j];
+        for (int64_t j = 0; j < 16; ++j) yp[j] = st<S>((ld(xp[j]) - mu[j]) * a[j] + bb[j]);
       }
     });
     return;
@@ -387,37 +398,38 @@ void batchnorm_kernel(const KernelCtx& c) {
   for_each_ncs(
       v,
       [&](int64_t k0) {
-        const T* xr = x + k0;
-        T* __restrict yr = y + k0;
+        const S* xr = x + k0;
+        S* __restrict yr = y + k0;
 #pragma omp simd
-        for (int64_t ch = 0; ch < v.c; ++ch) yr[ch] = (xr[ch] - mean[ch]) * (rstd[ch] * g[ch]) + b[ch];
+        for (int64_t ch = 0; ch < v.c; ++ch)
+          yr[ch] = st<S>((ld(xr[ch]) - mean[ch]) * (rstd[ch] * g[ch]) + b[ch]);
       },
       [&](int64_t k0, int64_t ch) {
         const T mu = mean[ch], a = rstd[ch] * g[ch], bb = b[ch];
-        const T* xp = x + k0;
-        T* __restrict yp = y + k0;
+        const S* xp = x + k0;
+        S* __restrict yp = y + k0;
 #pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) yp[i] = (xp[i] - mu) * a + bb;
+        for (int64_t i = 0; i < v.s; ++i) yp[i] = st<S>((ld(xp[i]) - mu) * a + bb);
       });
 }
 
 // dgamma = sum dy xhat, dbeta = sum dy per channel; dx = g rstd (dy - dbeta/m - xhat dgamma/m) in training
 // (the batch statistics depend on x), g rstd dy in inference.
-template <typename T>
+template <typename S, typename T = Compute<S>>
 void batchnorm_grad_kernel(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[1]);
   const bool blocked = blocked_planes(c, v);
-  const T* dy = c.in[0].as<T>();
-  const T* x = c.in[1].as<T>();
-  const T* g = c.in[2].as<T>();
-  const T* mean = c.in[3].as<T>();
-  const T* rstd = c.in[4].as<T>();
-  T* dx = c.out[0].as<T>();
-  T* dgamma = c.out[1].as<T>();
-  T* dbeta = c.out[2].as<T>();
+  const S* dy = c.in[0].as<S>();
+  const S* x = c.in[1].as<S>();
+  const T* g = channel_data<S>(c.in[2]);
+  const T* mean = channel_data<S>(c.in[3]);
+  const T* rstd = channel_data<S>(c.in[4]);
+  S* dx = c.out[0].as<S>();
+  T* dgamma = channel_data<S>(c.out[1]);
+  T* dbeta = channel_data<S>(c.out[2]);
   T* ws = static_cast<T*>(c.workspace);
-  const auto grad = [dy](int64_t k, int64_t) { return dy[k]; };
-  const auto grad_xc = [dy, x, mean](int64_t k, int64_t ch) { return dy[k] * (x[k] - mean[ch]); };
+  const auto grad = [dy](int64_t k, int64_t) { return ld(dy[k]); };
+  const auto grad_xc = [dy, x, mean](int64_t k, int64_t ch) { return ld(dy[k]) * (ld(x[k]) - mean[ch]); };
   if (blocked)
     channel_sums_blocked<T>(v, ws, dbeta, grad, dgamma, grad_xc);
   else
@@ -436,11 +448,12 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
         gt[j] = t * rstd[ch] * dgamma[ch];
       }
       for (int64_t i = 0; i < v.s; ++i) {
-        const T* dyp = dy + k0 + i * 16;
-        const T* xp = x + k0 + i * 16;
-        T* __restrict dxp = dx + k0 + i * 16;
+        const S* dyp = dy + k0 + i * 16;
+        const S* xp = x + k0 + i * 16;
+        S* __restrict dxp = dx + k0 + i * 16;
 #pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) dxp[j] = p[j] * (dyp[j] - bt[j] - (xp[j] - mu[j]) * gt[j]);
+        for (int64_t j = 0; j < 16; ++j)
+          dxp[j] = st<S>(p[j] * (ld(dyp[j]) - bt[j] - (ld(xp[j]) - mu[j]) * gt[j]));
       }
     });
     return;
@@ -448,21 +461,22 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   for_each_ncs(
       v,
       [&](int64_t k0) {
-        const T* dyr = dy + k0;
-        const T* xr = x + k0;
-        T* __restrict dxr = dx + k0;
+        const S* dyr = dy + k0;
+        const S* xr = x + k0;
+        S* __restrict dxr = dx + k0;
 #pragma omp simd
         for (int64_t ch = 0; ch < v.c; ++ch)
-          dxr[ch] = g[ch] * rstd[ch] *
-                    (dyr[ch] - t * dbeta[ch] - (xr[ch] - mean[ch]) * (t * rstd[ch] * dgamma[ch]));
+          dxr[ch] =
+              st<S>(g[ch] * rstd[ch] *
+                    (ld(dyr[ch]) - t * dbeta[ch] - (ld(xr[ch]) - mean[ch]) * (t * rstd[ch] * dgamma[ch])));
       },
       [&](int64_t k0, int64_t ch) {
         const T p = g[ch] * rstd[ch], mu = mean[ch], bt = t * dbeta[ch], gt = t * rstd[ch] * dgamma[ch];
-        const T* dyp = dy + k0;
-        const T* xp = x + k0;
-        T* __restrict dxp = dx + k0;
+        const S* dyp = dy + k0;
+        const S* xp = x + k0;
+        S* __restrict dxp = dx + k0;
 #pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) dxp[i] = p * (dyp[i] - bt - (xp[i] - mu) * gt);
+        for (int64_t i = 0; i < v.s; ++i) dxp[i] = st<S>(p * (ld(dyp[i]) - bt - (ld(xp[i]) - mu) * gt));
       });
 }
 
@@ -482,11 +496,11 @@ void rmsnorm_grad(const KernelCtx& c) {
                  [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, false>(c); });
 }
 void batchnorm(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { batchnorm_kernel<std::remove_pointer_t<decltype(t)>>(c); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { batchnorm_kernel<std::remove_pointer_t<decltype(t)>>(c); });
 }
 void batchnorm_grad(const KernelCtx& c) {
-  dispatch_float(c.in[1].dtype,
-                 [&](auto* t) { batchnorm_grad_kernel<std::remove_pointer_t<decltype(t)>>(c); });
+  dispatch_storage(c.in[1].dtype,
+                   [&](auto* t) { batchnorm_grad_kernel<std::remove_pointer_t<decltype(t)>>(c); });
 }
 
 }  // namespace flowrun::cpu
