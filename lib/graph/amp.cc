@@ -18,14 +18,14 @@ AmpPolicy amp_policy(const std::string& op) {
   // GEMM-shaped ops gain from low precision and accumulate in f32 inside their kernels.
   static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa"};
   // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
-  // exponentials and logarithms, losses, normalisation statistics, reductions. The KV cache of decoding
-  // (sdpa_cache) stays f32, as the state it updates in place.
-  static const std::set<std::string> f32 = {
-      "softmax",    "log_softmax", "cross_entropy", "nll_loss",       "mse_loss",   "layernorm", "rmsnorm",
-      "reduce_sum", "reduce_mean", "reduce_max",    "global_avgpool", "pow_scalar", "sdpa_cache"};
-  // Statistics summed in f32 from low-precision activations, normalised output rounded once: as PyTorch's
-  // autocast and cuDNN run batchnorm (bf16 activations, f32 parameters and running statistics).
-  static const std::set<std::string> norm = {"batchnorm"};
+  // exponentials and logarithms, losses, reductions. The KV cache of decoding (sdpa_cache) stays f32, as the
+  // state it updates in place.
+  static const std::set<std::string> f32 = {"softmax",    "log_softmax", "cross_entropy", "nll_loss",
+                                            "mse_loss",   "reduce_sum",  "reduce_mean",   "reduce_max",
+                                            "pow_scalar", "sdpa_cache",  "global_avgpool"};
+  // Norms sum their statistics in f32 from low-precision activations and round the normalised output once,
+  // as PyTorch's CPU autocast runs them (bf16 activations, f32 parameters and statistics).
+  static const std::set<std::string> norm = {"batchnorm", "layernorm", "rmsnorm"};
   if (low.count(op)) return AmpPolicy::low;
   if (f32.count(op)) return AmpPolicy::f32;
   if (norm.count(op)) return AmpPolicy::norm;

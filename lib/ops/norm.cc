@@ -13,6 +13,14 @@ namespace {
 
 const std::vector<DType> kF = {DType::f32, DType::f64};
 
+// The CPU's mixed-precision kernel of a norm: bf16 activations, the inputs `params` (gamma, beta, statistics)
+// and the statistics it outputs in f32, the arithmetic in f32 (no avx512_bf16 instruction needed).
+KernelDef mixed_bf16(KernelFn fn, std::vector<int> params) {
+  KernelDef k{DeviceKind::cpu, {DType::bf16}, fn};
+  k.f32_inputs = std::move(params);
+  return k;
+}
+
 double sz(DType t) {
   return static_cast<double>(dtype_size(t));
 }
@@ -20,19 +28,10 @@ double count(const Shape& s) {
   return static_cast<double>(numel(s));
 }
 
-void check_same_dtype(const std::string& op, const std::vector<TensorType>& in) {
-  if (!is_floating(in[0].dtype))
-    throw input_error(cat(op, ": x must be floating, got ", dtype_name(in[0].dtype)));
-  for (size_t i = 1; i < in.size(); ++i)
-    if (in[i].dtype != in[0].dtype)
-      throw input_error(
-          cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but x is ", dtype_name(in[0].dtype)));
-}
-
-// batchnorm's activations are its inputs before `first` (x last among them), all of one dtype; its
-// per-channel inputs from `first` on (gamma, beta, statistics) are x's dtype, or f32 with an f16/bf16 x
-// (mixed precision: a kernel with KernelDef::f32_inputs). Returns their dtype, the statistics'.
-DType check_channel_dtypes(const std::string& op, const std::vector<TensorType>& in, size_t first) {
+// A norm's activations are its inputs before `first` (x last among them), all of one dtype; its parameters
+// and statistics from `first` on (gamma, beta, mean, rstd, running statistics) are x's dtype, or f32 with an
+// f16/bf16 x (mixed precision: a kernel with KernelDef::f32_inputs). Returns their dtype, the statistics'.
+DType check_param_dtypes(const std::string& op, const std::vector<TensorType>& in, size_t first) {
   const DType x = in[first - 1].dtype;
   if (!is_floating(x)) throw input_error(cat(op, ": x must be floating, got ", dtype_name(x)));
   for (size_t i = 0; i < first; ++i)
@@ -41,7 +40,7 @@ DType check_channel_dtypes(const std::string& op, const std::vector<TensorType>&
   const DType p = in[first].dtype;
   if (p != x && !(p == DType::f32 && is_low_precision(x)))
     throw input_error(cat(op, ": input ", first, " is ", dtype_name(p), " but x is ", dtype_name(x),
-                          " (per-channel inputs are x's dtype, or f32 with an f16/bf16 x)"));
+                          " (parameters and statistics are x's dtype, or f32 with an f16/bf16 x)"));
   for (size_t i = first + 1; i < in.size(); ++i)
     if (in[i].dtype != p)
       throw input_error(cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but input ", first, " is ",
@@ -58,10 +57,10 @@ void check_vector(const std::string& op, const char* what, const Shape& s, int64
   if (s != Shape{n}) throw input_error(cat(op, ": ", what, " is ", shape_str(s), ", expected [", n, "]"));
 }
 
-// x (..., D) with per-feature parameters (D) after it.
-int64_t row_norm_features(const std::string& op, const std::vector<TensorType>& in, int num_params,
-                          const Attrs& a, double eps) {
-  check_same_dtype(op, in);
+// x (..., D) with per-feature parameters (D) after it; returns the statistics' dtype.
+DType row_norm_features(const std::string& op, const std::vector<TensorType>& in, int num_params,
+                        const Attrs& a, double eps) {
+  const DType stat = check_param_dtypes(op, in, 1);
   const Shape& x = in[0].shape;
   if (x.empty() || x.back() < 1)
     throw input_error(cat(op, ": x needs a non-empty last dimension, got ", shape_str(x)));
@@ -69,12 +68,12 @@ int64_t row_norm_features(const std::string& op, const std::vector<TensorType>& 
   for (int i = 0; i < num_params; ++i)
     check_vector(op, names[i], in[static_cast<size_t>(1 + i)].shape, x.back());
   check_eps(op, a, eps);
-  return x.back();
+  return stat;
 }
 
-// mean / rstd of a row norm: one per row.
-TensorType row_stat(const TensorType& x) {
-  return {Shape(x.shape.begin(), x.shape.end() - 1), x.dtype};
+// mean / rstd of a row norm: one per row, of dtype `stat` (f32 for an f16/bf16 x with f32 parameters).
+TensorType row_stat(const TensorType& x, DType stat) {
+  return {Shape(x.shape.begin(), x.shape.end() - 1), stat};
 }
 
 // Forward of a row norm: reads x and the parameters, writes y and the statistics.
@@ -261,8 +260,8 @@ void register_norm_ops(OpRegistry& r) {
   ln.num_inputs = 3;
   ln.num_outputs = [](const Attrs&) { return 3; };
   ln.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    row_norm_features("layernorm", in, 2, a, 1e-5);
-    return {in[0], row_stat(in[0]), row_stat(in[0])};
+    const DType stat = row_norm_features("layernorm", in, 2, a, 1e-5);
+    return {in[0], row_stat(in[0], stat), row_stat(in[0], stat)};
   };
   ln.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("layernorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)});
@@ -271,7 +270,7 @@ void register_norm_ops(OpRegistry& r) {
   ln.cost = row_norm_cost;
   ln.nondiff_outputs = {1, 2};
   ln.sbp = [](const SbpQuery& q) { return row_wise_signatures(q, 1); };
-  ln.kernels = {{DeviceKind::cpu, kF, cpu::layernorm}};
+  ln.kernels = {{DeviceKind::cpu, kF, cpu::layernorm}, mixed_bf16(cpu::layernorm, {1, 2})};
   ln.samples = [] { return row_norm_samples(true); };
   r.add(ln);
 
@@ -281,12 +280,12 @@ void register_norm_ops(OpRegistry& r) {
   lng.num_inputs = 5;
   lng.num_outputs = [](const Attrs&) { return 3; };
   lng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    check_same_dtype("layernorm_grad", in);
+    const DType stat = check_param_dtypes("layernorm_grad", in, 2);
     if (in[0].shape != in[1].shape || in[1].shape.empty())
       throw input_error(
           cat("layernorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(in[1].shape)));
     check_vector("layernorm_grad", "gamma", in[2].shape, in[1].shape.back());
-    const TensorType st = row_stat(in[1]);
+    const TensorType st = row_stat(in[1], stat);
     if (in[3].shape != st.shape || in[4].shape != st.shape)
       throw input_error(cat("layernorm_grad: mean/rstd should be ", shape_str(st.shape)));
     return {in[1], in[2], in[2]};
@@ -295,7 +294,7 @@ void register_norm_ops(OpRegistry& r) {
   lng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     return row_norm_grad_workspace(in, 2);
   };
-  lng.kernels = {{DeviceKind::cpu, kF, cpu::layernorm_grad}};
+  lng.kernels = {{DeviceKind::cpu, kF, cpu::layernorm_grad}, mixed_bf16(cpu::layernorm_grad, {2, 3, 4})};
   lng.covered_by = {"layernorm"};
   r.add(lng);
 
@@ -307,8 +306,8 @@ void register_norm_ops(OpRegistry& r) {
   rms.num_inputs = 2;
   rms.num_outputs = [](const Attrs&) { return 2; };
   rms.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    row_norm_features("rmsnorm", in, 1, a, 1e-6);
-    return {in[0], row_stat(in[0])};
+    const DType stat = row_norm_features("rmsnorm", in, 1, a, 1e-6);
+    return {in[0], row_stat(in[0], stat)};
   };
   rms.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("rmsnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)});
@@ -317,7 +316,7 @@ void register_norm_ops(OpRegistry& r) {
   rms.cost = row_norm_cost;
   rms.nondiff_outputs = {1};
   rms.sbp = [](const SbpQuery& q) { return row_wise_signatures(q, 1); };
-  rms.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm}};
+  rms.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm}, mixed_bf16(cpu::rmsnorm, {1})};
   rms.samples = [] { return row_norm_samples(false); };
   r.add(rms);
 
@@ -327,20 +326,20 @@ void register_norm_ops(OpRegistry& r) {
   rmsg.num_inputs = 4;
   rmsg.num_outputs = [](const Attrs&) { return 2; };
   rmsg.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    check_same_dtype("rmsnorm_grad", in);
+    const DType stat = check_param_dtypes("rmsnorm_grad", in, 2);
     if (in[0].shape != in[1].shape || in[1].shape.empty())
       throw input_error(
           cat("rmsnorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(in[1].shape)));
     check_vector("rmsnorm_grad", "gamma", in[2].shape, in[1].shape.back());
-    if (in[3].shape != row_stat(in[1]).shape)
-      throw input_error(cat("rmsnorm_grad: rstd should be ", shape_str(row_stat(in[1]).shape)));
+    if (in[3].shape != row_stat(in[1], stat).shape)
+      throw input_error(cat("rmsnorm_grad: rstd should be ", shape_str(row_stat(in[1], stat).shape)));
     return {in[1], in[2]};
   };
   rmsg.cost = row_norm_grad_cost;
   rmsg.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     return row_norm_grad_workspace(in, 1);
   };
-  rmsg.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm_grad}};
+  rmsg.kernels = {{DeviceKind::cpu, kF, cpu::rmsnorm_grad}, mixed_bf16(cpu::rmsnorm_grad, {2, 3})};
   rmsg.covered_by = {"rmsnorm"};
   r.add(rmsg);
 
@@ -356,7 +355,7 @@ void register_norm_ops(OpRegistry& r) {
   bn.num_inputs = 5;
   bn.num_outputs = [](const Attrs&) { return 3; };
   bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    const DType stat_dtype = check_channel_dtypes("batchnorm", in, 1);
+    const DType stat_dtype = check_param_dtypes("batchnorm", in, 1);
     const Shape& x = in[0].shape;
     if (x.size() < 2) throw input_error(cat("batchnorm: x must be (N, C, ...), got ", shape_str(x)));
     const char* names[] = {"gamma", "beta", "running_mean", "running_var"};
@@ -399,10 +398,7 @@ void register_norm_ops(OpRegistry& r) {
                       {Sbp::split(0), Sbp::broadcast(), Sbp::broadcast()}});
     return sigs;
   };
-  // bf16: activations in bf16, gamma, beta and the statistics in f32, the arithmetic in f32 (no avx512_bf16
-  // instruction needed).
-  bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm},
-                {DeviceKind::cpu, {DType::bf16}, cpu::batchnorm, nullptr, nullptr, nullptr, {1, 2, 3, 4}}};
+  bn.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm}, mixed_bf16(cpu::batchnorm, {1, 2, 3, 4})};
   bn.samples = batchnorm_samples;
   r.add(bn);
 
@@ -414,7 +410,7 @@ void register_norm_ops(OpRegistry& r) {
   bng.num_inputs = 5;
   bng.num_outputs = [](const Attrs&) { return 3; };
   bng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    check_channel_dtypes("batchnorm_grad", in, 2);
+    check_param_dtypes("batchnorm_grad", in, 2);
     const Shape& x = in[1].shape;
     if (in[0].shape != x || x.size() < 2)
       throw input_error(
@@ -430,8 +426,7 @@ void register_norm_ops(OpRegistry& r) {
   bng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     return batchnorm_workspace_bytes(in[1], in[2].dtype, 2);  // dbeta and dgamma sums in one pass
   };
-  bng.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm_grad},
-                 {DeviceKind::cpu, {DType::bf16}, cpu::batchnorm_grad, nullptr, nullptr, nullptr, {2, 3, 4}}};
+  bng.kernels = {{DeviceKind::cpu, kF, cpu::batchnorm_grad}, mixed_bf16(cpu::batchnorm_grad, {2, 3, 4})};
   bng.covered_by = {"batchnorm"};
   r.add(bng);
 }

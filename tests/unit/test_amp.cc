@@ -165,6 +165,35 @@ TEST(Amp, BatchnormKeepsBf16ActivationsWithF32Statistics) {
   }
 }
 
+// linear (low) -> layernorm / rmsnorm -> linear (low): in bf16 the norms read the first linear's bf16 output
+// and write bf16 for the second, with f32 parameters and statistics; in f16 they run in f32 between casts.
+TEST(Amp, RowNormsKeepBf16ActivationsWithF32Statistics) {
+  for (const char* op : {"layernorm", "rmsnorm"})
+    for (DType low : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(cat(op, " in ", dtype_name(low)));
+      const bool centered = std::string(op) == "layernorm";
+      Graph g;
+      GraphBuilder b(g);
+      const ValueId x = b.input("x", {kBatch, kDim});
+      const ValueId y = b.input("y", {kBatch}, DType::i64);
+      const ValueId h = b.op1("linear", {x, b.param("fc1.w", {kDim, kDim})}, {}, "fc1");
+      std::vector<ValueId> in = {h, b.param("n.g", {kDim})};
+      if (centered) in.push_back(b.param("n.b", {kDim}));
+      const auto n = b.op(op, in, {}, "norm");
+      const ValueId logits = b.op1("linear", {n[0], b.param("fc2.w", {kClasses, kDim})}, {}, "fc2");
+      g.mark_output("loss", b.op("cross_entropy", {logits, y}, {}, "loss")[0]);
+      const Program p = compile(std::move(g), options(low, false));
+      const Node& node = forward_node(p, "norm");
+      const DType act = low == DType::bf16 ? low : DType::f32;
+      EXPECT_EQ(in_dtype(p, node, 0), act);
+      for (size_t i = 1; i < node.inputs.size(); ++i) EXPECT_EQ(in_dtype(p, node, i), DType::f32);
+      EXPECT_EQ(p.graph.value(node.outputs[0]).dtype(), act);
+      EXPECT_EQ(p.graph.value(node.outputs[1]).dtype(), DType::f32);
+      for (const auto& [param, grad] : p.graph.param_grads())
+        EXPECT_EQ(p.graph.value(grad).dtype(), DType::f32) << p.graph.value(param).name;
+    }
+}
+
 TEST(Amp, Fp32CompileHasNoCasts) {
   const Program p = compile(mixed_graph(), options(DType::f32, false));
   for (NodeId id : p.order) EXPECT_NE(p.graph.node(id).op, "cast");

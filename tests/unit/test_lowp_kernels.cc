@@ -165,18 +165,46 @@ TEST(LowpKernels, ReduceSumMatchesWidenedFloat32) {
   }
 }
 
+// Parameters for the mixed-precision norms: f32, uniform in [lo, lo + 1).
+Tensor f32_params(int64_t n, uint64_t seed, double lo) {
+  Tensor t = Tensor::empty({n}, DType::f32);
+  const RngStream r{seed, 5};
+  for (int64_t i = 0; i < n; ++i)
+    t.data<float>()[i] = static_cast<float>(lo + r.uniform(static_cast<uint64_t>(i)));
+  return t;
+}
+
+// layernorm and rmsnorm on bf16 rows with f32 gamma and beta: statistics and parameter gradients bitwise the
+// f32 kernel's on the widened input, y and dx its results rounded once. 70 columns run the vector loop and a
+// tail; 200 rows are more than the 64 blocks of the parameter gradients' partial sums.
+TEST(LowpKernels, RowNormsMatchWidenedFloat32WithFloat32Statistics) {
+  for (const Shape& x : std::vector<Shape>{{200, 70}, {3, 5, 96}}) {
+    SCOPED_TRACE(shape_str(x));
+    const int64_t d = x.back();
+    const Tensor xb = bf16_input(x, 30), dy = bf16_input(x, 31), g = f32_params(d, 32, 0.5),
+                 beta = f32_params(d, 33, -0.5);
+    for (const bool centered : {true, false}) {
+      const std::string op = centered ? "layernorm" : "rmsnorm";
+      SCOPED_TRACE(op);
+      std::vector<Tensor> in = {xb, g};
+      if (centered) in.push_back(beta);
+      expect_native_matches_widened(op, {}, in);
+      const OpDef& def = OpRegistry::get().at(op);
+      std::vector<Tensor> wide = {xb.to(DType::f32), g};
+      if (centered) wide.push_back(beta);
+      const std::vector<Tensor> fwd = run_kernel(def, *def.kernel(DeviceKind::cpu, DType::f32), {}, wide);
+      std::vector<Tensor> grad_in = {dy, xb, g};
+      for (size_t j = 1; j < fwd.size(); ++j) grad_in.push_back(fwd[j]);  // mean and rstd, or rstd
+      expect_native_matches_widened(op + "_grad", {}, grad_in);
+    }
+  }
+}
+
 // bf16 activations with f32 per-channel inputs: a training step's statistics, the running statistics it
 // updates and the gradients are the f32 kernel's exactly (the sums run in f32 in the same order), y and dx
 // its results rounded once. Plain (N, C) with more rows than the 64 row blocks, plain planes, nChw16c planes
 // (attr blocked), and inference.
 TEST(LowpKernels, BatchnormMatchesWidenedFloat32WithFloat32Statistics) {
-  auto f32_input = [](int64_t c, uint64_t seed, double lo) {
-    Tensor t = Tensor::empty({c}, DType::f32);
-    const RngStream r{seed, 5};
-    for (int64_t i = 0; i < c; ++i)
-      t.data<float>()[i] = static_cast<float>(lo + r.uniform(static_cast<uint64_t>(i)));
-    return t;
-  };
   struct Case {
     Shape x;
     bool blocked, training;
@@ -190,17 +218,17 @@ TEST(LowpKernels, BatchnormMatchesWidenedFloat32WithFloat32Statistics) {
     const int64_t c = k.x[1];
     const Attrs a{{"training", k.training}, {"blocked", k.blocked}};
     const Tensor x = bf16_input(k.x, 20);
-    expect_native_matches_widened(
-        "batchnorm", a,
-        {x, f32_input(c, 21, 0.5), f32_input(c, 22, -0.5), f32_input(c, 23, -0.5), f32_input(c, 24, 0.5)});
+    expect_native_matches_widened("batchnorm", a,
+                                  {x, f32_params(c, 21, 0.5), f32_params(c, 22, -0.5),
+                                   f32_params(c, 23, -0.5), f32_params(c, 24, 0.5)});
     // The statistics the forward pass saves, from the f32 kernel, for the gradient.
     const OpDef& bn = OpRegistry::get().at("batchnorm");
-    Tensor rm = f32_input(c, 23, -0.5), rv = f32_input(c, 24, 0.5);
+    Tensor rm = f32_params(c, 23, -0.5), rv = f32_params(c, 24, 0.5);
     const std::vector<Tensor> fwd =
         run_kernel(bn, *bn.kernel(DeviceKind::cpu, DType::f32), a,
-                   {x.to(DType::f32), f32_input(c, 21, 0.5), f32_input(c, 22, -0.5), rm, rv});
+                   {x.to(DType::f32), f32_params(c, 21, 0.5), f32_params(c, 22, -0.5), rm, rv});
     expect_native_matches_widened("batchnorm_grad", Attrs{{"training", k.training}, {"blocked", k.blocked}},
-                                  {bf16_input(k.x, 25), x, f32_input(c, 21, 0.5), fwd[1], fwd[2]});
+                                  {bf16_input(k.x, 25), x, f32_params(c, 21, 0.5), fwd[1], fwd[2]});
   }
 }
 

@@ -70,38 +70,48 @@ T eps_of(const KernelCtx& c, double dflt) {
   return static_cast<T>(c.attrs().f("eps", dflt));
 }
 
-// y = (x - mean) * rstd * gamma (+ beta); kCentered: layernorm, else rmsnorm (mean 0, no beta).
-template <typename T, bool kCentered>
+// The parameters, statistics and parameter gradients of a norm kernel whose activations are stored as S:
+// S's compute type (f32 for bf16: the mixed-precision kernels' KernelDef::f32_inputs).
+template <typename S>
+Compute<S>* param_data(const TensorView& t) {
+  FR_CHECK(t.dtype == dtype_of<Compute<S>>(), "a norm kernel got parameters or statistics of dtype ",
+           dtype_name(t.dtype));
+  return t.as<Compute<S>>();
+}
+
+// y = (x - mean) * rstd * gamma (+ beta); kCentered: layernorm, else rmsnorm (mean 0, no beta). Activations
+// stored as S (rounded once per output for bf16), arithmetic in T.
+template <typename S, bool kCentered, typename T = Compute<S>>
 void row_norm(const KernelCtx& c) {
   const int64_t d = c.in[0].dim(-1), rows = c.in[0].numel() / std::max<int64_t>(d, 1);
-  const T* x = c.in[0].as<T>();
-  const T* g = c.in[1].as<T>();
-  const T* b = kCentered ? c.in[2].as<T>() : nullptr;
-  T* __restrict y = c.out[0].as<T>();
-  T* __restrict mean = kCentered ? c.out[1].as<T>() : nullptr;
-  T* __restrict rstd = c.out[kCentered ? 2 : 1].as<T>();
+  const S* x = c.in[0].as<S>();
+  const T* g = param_data<S>(c.in[1]);
+  const T* b = kCentered ? param_data<S>(c.in[2]) : nullptr;
+  S* __restrict y = c.out[0].as<S>();
+  T* __restrict mean = kCentered ? param_data<S>(c.out[1]) : nullptr;
+  T* __restrict rstd = param_data<S>(c.out[kCentered ? 2 : 1]);
   const T eps = eps_of<T>(c, kCentered ? 1e-5 : 1e-6), inv_d = T(1) / static_cast<T>(d);
   parallel_for(rows, row_grain(d), [&](int64_t s, int64_t e) {
     for (int64_t r = s; r < e; ++r) {
-      const T* xr = x + r * d;
-      T* __restrict yr = y + r * d;
+      const S* xr = x + r * d;
+      S* __restrict yr = y + r * d;
       T mu = T(0);
-      if constexpr (kCentered) mu = lane_sum<T>(d, [xr](int64_t j) { return xr[j]; }) * inv_d;
+      if constexpr (kCentered) mu = lane_sum<T>(d, [xr](int64_t j) { return ld(xr[j]); }) * inv_d;
       // Variance of the centred values: no cancellation when |mean| >> std.
       const T var = lane_sum<T>(d,
                                 [xr, mu](int64_t j) {
-                                  const T v = xr[j] - mu;
+                                  const T v = ld(xr[j]) - mu;
                                   return v * v;
                                 }) *
                     inv_d;
       const T rs = T(1) / std::sqrt(var + eps);
       if constexpr (kCentered) {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) yr[j] = (xr[j] - mu) * rs * g[j] + b[j];
+        for (int64_t j = 0; j < d; ++j) yr[j] = st<S>((ld(xr[j]) - mu) * rs * g[j] + b[j]);
         mean[r] = mu;
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) yr[j] = xr[j] * rs * g[j];
+        for (int64_t j = 0; j < d; ++j) yr[j] = st<S>(ld(xr[j]) * rs * g[j]);
       }
       rstd[r] = rs;
     }
@@ -110,17 +120,17 @@ void row_norm(const KernelCtx& c) {
 
 // dx = rstd * (g dy - mean(g dy) - xhat mean(g dy xhat)) (rmsnorm: without the mean(g dy) term);
 // dgamma = sum_rows dy xhat, dbeta = sum_rows dy, through per-block partials (see norm_row_blocks).
-template <typename T, bool kCentered>
+template <typename S, bool kCentered, typename T = Compute<S>>
 void row_norm_grad(const KernelCtx& c) {
   const int64_t d = c.in[1].dim(-1), rows = c.in[1].numel() / std::max<int64_t>(d, 1);
-  const T* dy = c.in[0].as<T>();
-  const T* x = c.in[1].as<T>();
-  const T* g = c.in[2].as<T>();
-  const T* mean = kCentered ? c.in[3].as<T>() : nullptr;
-  const T* rstd = c.in[kCentered ? 4 : 3].as<T>();
-  T* dx = c.out[0].as<T>();
-  T* dgamma = c.out[1].as<T>();
-  T* dbeta = kCentered ? c.out[2].as<T>() : nullptr;
+  const S* dy = c.in[0].as<S>();
+  const S* x = c.in[1].as<S>();
+  const T* g = param_data<S>(c.in[2]);
+  const T* mean = kCentered ? param_data<S>(c.in[3]) : nullptr;
+  const T* rstd = param_data<S>(c.in[kCentered ? 4 : 3]);
+  S* dx = c.out[0].as<S>();
+  T* dgamma = param_data<S>(c.out[1]);
+  T* dbeta = kCentered ? param_data<S>(c.out[2]) : nullptr;
   const int64_t blocks = norm_row_blocks(rows), parts = kCentered ? 2 : 1;
   T* ws = static_cast<T*>(c.workspace);
   // One block accumulates straight into the outputs; otherwise block k owns ws[(k * parts + p) * d, +d).
@@ -138,12 +148,14 @@ void row_norm_grad(const KernelCtx& c) {
         for (int64_t j = 0; j < d; ++j) pb[j] = T(0);
       const int64_t r0 = k * rows / blocks, r1 = (k + 1) * rows / blocks;
       for (int64_t r = r0; r < r1; ++r) {
-        const T* dyr = dy + r * d;
-        const T* xr = x + r * d;
-        T* __restrict dxr = dx + r * d;
+        const S* dyr = dy + r * d;
+        const S* xr = x + r * d;
+        S* __restrict dxr = dx + r * d;
         const T mu = kCentered ? mean[r] : T(0), rs = rstd[r];
-        auto gdy = [dyr, g](int64_t j) { return g[j] * dyr[j]; };
-        auto gdy_xhat = [dyr, g, xr, mu, rs](int64_t j) { return g[j] * dyr[j] * ((xr[j] - mu) * rs); };
+        auto gdy = [dyr, g](int64_t j) { return g[j] * ld(dyr[j]); };
+        auto gdy_xhat = [dyr, g, xr, mu, rs](int64_t j) {
+          return g[j] * ld(dyr[j]) * ((ld(xr[j]) - mu) * rs);
+        };
         T sum_gdy = T(0), sum_gdy_xhat;
         if constexpr (kCentered)
           lane_sum2<T>(d, gdy, gdy_xhat, sum_gdy, sum_gdy_xhat);
@@ -152,10 +164,10 @@ void row_norm_grad(const KernelCtx& c) {
         const T a = sum_gdy * inv_d, bb = sum_gdy_xhat * inv_d;
 #pragma omp simd
         for (int64_t j = 0; j < d; ++j) {
-          const T xh = (xr[j] - mu) * rs;
-          dxr[j] = rs * (g[j] * dyr[j] - a - xh * bb);
-          pg[j] += dyr[j] * xh;
-          if constexpr (kCentered) pb[j] += dyr[j];
+          const T xh = (ld(xr[j]) - mu) * rs, dyj = ld(dyr[j]);
+          dxr[j] = st<S>(rs * (g[j] * dyj - a - xh * bb));
+          pg[j] += dyj * xh;
+          if constexpr (kCentered) pb[j] += dyj;
         }
       }
     }
@@ -324,28 +336,19 @@ bool blocked_planes(const KernelCtx& c, const NCS& v) {
   return v.s > 1;
 }
 
-// The per-channel inputs and outputs of a batchnorm kernel whose activations are stored as S: S's compute
-// type (f32 for bf16, the mixed-precision kernel's f32_inputs).
-template <typename S>
-Compute<S>* channel_data(const TensorView& t) {
-  FR_CHECK(t.dtype == dtype_of<Compute<S>>(), "a batchnorm kernel got per-channel data of dtype ",
-           dtype_name(t.dtype));
-  return t.as<Compute<S>>();
-}
-
 // Activations stored as S (f32, f64, or bf16 rounded once per output), arithmetic in T.
 template <typename S, typename T = Compute<S>>
 void batchnorm_kernel(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[0]);
   const bool blocked = blocked_planes(c, v);
   const S* x = c.in[0].as<S>();
-  const T* g = channel_data<S>(c.in[1]);
-  const T* b = channel_data<S>(c.in[2]);
-  T* running_mean = channel_data<S>(c.in[3]);
-  T* running_var = channel_data<S>(c.in[4]);
+  const T* g = param_data<S>(c.in[1]);
+  const T* b = param_data<S>(c.in[2]);
+  T* running_mean = param_data<S>(c.in[3]);
+  T* running_var = param_data<S>(c.in[4]);
   S* y = c.out[0].as<S>();
-  T* mean = channel_data<S>(c.out[1]);
-  T* rstd = channel_data<S>(c.out[2]);
+  T* mean = param_data<S>(c.out[1]);
+  T* rstd = param_data<S>(c.out[2]);
   const T eps = eps_of<T>(c, 1e-5), momentum = static_cast<T>(c.attrs().f("momentum", 0.1));
   if (c.attrs().b("training", true)) {
     const int64_t m = v.n * v.s;
@@ -421,12 +424,12 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   const bool blocked = blocked_planes(c, v);
   const S* dy = c.in[0].as<S>();
   const S* x = c.in[1].as<S>();
-  const T* g = channel_data<S>(c.in[2]);
-  const T* mean = channel_data<S>(c.in[3]);
-  const T* rstd = channel_data<S>(c.in[4]);
+  const T* g = param_data<S>(c.in[2]);
+  const T* mean = param_data<S>(c.in[3]);
+  const T* rstd = param_data<S>(c.in[4]);
   S* dx = c.out[0].as<S>();
-  T* dgamma = channel_data<S>(c.out[1]);
-  T* dbeta = channel_data<S>(c.out[2]);
+  T* dgamma = param_data<S>(c.out[1]);
+  T* dbeta = param_data<S>(c.out[2]);
   T* ws = static_cast<T*>(c.workspace);
   const auto grad = [dy](int64_t k, int64_t) { return ld(dy[k]); };
   const auto grad_xc = [dy, x, mean](int64_t k, int64_t ch) { return ld(dy[k]) * (ld(x[k]) - mean[ch]); };
@@ -483,17 +486,18 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
 }  // namespace
 
 void layernorm(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, true>(c); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, true>(c); });
 }
 void layernorm_grad(const KernelCtx& c) {
-  dispatch_float(c.in[1].dtype, [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, true>(c); });
+  dispatch_storage(c.in[1].dtype,
+                   [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, true>(c); });
 }
 void rmsnorm(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, false>(c); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, false>(c); });
 }
 void rmsnorm_grad(const KernelCtx& c) {
-  dispatch_float(c.in[1].dtype,
-                 [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, false>(c); });
+  dispatch_storage(c.in[1].dtype,
+                   [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, false>(c); });
 }
 void batchnorm(const KernelCtx& c) {
   dispatch_storage(c.in[0].dtype, [&](auto* t) { batchnorm_kernel<std::remove_pointer_t<decltype(t)>>(c); });

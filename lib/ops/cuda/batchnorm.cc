@@ -32,19 +32,11 @@ size_t workspace_bytes(const Shape& x, int64_t sums) {
   return static_cast<size_t>(batchnorm_workspace_floats(c, m, sums)) * sizeof(float);
 }
 
-// The CUDA kernels take gamma, beta and the statistics in x's storage type: the mixed-precision pass gives
-// them f32 ones only where a kernel lists KernelDef::f32_inputs, which these do not.
-void check_channel_dtypes(const KernelCtx& c, DType x, int first) {
-  for (int i = first; i < c.num_in; ++i)
-    FR_CHECK(c.in[i].dtype == x, c.node->name, ": the CUDA batchnorm needs its per-channel inputs in ",
-             dtype_name(x), ", input ", i, " is ", dtype_name(c.in[i].dtype));
-}
-
 }  // namespace
 
 void batchnorm(const KernelCtx& c) {
   const TensorView& x = c.in[0];
-  check_channel_dtypes(c, x.dtype, 1);
+  check_same_dtype(c, x.dtype, 1);
   const BatchNorm b = batch_of(*x.shape, c.attrs());
   batchnorm(storage_of(x.dtype), b, x.data, c.in[1].data, c.in[2].data, c.in[3].data, c.in[4].data,
             c.out[0].data, c.out[1].data, c.out[2].data, workspace_for(c, b, b.training ? 1 : 0),
@@ -53,7 +45,7 @@ void batchnorm(const KernelCtx& c) {
 
 void batchnorm_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
-  check_channel_dtypes(c, x.dtype, 2);
+  check_same_dtype(c, x.dtype, 2);
   const BatchNorm b = batch_of(*x.shape, c.attrs());
   batchnorm_grad(storage_of(x.dtype), b, c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
                  c.out[0].data, c.out[1].data, c.out[2].data, workspace_for(c, b, 2), stream_of(c));

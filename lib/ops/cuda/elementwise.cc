@@ -23,6 +23,12 @@ cudaStream_t stream_of(const KernelCtx& c) {
   return static_cast<cudaStream_t>(c.stream);
 }
 
+void check_same_dtype(const KernelCtx& c, DType x, int first) {
+  for (int i = first; i < c.num_in; ++i)
+    FR_CHECK(c.in[i].dtype == x, c.node->name, ": the CUDA kernel needs input ", i, " in ", dtype_name(x),
+             ", got ", dtype_name(c.in[i].dtype));
+}
+
 namespace {
 
 void binary_op(const KernelCtx& c, BinaryOp op) {

@@ -12,6 +12,10 @@ namespace flowrun::cuda {
 enum class Storage : int;
 Storage storage_of(DType t);  // throws for dtypes the CUDA kernels do not store
 cudaStream_t stream_of(const KernelCtx& c);
+// The CUDA norms take gamma, beta and their statistics in x's storage type: the mixed-precision pass gives
+// them f32 ones with a low-precision x only where a kernel lists KernelDef::f32_inputs, which these do not.
+// Throws, naming the node, if an input from `first` on is of another dtype than x.
+void check_same_dtype(const KernelCtx& c, DType x, int first);
 
 // Elementwise (ops/cuda/elementwise.cc): the ops of ops/elementwise.cc, f32/f16/bf16.
 void add(const KernelCtx& c);

@@ -85,6 +85,7 @@ void cross_entropy_grad(const KernelCtx& c) {
 
 void layernorm(const KernelCtx& c) {
   const TensorView& x = c.in[0];
+  check_same_dtype(c, x.dtype, 1);
   layernorm(storage_of(x.dtype), x.data, c.in[1].data, c.in[2].data, c.out[0].data, c.out[1].data,
             c.out[2].data, rows_of(x), cols_of(x), static_cast<float>(c.attrs().f("eps", 1e-5)),
             stream_of(c));
@@ -102,6 +103,7 @@ float* dparams_partials(const KernelCtx& c, const TensorView& x, int64_t parts) 
 
 void layernorm_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
+  check_same_dtype(c, x.dtype, 2);
   layernorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
                  c.out[0].data, c.out[1].data, c.out[2].data, rows_of(x), cols_of(x),
                  dparams_partials(c, x, 2), cpu::norm_row_blocks(rows_of(x)), stream_of(c));
@@ -109,12 +111,14 @@ void layernorm_grad(const KernelCtx& c) {
 
 void rmsnorm(const KernelCtx& c) {
   const TensorView& x = c.in[0];
+  check_same_dtype(c, x.dtype, 1);
   rmsnorm(storage_of(x.dtype), x.data, c.in[1].data, c.out[0].data, c.out[1].data, rows_of(x), cols_of(x),
           static_cast<float>(c.attrs().f("eps", 1e-6)), stream_of(c));
 }
 
 void rmsnorm_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
+  check_same_dtype(c, x.dtype, 2);
   rmsnorm_grad(storage_of(x.dtype), c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.out[0].data,
                c.out[1].data, rows_of(x), cols_of(x), dparams_partials(c, x, 1),
                cpu::norm_row_blocks(rows_of(x)), stream_of(c));
