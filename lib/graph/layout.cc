@@ -61,6 +61,7 @@ bool follow_inputs(const Graph& g, const Node& n, std::vector<size_t>& acts, siz
     acts = {0};
   } else if (n.op == "batchnorm_grad" || n.op == "relu_grad" || n.op == "add") {
     acts = {0, 1};
+    if (n.op == "batchnorm_grad" && n.inputs.size() == 6) acts.push_back(5);  // the fused relu_grad's mask
   } else {
     return false;
   }

@@ -118,6 +118,33 @@ void fuse_backward(Graph& g, DeviceKind device) {
     rg.dead = true;
     replace_uses(g, rg.outputs[0], d.id);
   }
+  // A ResNet's bn -> relu -> conv: the relu's gradient joins batchnorm_grad as its mask (dy read where
+  // mask > 0), one pass over the gradient fewer; and, when batchnorm's output has no other reader, the relu
+  // joins batchnorm (attr relu), one pass over the activation fewer. Both compute the unfused bits.
+  const auto readers = g.consumers();
+  for (Node& rg : g.nodes()) {
+    if (rg.dead || rg.op != "relu_grad") continue;
+    const ValueId d = rg.outputs[0];
+    const auto& users = readers[static_cast<size_t>(d)];
+    if (users.size() != 1 || outputs.count(d)) continue;
+    Node& bg = g.node(users[0]);
+    if (bg.op != "batchnorm_grad" || bg.inputs.size() != 5 || bg.inputs[0] != d) continue;
+    bg.inputs[0] = rg.inputs[0];
+    bg.inputs.push_back(rg.inputs[1]);
+    bg.name += "+relu_grad";
+    rg.dead = true;
+  }
+  for (Node& r : g.nodes()) {
+    if (r.dead || r.op != "relu") continue;
+    const Value& y = g.value(r.inputs[0]);
+    if (y.producer < 0 || readers[static_cast<size_t>(y.id)].size() != 1 || outputs.count(y.id)) continue;
+    Node& bn = g.node(y.producer);
+    if (bn.op != "batchnorm" || bn.outputs[0] != y.id || bn.attrs.b("relu")) continue;
+    bn.attrs.set("relu", true);
+    bn.name += "+relu";
+    r.dead = true;
+    replace_uses(g, r.outputs[0], y.id);
+  }
 }
 
 namespace {

@@ -87,7 +87,8 @@ void infer_shapes(Graph& g);  // re-run inference; checks recorded types
 // GELU (activation: gelu).
 void fuse_ops(Graph& g, DeviceKind device);
 // After autodiff, on the CPU: relu_grad(maxpool2d_grad(dy, indices), y) -> maxpool2d_grad(dy, indices, y),
-// one pass over the gradient instead of two.
+// one pass over the gradient instead of two; batchnorm_grad(relu_grad(dy, y), ...) -> batchnorm_grad(dy, ...,
+// y); relu(batchnorm(x)) -> batchnorm(x) with attr relu where relu is the only reader.
 void fuse_backward(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).

@@ -2,6 +2,7 @@
 // backward ops. CPU kernels are in ops/cpu/norm.cc.
 #include "ops/cpu/norm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "graph/builder.h"
@@ -29,9 +30,11 @@ double count(const Shape& s) {
 }
 
 // A norm's activations are its inputs before `first` (x last among them), all of one dtype; its parameters
-// and statistics from `first` on (gamma, beta, mean, rstd, running statistics) are x's dtype, or f32 with an
-// f16/bf16 x (mixed precision: a kernel with KernelDef::f32_inputs). Returns their dtype, the statistics'.
-DType check_param_dtypes(const std::string& op, const std::vector<TensorType>& in, size_t first) {
+// and statistics in [first, last) (gamma, beta, mean, rstd, running statistics; last 0: to the end) are x's
+// dtype, or f32 with an f16/bf16 x (mixed precision: a kernel with KernelDef::f32_inputs). Returns their
+// dtype, the statistics'.
+DType check_param_dtypes(const std::string& op, const std::vector<TensorType>& in, size_t first,
+                         size_t last = 0) {
   const DType x = in[first - 1].dtype;
   if (!is_floating(x)) throw input_error(cat(op, ": x must be floating, got ", dtype_name(x)));
   for (size_t i = 0; i < first; ++i)
@@ -41,7 +44,7 @@ DType check_param_dtypes(const std::string& op, const std::vector<TensorType>& i
   if (p != x && !(p == DType::f32 && is_low_precision(x)))
     throw input_error(cat(op, ": input ", first, " is ", dtype_name(p), " but x is ", dtype_name(x),
                           " (parameters and statistics are x's dtype, or f32 with an f16/bf16 x)"));
-  for (size_t i = first + 1; i < in.size(); ++i)
+  for (size_t i = first + 1; i < (last ? last : in.size()); ++i)
     if (in[i].dtype != p)
       throw input_error(cat(op, ": input ", i, " is ", dtype_name(in[i].dtype), " but input ", first, " is ",
                             dtype_name(p)));
@@ -210,7 +213,8 @@ std::vector<Tensor> batchnorm_reference(const std::vector<Tensor>& in, const Att
     for (int64_t i = 0; i < n; ++i)
       for (int64_t k = 0; k < s; ++k) {
         const int64_t j = (i * c + ch) * s + k;
-        y.data<double>()[j] = (x[j] - mu) * r * g[ch] + b[ch];
+        const double v = (x[j] - mu) * r * g[ch] + b[ch];
+        y.data<double>()[j] = a.b("relu") ? std::max(v, 0.0) : v;
       }
   }
   return {y, mean, rstd, rm, rv};  // outputs, then the mutated running statistics
@@ -222,9 +226,11 @@ std::vector<OpSample> batchnorm_samples() {
     Shape x;
     bool training;
     double momentum;  // < 0: the default
+    bool relu = false;
   };
   // (N, C) and (N, C, H, W) in both modes; (N, C, L); 260 channels run the vector loops with a tail; 67 rows
-  // exceed the 64 row blocks of the (N, C) channel sums (uneven blocks).
+  // exceed the 64 row blocks of the (N, C) channel sums (uneven blocks); a fused relu, whose gradient
+  // passes batchnorm_grad its output as the mask.
   for (const Case& k : std::vector<Case>{{{5, 3}, true, -1},
                                          {{5, 3}, false, -1},
                                          {{3, 4, 5, 3}, true, -1},
@@ -233,10 +239,13 @@ std::vector<OpSample> batchnorm_samples() {
                                          {{4, 260}, true, -1},
                                          {{4, 260}, false, -1},
                                          {{67, 3}, true, -1},
-                                         {{67, 3}, false, -1}}) {
+                                         {{67, 3}, false, -1},
+                                         {{3, 4, 5, 3}, true, -1, true},
+                                         {{5, 3}, false, -1, true}}) {
     OpSample o;
     o.label = shape_str(k.x) + (k.training ? " training" : " inference") +
-              (k.momentum < 0 ? "" : cat(" momentum ", k.momentum));
+              (k.momentum < 0 ? "" : cat(" momentum ", k.momentum)) + (k.relu ? " relu" : "");
+    if (k.relu) o.attrs.set("relu", true);
     const Shape c = {k.x[1]};
     o.inputs = {{k.x, DType::f64}, {c, DType::f64}, {c, DType::f64}, {c, DType::f64}, {c, DType::f64}};
     o.attrs.set("training", k.training);
@@ -351,7 +360,9 @@ void register_norm_ops(OpRegistry& r) {
       "save_rstd (C)). Training normalises by the batch mean and biased variance and updates the running "
       "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
       "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c "
-      "(graph/layout.cc). With a bf16 x the per-channel inputs and outputs may be f32 (mixed precision)";
+      "(graph/layout.cc); attr relu (false): y = max(normalised, 0), a following relu fused by the CPU's "
+      "backward fusion (graph/passes.cc). With a bf16 x the per-channel inputs and outputs may be f32 "
+      "(mixed precision)";
   bn.num_inputs = 5;
   bn.num_outputs = [](const Attrs&) { return 3; };
   bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
@@ -371,8 +382,9 @@ void register_norm_ops(OpRegistry& r) {
     return {in[0], stat, stat};
   };
   bn.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    const auto g = c.b.op("batchnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)},
-                          Attrs{{"training", c.attrs().b("training", true)}});
+    std::vector<ValueId> in = {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)};
+    if (c.attrs().b("relu")) in.push_back(c.out(0));  // the fused relu's mask
+    const auto g = c.b.op("batchnorm_grad", in, Attrs{{"training", c.attrs().b("training", true)}});
     return {g[0], g[1], g[2], kNoValue, kNoValue};
   };
   bn.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
@@ -405,23 +417,31 @@ void register_norm_ops(OpRegistry& r) {
   OpDef bng;
   bng.name = "batchnorm_grad";
   bng.doc =
-      "gradient of batchnorm: inputs (dy, x, gamma, save_mean, save_rstd), attr training (true: the "
-      "batch statistics depend on x); outputs (dx, dgamma, dbeta)";
-  bng.num_inputs = 5;
+      "gradient of batchnorm: inputs (dy, x, gamma, save_mean, save_rstd[, mask]), attr training (true: "
+      "the batch statistics depend on x); outputs (dx, dgamma, dbeta). With a mask (shaped like x: a fused "
+      "relu's output, graph/passes.cc) dy counts only where mask > 0, as relu_grad would pass it";
+  bng.num_inputs = -1;
   bng.num_outputs = [](const Attrs&) { return 3; };
   bng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
-    check_param_dtypes("batchnorm_grad", in, 2);
+    if (in.size() != 5 && in.size() != 6)
+      throw input_error(cat("batchnorm_grad takes (dy, x, gamma, save_mean, save_rstd[, mask]), got ",
+                            in.size(), " inputs"));
+    check_param_dtypes("batchnorm_grad", in, 2, 5);
     const Shape& x = in[1].shape;
     if (in[0].shape != x || x.size() < 2)
       throw input_error(
           cat("batchnorm_grad: dy ", shape_str(in[0].shape), " does not match x ", shape_str(x)));
+    if (in.size() == 6 && (in[5].shape != x || in[5].dtype != in[1].dtype))
+      throw input_error(cat("batchnorm_grad: the mask ", shape_str(in[5].shape), " ", dtype_name(in[5].dtype),
+                            " must be shaped and typed like x ", shape_str(x), " ", dtype_name(in[1].dtype)));
     const char* names[] = {"gamma", "save_mean", "save_rstd"};
     for (size_t i = 2; i < 5; ++i) check_vector("batchnorm_grad", names[i - 2], in[i].shape, x[1]);
     return {in[1], in[2], in[2]};
   };
   bng.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     const double n = count(in[1].shape), c = count(in[2].shape), e = sz(in[1].dtype);
-    return Cost{10 * n, (5 * n + 5 * c) * e};
+    const double mask = in.size() == 6 ? 2 * n : 0;  // read by both passes
+    return Cost{10 * n, (5 * n + mask + 5 * c) * e};
   };
   bng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
     return batchnorm_workspace_bytes(in[1], in[2].dtype, 2);  // dbeta and dgamma sums in one pass

@@ -89,6 +89,33 @@ TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
   EXPECT_GT(plain.count("bn2/var"), 0u);
 }
 
+// fuse_backward (graph/passes.cc): stem_bn's and bn1's relus join their batchnorms (nothing else reads the
+// batchnorm outputs); bn1's relu_grad joins its batchnorm_grad as the mask, and the stem's joins the max
+// pool's gradient; the relus after the residual sum and c3 stay. The fused, blocked program trains to the
+// bits of the eager one (unfused, plain).
+TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
+  const Program fused = compile_cnn(true);
+  std::map<std::string, int> ops;
+  int relu_bns = 0, masked_bn_grads = 0;
+  for (NodeId id : fused.order) {
+    const Node& n = fused.graph.node(id);
+    ++ops[n.op];
+    relu_bns += n.op == "batchnorm" && n.attrs.b("relu");
+    masked_bn_grads += n.op == "batchnorm_grad" && n.inputs.size() == 6;
+    if (n.op == "batchnorm_grad" && n.inputs.size() == 6) {
+      EXPECT_EQ(fused.graph.value(n.inputs[5]).layout, fused.graph.value(n.inputs[0]).layout) << n.name;
+    }
+  }
+  EXPECT_EQ(relu_bns, 2);
+  EXPECT_EQ(masked_bn_grads, 1);
+  EXPECT_EQ(ops["relu"], 2);
+  EXPECT_EQ(ops["relu_grad"], 2);
+  const auto [eager_losses, eager] = train_sgd(compile_cnn(false, /*eager=*/true), 3);
+  const auto [fused_losses, trained] = train_sgd(compile_cnn(true), 3);
+  EXPECT_EQ(eager_losses, fused_losses);
+  for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+}
+
 // Overlapping, padded windows on odd planes after a ReLU (so that windows tie at zero), the ReLU's gradient
 // fused into the pooling's, and the bias gradients summed per channel in nChw16c: x (2, 16, 7, 7) -> conv 16
 // + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global average -> mse.

@@ -336,6 +336,53 @@ bool blocked_planes(const KernelCtx& c, const NCS& v) {
   return v.s > 1;
 }
 
+// y = (x - mean) rstd gamma + beta, then with kRelu max(y, 0) as relu computes it (NaN to 0), before the one
+// rounding to S: the bits of relu applied to the rounded y, since rounding is monotonic and keeps 0 (a relu
+// fused by graph/passes.cc).
+template <typename S, bool kRelu, typename T = Compute<S>>
+void normalise(const NCS& v, bool blocked, const S* x, S* y, const T* g, const T* b, const T* mean,
+               const T* rstd) {
+  const auto act = [](T u) {
+    if constexpr (kRelu)
+      return u > T(0) ? u : T(0);
+    else
+      return u;
+  };
+  if (blocked) {
+    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
+      T mu[16], a[16], bb[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        mu[j] = mean[c0 + j];
+        a[j] = rstd[c0 + j] * g[c0 + j];
+        bb[j] = b[c0 + j];
+      }
+      for (int64_t i = 0; i < v.s; ++i) {
+        const S* xp = x + k0 + i * 16;
+        S* __restrict yp = y + k0 + i * 16;
+#pragma omp simd
+        for (int64_t j = 0; j < 16; ++j) yp[j] = st<S>(act((ld(xp[j]) - mu[j]) * a[j] + bb[j]));
+      }
+    });
+    return;
+  }
+  for_each_ncs(
+      v,
+      [&](int64_t k0) {
+        const S* xr = x + k0;
+        S* __restrict yr = y + k0;
+#pragma omp simd
+        for (int64_t ch = 0; ch < v.c; ++ch)
+          yr[ch] = st<S>(act((ld(xr[ch]) - mean[ch]) * (rstd[ch] * g[ch]) + b[ch]));
+      },
+      [&](int64_t k0, int64_t ch) {
+        const T mu = mean[ch], a = rstd[ch] * g[ch], bb = b[ch];
+        const S* xp = x + k0;
+        S* __restrict yp = y + k0;
+#pragma omp simd
+        for (int64_t i = 0; i < v.s; ++i) yp[i] = st<S>(act((ld(xp[i]) - mu) * a + bb));
+      });
+}
+
 // Activations stored as S (f32, f64, or bf16 rounded once per output), arithmetic in T.
 template <typename S, typename T = Compute<S>>
 void batchnorm_kernel(const KernelCtx& c) {
@@ -381,48 +428,20 @@ void batchnorm_kernel(const KernelCtx& c) {
       rstd[ch] = T(1) / std::sqrt(running_var[ch] + eps);
     }
   }
-  if (blocked) {
-    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
-      T mu[16], a[16], bb[16];
-      for (int64_t j = 0; j < 16; ++j) {
-        mu[j] = mean[c0 + j];
-        a[j] = rstd[c0 + j] * g[c0 + j];
-        bb[j] = b[c0 + j];
-      }
-      for (int64_t i = 0; i < v.s; ++i) {
-        const S* xp = x + k0 + i * 16;
-        S* __restrict yp = y + k0 + i * 16;
-#pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) yp[j] = st<S>((ld(xp[j]) - mu[j]) * a[j] + bb[j]);
-      }
-    });
-    return;
-  }
-  for_each_ncs(
-      v,
-      [&](int64_t k0) {
-        const S* xr = x + k0;
-        S* __restrict yr = y + k0;
-#pragma omp simd
-        for (int64_t ch = 0; ch < v.c; ++ch)
-          yr[ch] = st<S>((ld(xr[ch]) - mean[ch]) * (rstd[ch] * g[ch]) + b[ch]);
-      },
-      [&](int64_t k0, int64_t ch) {
-        const T mu = mean[ch], a = rstd[ch] * g[ch], bb = b[ch];
-        const S* xp = x + k0;
-        S* __restrict yp = y + k0;
-#pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) yp[i] = st<S>((ld(xp[i]) - mu) * a + bb);
-      });
+  if (c.attrs().b("relu"))
+    normalise<S, true>(v, blocked, x, y, g, b, mean, rstd);
+  else
+    normalise<S, false>(v, blocked, x, y, g, b, mean, rstd);
 }
 
 // dgamma = sum dy xhat, dbeta = sum dy per channel; dx = g rstd (dy - dbeta/m - xhat dgamma/m) in training
 // (the batch statistics depend on x), g rstd dy in inference.
-template <typename S, typename T = Compute<S>>
-void batchnorm_grad_kernel(const KernelCtx& c) {
+// dyk(k) is element k's gradient: dy, or with a fused relu_grad's mask (graph/passes.cc) dy where mask > 0
+// and 0 elsewhere, exactly what relu_grad would have passed.
+template <typename S, typename D, typename T = Compute<S>>
+void batchnorm_grad_with(const KernelCtx& c, D dyk) {
   const NCS v = ncs_of(c.in[1]);
   const bool blocked = blocked_planes(c, v);
-  const S* dy = c.in[0].as<S>();
   const S* x = c.in[1].as<S>();
   const T* g = param_data<S>(c.in[2]);
   const T* mean = param_data<S>(c.in[3]);
@@ -431,8 +450,8 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   T* dgamma = param_data<S>(c.out[1]);
   T* dbeta = param_data<S>(c.out[2]);
   T* ws = static_cast<T*>(c.workspace);
-  const auto grad = [dy](int64_t k, int64_t) { return ld(dy[k]); };
-  const auto grad_xc = [dy, x, mean](int64_t k, int64_t ch) { return ld(dy[k]) * (ld(x[k]) - mean[ch]); };
+  const auto grad = [dyk](int64_t k, int64_t) { return dyk(k); };
+  const auto grad_xc = [dyk, x, mean](int64_t k, int64_t ch) { return dyk(k) * (ld(x[k]) - mean[ch]); };
   if (blocked)
     channel_sums_blocked<T>(v, ws, dbeta, grad, dgamma, grad_xc);
   else
@@ -451,12 +470,12 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
         gt[j] = t * rstd[ch] * dgamma[ch];
       }
       for (int64_t i = 0; i < v.s; ++i) {
-        const S* dyp = dy + k0 + i * 16;
-        const S* xp = x + k0 + i * 16;
-        S* __restrict dxp = dx + k0 + i * 16;
+        const int64_t k = k0 + i * 16;
+        const S* xp = x + k;
+        S* __restrict dxp = dx + k;
 #pragma omp simd
         for (int64_t j = 0; j < 16; ++j)
-          dxp[j] = st<S>(p[j] * (ld(dyp[j]) - bt[j] - (ld(xp[j]) - mu[j]) * gt[j]));
+          dxp[j] = st<S>(p[j] * (dyk(k + j) - bt[j] - (ld(xp[j]) - mu[j]) * gt[j]));
       }
     });
     return;
@@ -464,23 +483,36 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   for_each_ncs(
       v,
       [&](int64_t k0) {
-        const S* dyr = dy + k0;
         const S* xr = x + k0;
         S* __restrict dxr = dx + k0;
 #pragma omp simd
         for (int64_t ch = 0; ch < v.c; ++ch)
           dxr[ch] =
               st<S>(g[ch] * rstd[ch] *
-                    (ld(dyr[ch]) - t * dbeta[ch] - (ld(xr[ch]) - mean[ch]) * (t * rstd[ch] * dgamma[ch])));
+                    (dyk(k0 + ch) - t * dbeta[ch] - (ld(xr[ch]) - mean[ch]) * (t * rstd[ch] * dgamma[ch])));
       },
       [&](int64_t k0, int64_t ch) {
         const T p = g[ch] * rstd[ch], mu = mean[ch], bt = t * dbeta[ch], gt = t * rstd[ch] * dgamma[ch];
-        const S* dyp = dy + k0;
         const S* xp = x + k0;
         S* __restrict dxp = dx + k0;
 #pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) dxp[i] = st<S>(p * (ld(dyp[i]) - bt - (ld(xp[i]) - mu) * gt));
+        for (int64_t i = 0; i < v.s; ++i) dxp[i] = st<S>(p * (dyk(k0 + i) - bt - (ld(xp[i]) - mu) * gt));
       });
+}
+
+template <typename S, typename T = Compute<S>>
+void batchnorm_grad_kernel(const KernelCtx& c) {
+  const S* dy = c.in[0].as<S>();
+  if (c.num_in > 5) {
+    const S* mask = c.in[5].as<S>();
+    // Both loads unconditional, so that the select vectorises.
+    batchnorm_grad_with<S>(c, [dy, mask](int64_t k) {
+      const T d = ld(dy[k]), m = ld(mask[k]);
+      return m > T(0) ? d : T(0);
+    });
+  } else {
+    batchnorm_grad_with<S>(c, [dy](int64_t k) { return ld(dy[k]); });
+  }
 }
 
 }  // namespace

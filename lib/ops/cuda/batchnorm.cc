@@ -37,6 +37,7 @@ size_t workspace_bytes(const Shape& x, int64_t sums) {
 void batchnorm(const KernelCtx& c) {
   const TensorView& x = c.in[0];
   check_same_dtype(c, x.dtype, 1);
+  FR_CHECK(!c.attrs().b("relu"), c.node->name, ": the CUDA batchnorm has no fused relu (a CPU fusion)");
   const BatchNorm b = batch_of(*x.shape, c.attrs());
   batchnorm(storage_of(x.dtype), b, x.data, c.in[1].data, c.in[2].data, c.in[3].data, c.in[4].data,
             c.out[0].data, c.out[1].data, c.out[2].data, workspace_for(c, b, b.training ? 1 : 0),
@@ -46,6 +47,7 @@ void batchnorm(const KernelCtx& c) {
 void batchnorm_grad(const KernelCtx& c) {
   const TensorView& x = c.in[1];
   check_same_dtype(c, x.dtype, 2);
+  FR_CHECK(c.num_in == 5, c.node->name, ": the CUDA batchnorm_grad takes no relu mask (a CPU fusion)");
   const BatchNorm b = batch_of(*x.shape, c.attrs());
   batchnorm_grad(storage_of(x.dtype), b, c.in[0].data, x.data, c.in[2].data, c.in[3].data, c.in[4].data,
                  c.out[0].data, c.out[1].data, c.out[2].data, workspace_for(c, b, 2), stream_of(c));
