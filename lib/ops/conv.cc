@@ -470,7 +470,8 @@ void register_conv_ops(OpRegistry& r) {
                     with_shape(c.attrs(), "in_shape", c.b.shape(c.in(0))))};
   };
   mp.sbp = batch_split;
-  mp.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d}};
+  // bf16: the maximum is one of the inputs, so the native kernel picks exactly what the f32 one would.
+  mp.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d}, {DeviceKind::cpu, {DType::bf16}, cpu::maxpool2d}};
   mp.samples = [] { return pool_samples(true); };
   r.add(mp);
 
@@ -502,7 +503,8 @@ void register_conv_ops(OpRegistry& r) {
     return Cost{static_cast<double>(numel(in[0].shape)), bytes_of(in) + bytes_of(out)};
   };
   mg.nondiff_inputs = {1, 2};
-  mg.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d_grad}};
+  mg.kernels = {{DeviceKind::cpu, kF, cpu::maxpool2d_grad},
+                {DeviceKind::cpu, {DType::bf16}, cpu::maxpool2d_grad}};
   mg.covered_by = {"maxpool2d"};
   r.add(mg);
 

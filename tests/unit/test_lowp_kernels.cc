@@ -104,13 +104,17 @@ void expect_native_matches_widened(const std::string& op, const Attrs& attrs, co
   const OpDef& def = OpRegistry::get().at(op);
   const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
   ASSERT_TRUE(native.kernel && !native.widened) << op << " has no native bf16 kernel";
-  std::vector<Tensor> wide;
-  for (const Tensor& t : in) wide.push_back(t.to(DType::f32).clone());
+  std::vector<Tensor> wide;  // bf16 inputs widened; f32 ones and integers (indices) as they are
+  for (const Tensor& t : in) wide.push_back(t.dtype() == DType::bf16 ? t.to(DType::f32) : t.clone());
   const std::vector<Tensor> got = run_kernel(def, *native.kernel, attrs, in);
   const std::vector<Tensor> want = run_kernel(def, *def.kernel(DeviceKind::cpu, DType::f32), attrs, wide);
   ASSERT_EQ(got.size(), want.size());
   auto expect_equal = [&](const Tensor& g, const Tensor& w, const std::string& what) {
     ASSERT_EQ(g.shape(), w.shape());
+    if (!is_floating(g.dtype())) {
+      ASSERT_EQ(std::memcmp(g.raw(), w.raw(), g.nbytes()), 0) << op << " " << what;
+      return;
+    }
     for (int64_t e = 0; e < g.numel(); ++e) {
       const float x = w.data<float>()[e];
       if (g.dtype() == DType::bf16)
@@ -121,7 +125,9 @@ void expect_native_matches_widened(const std::string& op, const Attrs& attrs, co
     }
   };
   for (size_t j = 0; j < got.size(); ++j) {
-    ASSERT_EQ(got[j].dtype(), j == 0 || native.kernel->f32_inputs.empty() ? DType::bf16 : DType::f32);
+    if (is_floating(want[j].dtype())) {
+      ASSERT_EQ(got[j].dtype(), j == 0 || native.kernel->f32_inputs.empty() ? DType::bf16 : DType::f32);
+    }
     expect_equal(got[j], want[j], cat("output ", j));
   }
   for (int i : def.mutated_inputs(attrs, static_cast<int>(in.size())))
@@ -229,6 +235,33 @@ TEST(LowpKernels, BatchnormMatchesWidenedFloat32WithFloat32Statistics) {
                    {x.to(DType::f32), f32_params(c, 21, 0.5), f32_params(c, 22, -0.5), rm, rv});
     expect_native_matches_widened("batchnorm_grad", Attrs{{"training", k.training}, {"blocked", k.blocked}},
                                   {bf16_input(k.x, 25), x, f32_params(c, 21, 0.5), fwd[1], fwd[2]});
+  }
+}
+
+// Max pooling in bf16 picks the f32 kernel's maxima and indices (a maximum is one of the inputs), plain and
+// nChw16c (attr blocked), with overlapping padded windows and the 2x2 windows that tile a plane; NaNs and
+// ties included (the bf16 grid of [-4, 4] ties often). Its gradient, where windows tile the plane, is the
+// widened f32 kernel's exactly, relu mask included.
+TEST(LowpKernels, MaxPoolMatchesWidenedFloat32) {
+  for (const bool blocked : {false, true}) {
+    Tensor x = bf16_input({2, 16, 9, 8}, 40);
+    x.data<bf16>()[5] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+    x.data<bf16>()[300] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+    for (const int64_t k : {2, 3}) {
+      SCOPED_TRACE(cat(blocked ? "blocked" : "plain", ", window ", k));
+      Attrs a{{"kernel", k}, {"stride", int64_t{2}}, {"padding", int64_t{k - 2}}, {"blocked", blocked}};
+      expect_native_matches_widened("maxpool2d", a, {x});
+    }
+    SCOPED_TRACE(blocked ? "blocked gradient" : "plain gradient");
+    const Tensor xt = bf16_input({2, 16, 8, 8}, 41);
+    const Attrs a{{"kernel", int64_t{2}}, {"stride", int64_t{2}}, {"blocked", blocked}};
+    const OpDef& mp = OpRegistry::get().at("maxpool2d");
+    const std::vector<Tensor> fwd = run_kernel(mp, *mp.kernel(DeviceKind::cpu, DType::bf16), a, {xt});
+    Attrs ga = a;
+    ga.set("in_shape", std::vector<int64_t>{2, 16, 8, 8});
+    const Tensor dy = bf16_input({2, 16, 4, 4}, 42);
+    expect_native_matches_widened("maxpool2d_grad", ga, {dy, fwd[1]});
+    expect_native_matches_widened("maxpool2d_grad", ga, {dy, fwd[1], bf16_input({2, 16, 8, 8}, 43)});
   }
 }
 

@@ -13,8 +13,10 @@
 #include <variant>
 
 #include "ops/cpu/dnnl_conv.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
 
@@ -238,11 +240,15 @@ void for_each_window(const PoolGeom& g, F f) {
 
 // relu_grad fused into maxpool2d_grad (its optional mask input, graph/passes.cc): d = m > 0 ? d : 0 over a
 // plane the scatter has just written, still in cache.
-template <typename T>
-void apply_relu_mask(const T* m, T* d, int64_t n) {
+template <typename S>
+void apply_relu_mask(const S* m, S* d, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) d[i] = m[i] > 0 ? d[i] : T(0);
+  for (int64_t i = 0; i < n; ++i) d[i] = ld(m[i]) > 0 ? d[i] : S{};
 }
+
+// The AVX-512 pooling code serves f32 and bf16 storage alike (simd16.h).
+template <typename S>
+constexpr bool kSimd16 = std::is_same_v<S, float> || std::is_same_v<S, bf16>;
 
 // maxpool2d and its gradient on nChw16c activations (attr `blocked`, graph/layout.cc): each pixel is 16
 // channels, one per lane, and the indices are stored in the same layout, each still the position within its
@@ -252,6 +258,7 @@ void apply_relu_mask(const T* m, T* d, int64_t n) {
 template <typename T>
 void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
   FR_CHECK(g.c % 16 == 0, "an nChw16c maxpool2d needs channels in multiples of 16");
+  using C = Compute<T>;
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
@@ -263,13 +270,13 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
         const int64_t first = ya * g.w + xa;
         const int64_t o = (pl * op + j) * 16;
 #if defined(__AVX512F__)
-        if constexpr (std::is_same_v<T, float>) {
-          __m512 best = _mm512_loadu_ps(xp + first * 16);
+        if constexpr (kSimd16<T>) {
+          __m512 best = simd16::load(xp + first * 16);
           __m512i lo = _mm512_set1_epi64(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              const __m512 v = _mm512_loadu_ps(xp + i * 16);
+              const __m512 v = simd16::load(xp + i * 16);
               // first maximum wins; NaN propagates
               const __mmask16 t =
                   _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -278,17 +285,17 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
               lo = _mm512_mask_blend_epi64(static_cast<__mmask8>(t), lo, iv);
               hi = _mm512_mask_blend_epi64(static_cast<__mmask8>(t >> 8), hi, iv);
             }
-          _mm512_storeu_ps(y + o, best);
+          simd16::store(y + o, best);
           _mm512_storeu_si512(idx + o, lo);
           _mm512_storeu_si512(idx + o + 8, hi);
           return;
         }
 #endif
-        T best[16];
+        C best[16];
         int64_t bi[16];
 #pragma omp simd
         for (int l = 0; l < 16; ++l) {
-          best[l] = xp[first * 16 + l];
+          best[l] = ld(xp[first * 16 + l]);
           bi[l] = first;
         }
         for (int64_t iy = ya; iy < yb; ++iy)
@@ -297,12 +304,13 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
             const T* v = xp + i * 16;
 #pragma omp simd
             for (int l = 0; l < 16; ++l) {
-              const bool t = v[l] > best[l] || v[l] != v[l];  // first maximum wins; NaN propagates
-              best[l] = t ? v[l] : best[l];
+              const C u = ld(v[l]);
+              const bool t = u > best[l] || u != u;  // first maximum wins; NaN propagates
+              best[l] = t ? u : best[l];
               bi[l] = t ? i : bi[l];
             }
           }
-        std::copy(best, best + 16, y + o);
+        for (int l = 0; l < 16; ++l) y[o + l] = st<T>(best[l]);
         std::copy(bi, bi + 16, idx + o);
       });
     }
@@ -310,8 +318,10 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
 }
 
 // Each output pixel adds its dy to every pixel of its window, in the lanes whose index points there, in
-// output order: per element the plain kernel's additions in its order, 16 lanes at a time (f32) instead of
-// one scattered add per element.
+// output order: per element the plain kernel's additions in its order, 16 lanes at a time (f32, bf16)
+// instead of one scattered add per element. bf16 rounds after each addition: where windows overlap, a
+// pixel two windows chose gets two roundings, where the f32 kernel run widened gets one; where they tile
+// the plane every pixel gets at most one dy and both are exact.
 template <typename T>
 void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
   const T* dy = c.in[0].as<T>();
@@ -327,11 +337,11 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
     for (int64_t pl = s; pl < e; ++pl) {
       T* dp = dx + pl * ip * 16;
 #if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (kSimd16<T>) {
         if (tiles) {
           const __m512 zero = _mm512_setzero_ps();
           for (int64_t o = 0; o < op; ++o) {
-            const __m512 gv = _mm512_loadu_ps(dy + (pl * op + o) * 16);
+            const __m512 gv = simd16::load(dy + (pl * op + o) * 16);
             const __m512i lo = _mm512_loadu_si512(idx + (pl * op + o) * 16);
             const __m512i hi = _mm512_loadu_si512(idx + (pl * op + o) * 16 + 8);
             const int64_t oy = o / g.ow, ox = o % g.ow;
@@ -342,22 +352,22 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
                 __mmask16 keep = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
                                                         (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
                 if (mask)
-                  keep &= _mm512_cmp_ps_mask(_mm512_loadu_ps(mask + (pl * ip + i) * 16), zero, _CMP_GT_OQ);
-                _mm512_storeu_ps(dp + i * 16, _mm512_maskz_add_ps(keep, zero, gv));
+                  keep &= _mm512_cmp_ps_mask(simd16::load(mask + (pl * ip + i) * 16), zero, _CMP_GT_OQ);
+                simd16::store(dp + i * 16, _mm512_maskz_add_ps(keep, zero, gv));
               }
           }
           continue;
         }
       }
 #endif
-      std::fill(dp, dp + ip * 16, T(0));
+      std::fill(dp, dp + ip * 16, T{});
       for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         const int64_t o = (pl * op + j) * 16;
         const T* go = dy + o;
         const int64_t* io = idx + o;
 #if defined(__AVX512F__)
-        if constexpr (std::is_same_v<T, float>) {
-          const __m512 gv = _mm512_loadu_ps(go);
+        if constexpr (kSimd16<T>) {
+          const __m512 gv = simd16::load(go);
           const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = xa; ix < xb; ++ix) {
@@ -365,8 +375,9 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
               const __m512i iv = _mm512_set1_epi64(i);
               const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
                                                            (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
-              float* d = dp + i * 16;
-              _mm512_storeu_ps(d, _mm512_mask_add_ps(_mm512_loadu_ps(d), hit, _mm512_loadu_ps(d), gv));
+              T* d = dp + i * 16;
+              const __m512 dv = simd16::load(d);
+              simd16::store(d, _mm512_mask_add_ps(dv, hit, dv, gv));
             }
           return;
         }
@@ -376,7 +387,7 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
             const int64_t i = iy * g.w + ix;
             T* d = dp + i * 16;
             for (int l = 0; l < 16; ++l)
-              if (io[l] == i) d[l] += go[l];
+              if (io[l] == i) d[l] = st<T>(ld(d[l]) + ld(go[l]));
           }
       });
       if (mask) apply_relu_mask(mask + pl * ip * 16, dp, ip * 16);
@@ -395,7 +406,9 @@ void maxpool2d_t(const KernelCtx& c) {
   // The usual 2x2 window with stride 2 and no padding, unrolled with branch-free selects (the general loop
   // below spent ~6 ns per output on this case). Same rule: first maximum wins, NaN propagates.
   const bool pool2 = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
-  auto take = [](T v, int64_t i, T& best, int64_t& bi) {
+  using C = Compute<T>;
+  auto take = [](T s, int64_t i, C& best, int64_t& bi) {
+    const C v = ld(s);
     const bool t = v > best || v != v;
     best = t ? v : best;
     bi = t ? i : bi;
@@ -423,12 +436,12 @@ void maxpool2d_t(const KernelCtx& c) {
 #pragma omp simd
           for (int64_t ox = 0; ox < g.ow; ++ox) {
             const int64_t i = 2 * ox;
-            T best = r0[i];
+            C best = ld(r0[i]);
             int64_t bi = base + i;
             take(r0[i + 1], base + i + 1, best, bi);
             take(r1[i], base + g.w + i, best, bi);
             take(r1[i + 1], base + g.w + i + 1, best, bi);
-            yp[oy * g.ow + ox] = best;
+            yp[oy * g.ow + ox] = st<T>(best);
             id[oy * g.ow + ox] = bi;
           }
         }
@@ -437,16 +450,16 @@ void maxpool2d_t(const KernelCtx& c) {
       for_each_window(g, [&](int64_t o, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         // Padding is -inf, i.e. never chosen: start from the first real element of the window.
         int64_t best_i = ya * g.w + xa;
-        T best = xp[best_i];
+        C best = ld(xp[best_i]);
         for (int64_t iy = ya; iy < yb; ++iy)
           for (int64_t ix = xa; ix < xb; ++ix) {
-            const T v = xp[iy * g.w + ix];
+            const C v = ld(xp[iy * g.w + ix]);
             if (v > best || v != v) {  // first maximum wins; NaN propagates as in PyTorch
               best = v;
               best_i = iy * g.w + ix;
             }
           }
-        yp[o] = best;
+        yp[o] = st<T>(best);
         id[o] = best_i;
       });
     }
@@ -470,8 +483,8 @@ void maxpool2d_grad_t(const KernelCtx& c) {
       T* dp = dx + pl * ip;
       const T* gp = dy + pl * op;
       const int64_t* id = idx + pl * op;
-      std::fill(dp, dp + ip, T(0));
-      for (int64_t j = 0; j < op; ++j) dp[id[j]] += gp[j];
+      std::fill(dp, dp + ip, T{});
+      for (int64_t j = 0; j < op; ++j) dp[id[j]] = st<T>(ld(dp[id[j]]) + ld(gp[j]));
       if (mask) apply_relu_mask(mask + pl * ip, dp, ip);
     }
   });
@@ -633,10 +646,10 @@ void conv2d_grad_weight(const KernelCtx& c) {
   dnnl_conv2d_grad_weight(c.in[0].dtype, g, c.in[0].data, c.in[1].data, c.out[0].data);
 }
 void maxpool2d(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { maxpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 void maxpool2d_grad(const KernelCtx& c) {
-  dispatch_float(c.in[0].dtype, [&](auto* t) { maxpool2d_grad_t<std::remove_pointer_t<decltype(t)>>(c); });
+  dispatch_storage(c.in[0].dtype, [&](auto* t) { maxpool2d_grad_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 void avgpool2d(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { avgpool2d_t<std::remove_pointer_t<decltype(t)>>(c); });

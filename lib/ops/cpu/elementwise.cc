@@ -10,10 +10,7 @@
 #include <type_traits>
 
 #include "ops/cpu/parallel.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
 
@@ -181,9 +178,7 @@ inline T gelu_tanh(T u) {
 namespace gelu16 {
 
 constexpr float kK = static_cast<float>(kSqrt2OverPi), kC = 0.044715f;
-// GCC 12's unmasked forms of some intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized
-// rejects; the zero-masked forms over all lanes are the same instructions.
-constexpr __mmask16 kAll = 0xffff;
+using simd16::kAll;
 
 inline __m512 exp(__m512 z) {
   z = _mm512_maskz_min_ps(kAll, _mm512_maskz_max_ps(kAll, z, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
@@ -220,26 +215,8 @@ inline __m512 backward(__m512 dy, __m512 x) {
   return _mm512_mul_ps(dy, _mm512_fmadd_ps(s, t, s));
 }
 
-inline __m512 load(const float* p, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, p);
-}
-inline __m512 load(const bf16* p, __mmask16 m) {
-  const __m512i h = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, h, 16));
-}
-inline void store(float* p, __mmask16 m, __m512 v) {
-  _mm512_mask_storeu_ps(p, m, v);
-}
-// bf16_bits_of, lane for lane: nearest-even, NaNs quieted.
-inline void store(bf16* p, __mmask16 m, __m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_maskz_srli_epi32(
-      kAll, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_or_epi32(r, nan, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(0x40));
-  _mm512_mask_cvtepi32_storeu_epi16(p, m, r);
-}
+using simd16::load;
+using simd16::store;
 
 // out[i] = f(in0[i] (, in1[i])) over n elements in parallel chunks, 16 at a time.
 template <typename S, typename F>
@@ -247,7 +224,7 @@ void map(int64_t n, S* out, F f) {
   parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
     for (int64_t i = s; i < e; i += 16) {
       const __mmask16 m = e - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (e - i)) - 1);
-      store(out + i, m, f(i, m));
+      store(out + i, f(i, m), m);
     }
   });
 }

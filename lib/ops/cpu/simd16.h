@@ -1,0 +1,38 @@
+// 16 f32 lanes loaded from f32 or bf16 storage and stored back, for the AVX-512 kernels that serve both
+// (GELU, max pooling): bf16 widens exactly and rounds as bf16_bits_of does (nearest-even, NaNs quieted), so
+// such a kernel computes what its f32 kernel computes on widened inputs.
+#pragma once
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#include "core/dtype.h"
+
+namespace flowrun::cpu::simd16 {
+
+// GCC 12's unmasked forms of some intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized
+// rejects; the zero-masked forms over all lanes are the same instructions.
+constexpr __mmask16 kAll = 0xffff;
+
+inline __m512 load(const float* p, __mmask16 m = kAll) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load(const bf16* p, __mmask16 m = kAll) {
+  const __m512i h = _mm512_maskz_cvtepu16_epi32(kAll, _mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, h, 16));
+}
+inline void store(float* p, __m512 v, __mmask16 m = kAll) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
+inline void store(bf16* p, __m512 v, __mmask16 m = kAll) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_maskz_srli_epi32(
+      kAll, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(0x40));
+  _mm512_mask_cvtepi32_storeu_epi16(p, m, r);
+}
+
+}  // namespace flowrun::cpu::simd16
+#endif  // __AVX512F__
