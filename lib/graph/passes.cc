@@ -99,6 +99,68 @@ void fuse_ops(Graph& g, DeviceKind device) {
   fuse_linear_gelu(g, device);
 }
 
+void fuse_packed_attention(Graph& g) {
+  const auto consumers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  // The node producing `v` when it is `op` and `v` has no reader but one node and is no graph output.
+  auto sole = [&](ValueId v, const char* op) -> const Node* {
+    const Value& val = g.value(v);
+    if (val.producer < 0 || consumers[static_cast<size_t>(v)].size() != 1 || outputs.count(v)) return nullptr;
+    const Node& n = g.node(val.producer);
+    return n.dead || n.op != op ? nullptr : &n;
+  };
+  auto swaps_1_2 = [](const Node& t) { return t.attrs.i("dim0", 0) == 1 && t.attrs.i("dim1", 0) == 2; };
+  const std::vector<Node> snapshot = g.nodes();
+  for (const Node& att : snapshot) {
+    if (att.dead || att.op != "sdpa" || att.inputs.size() != 3) continue;
+    if (!consumers[static_cast<size_t>(att.outputs[1])].empty() || outputs.count(att.outputs[1])) continue;
+    const Shape& hs = g.value(att.inputs[0]).shape();  // (B, H, T, D)
+    const DType t = g.value(att.inputs[0]).dtype();
+    if (t != DType::f32 && t != DType::f64) continue;
+    // q, k and v: transpose(reshape(split(qkv)[i], (B, T, H, D)), 1, 2), each read by the next alone.
+    std::vector<NodeId> dead;
+    const Node* split = nullptr;
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; ++i) {
+      const Node* tr = g.value(att.inputs[static_cast<size_t>(i)]).shape() == hs
+                           ? sole(att.inputs[static_cast<size_t>(i)], "transpose")
+                           : nullptr;
+      const Node* rs = tr && swaps_1_2(*tr) ? sole(tr->inputs[0], "reshape") : nullptr;
+      const Node* sp = rs ? sole(rs->inputs[0], "split") : nullptr;
+      ok = sp && (!split || sp == split) && sp->outputs.size() == 3 &&
+           sp->outputs[static_cast<size_t>(i)] == rs->inputs[0];
+      if (!ok) break;
+      split = sp;
+      dead.insert(dead.end(), {tr->id, rs->id});
+    }
+    if (!ok) continue;
+    const Value& qkv = g.value(split->inputs[0]);
+    const int64_t B = hs[0], H = hs[1], T = hs[2], D = hs[3];
+    const int64_t axis = split->attrs.i("axis", 0);
+    if (qkv.shape() != Shape{B, T, 3 * H * D} || (axis != 2 && axis != -1)) continue;
+    // out: reshape(transpose(out, 1, 2), (B, T, H D)).
+    const auto& readers = consumers[static_cast<size_t>(att.outputs[0])];
+    if (readers.size() != 1 || outputs.count(att.outputs[0])) continue;
+    const Node& to = g.node(readers[0]);
+    if (to.op != "transpose" || !swaps_1_2(to) || consumers[static_cast<size_t>(to.outputs[0])].size() != 1 ||
+        outputs.count(to.outputs[0]))
+      continue;
+    const Node& ro = g.node(consumers[static_cast<size_t>(to.outputs[0])][0]);
+    if (ro.op != "reshape" || g.value(ro.outputs[0]).shape() != Shape{B, T, H * D}) continue;
+    Attrs attrs = att.attrs;
+    attrs.set("heads", H);
+    const NodeId split_id = split->id, att_id = att.id, to_id = to.id, ro_id = ro.id;
+    const ValueId merged = ro.outputs[0], lse = att.outputs[1];
+    const std::vector<ValueId> fused = g.add_node("sdpa_qkv", {qkv.id}, attrs, att.name + "+qkv");
+    g.nodes().back().segment = att.segment;
+    replace_uses(g, merged, fused[0]);
+    replace_uses(g, lse, fused[1]);
+    dead.insert(dead.end(), {split_id, att_id, to_id, ro_id});
+    for (NodeId n : dead) g.node(n).dead = true;
+  }
+}
+
 void fuse_backward(Graph& g, DeviceKind device) {
   // The mask input exists in the CPU kernels only. A conv -> relu -> maxpool gradient otherwise writes the
   // pooled gradient over the whole activation and reads it back at once to mask it (the bench CNN's largest
@@ -390,7 +452,12 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   std::vector<Pass> p;
   p.push_back({"infer_shapes", [](Graph& g, const CompileOptions&) { infer_shapes(g); }});
   if (opts.fuse && !opts.eager)
-    p.push_back({"fuse", [](Graph& g, const CompileOptions& o) { fuse_ops(g, o.device); }});
+    p.push_back({"fuse", [](Graph& g, const CompileOptions& o) {
+                   fuse_ops(g, o.device);
+                   // sdpa_qkv has f32 and f64 CPU kernels, and splits over the batch only.
+                   if (o.device == DeviceKind::cpu && o.compute == DType::f32 && o.tensor_parallel <= 1)
+                     fuse_packed_attention(g);
+                 }});
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",
                  [](Graph& g, const CompileOptions& o) { pipeline_stage(g, o.pipeline, o.pipeline_stage); }});

@@ -86,6 +86,11 @@ void infer_shapes(Graph& g);  // re-run inference; checks recorded types
 // log_softmax+nll_loss -> cross_entropy; for the GPU (device cuda) linear+gelu(tanh) -> linear with a fused
 // GELU (activation: gelu).
 void fuse_ops(Graph& g, DeviceKind device);
+// On the CPU: reshape(transpose(sdpa(heads(q), heads(k), heads(v)), 1, 2)) with q, k, v the three parts of
+// one split of qkv (B, T, 3 H D) and heads(x) = transpose(reshape(x, (B, T, H, D)), 1, 2) -> sdpa_qkv(qkv)
+// (ops/attention.cc), when nothing else reads the values in between: no split, transposes or concat in the
+// forward and backward passes, the same bits.
+void fuse_packed_attention(Graph& g);
 // After autodiff, on the CPU: relu_grad(maxpool2d_grad(dy, indices), y) -> maxpool2d_grad(dy, indices, y),
 // one pass over the gradient instead of two; batchnorm_grad(relu_grad(dy, y), ...) -> batchnorm_grad(dy, ...,
 // y); relu(batchnorm(x)) -> batchnorm(x) with attr relu where relu is the only reader.

@@ -2,6 +2,8 @@
 // (rope); CPU kernels in ops/cpu/attention.cc and ops/cpu/rope.cc.
 #include "ops/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -242,6 +244,75 @@ std::vector<OpSample> sdpa_samples() {
       t.fill_from(v);
     };
     o.reference = sdpa_reference;
+    s.push_back(o);
+  }
+  return s;
+}
+
+// ---- sdpa_qkv: sdpa over packed projections ----
+
+// The heads of qkv (B, T, 3 H D) under attr heads, as the (B, H, T, D) type of each of q, k and v (the
+// graph prefixes the op name).
+TensorType packed_heads(const TensorType& qkv, const Attrs& a) {
+  if (qkv.shape.size() != 3)
+    throw input_error(cat("qkv must be (batch, length, 3 * width), got ", shape_str(qkv.shape)));
+  if (!a.has("heads") || !std::holds_alternative<int64_t>(a.all().find("heads")->second) || a.i("heads") < 1)
+    throw input_error("needs the attribute 'heads', a positive integer");
+  const int64_t h = a.i("heads");
+  if (qkv.shape[2] % (3 * h) != 0)
+    throw input_error(cat("qkv's last dim ", qkv.shape[2], " is not 3 x heads (", h, ") x a head dim"));
+  return {{qkv.shape[0], h, qkv.shape[1], qkv.shape[2] / (3 * h)}, qkv.dtype};
+}
+
+// f64 sdpa_qkv from sdpa_reference: q, k, v cut from the rows, the output's heads merged back.
+std::vector<Tensor> sdpa_qkv_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const Shape& xs = in[0].shape();
+  const int64_t B = xs[0], T = xs[1], H = a.i("heads"), D = xs[2] / (3 * H), C = H * D;
+  std::vector<Tensor> qkv;
+  for (int part = 0; part < 3; ++part) {
+    Tensor t = Tensor::zeros({B, H, T, D}, DType::f64);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t p = 0; p < D; ++p)
+            t.data<double>()[((b * H + h) * T + i) * D + p] =
+                in[0].data<double>()[(b * T + i) * 3 * C + part * C + h * D + p];
+    qkv.push_back(t);
+  }
+  const std::vector<Tensor> r = sdpa_reference(qkv, a);
+  Tensor out = Tensor::zeros({B, T, C}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t p = 0; p < D; ++p)
+          out.data<double>()[(b * T + i) * C + h * D + p] =
+              r[0].data<double>()[((b * H + h) * T + i) * D + p];
+  return {out, r[1]};
+}
+
+std::vector<OpSample> sdpa_qkv_samples() {
+  struct Case {
+    std::string label;
+    Shape qkv;
+    Attrs attrs;
+  };
+  // Two heads and a batch of two (the strided rows), several 64-row query and key blocks with ragged tails,
+  // and head dims that are not a whole number of SIMD registers.
+  const std::vector<Case> cases = {
+      {"causal B=2 T=5 H=2 D=3", {2, 5, 18}, Attrs{{"heads", int64_t{2}}}},
+      {"full B=2 T=5 H=3 D=2 scale=0.7",
+       {2, 5, 18},
+       Attrs{{"heads", int64_t{3}}, {"causal", false}, {"scale", 0.7}}},
+      {"causal multi-block T=70 H=2 D=5", {1, 70, 30}, Attrs{{"heads", int64_t{2}}}},
+      {"full multi-block T=130 H=1 D=17", {1, 130, 51}, Attrs{{"heads", int64_t{1}}, {"causal", false}}},
+  };
+  std::vector<OpSample> s;
+  for (const Case& c : cases) {
+    OpSample o;
+    o.label = c.label;
+    o.inputs = {{c.qkv, DType::f64}};
+    o.attrs = c.attrs;
+    o.reference = sdpa_qkv_reference;
     s.push_back(o);
   }
   return s;
@@ -637,6 +708,83 @@ void register_attention_ops(OpRegistry& r) {
 #endif
   g.covered_by = {"sdpa"};
   r.add(g);
+
+  // The CPU fusion of split -> heads -> sdpa -> merge (graph/passes.cc): one op, no transposed copies.
+  OpDef pq;
+  pq.name = "sdpa_qkv";
+  pq.doc =
+      "sdpa over packed projections: qkv (B,T,3*H*D), each row q | k | v with heads (H,D) -> out (B,T,H*D) "
+      "(heads merged), lse (B,H,T); attrs heads, causal, scale as sdpa. The CPU fusion of qkv's split, the "
+      "heads' transposes, sdpa and the merge, with their bits";
+  pq.num_outputs = [](const Attrs&) { return 2; };
+  pq.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const TensorType h = packed_heads(in[0], a);
+    const SdpaDims s = check_qkv(h, h, h, a);
+    return {{{s.b, s.t, s.h * s.d}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
+  };
+  pq.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    return {c.b.op1("sdpa_qkv_grad", {c.dout(0), c.in(0), c.out(0), c.out(1)}, c.attrs())};
+  };
+  pq.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+               const Attrs& a) -> Cost {
+    const TensorType h = packed_heads(in[0], a);
+    const SdpaDims s = check_qkv(h, h, h, a);
+    return {attended_pairs(s, causal_of(a)) * (4.0 * static_cast<double>(s.d) + 4.0),
+            bytes_of(in) + bytes_of(out)};
+  };
+  // scale * k^T and v, one (T x D) slice each per (batch, head).
+  pq.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                    const Attrs&) -> size_t {
+    return static_cast<size_t>(numel(in[0].shape) / 3 * 2) * dtype_size(in[0].dtype);
+  };
+  pq.nondiff_outputs = {1};
+  // The batch (data parallel) only: a split of the heads would cut each row's q, k and v apart.
+  pq.sbp = [](const SbpQuery&) {
+    return std::vector<SbpSignature>{{{Sbp::split(0)}, {Sbp::split(0), Sbp::split(0)}}};
+  };
+  const auto per_thread = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                             const Attrs& a) -> std::vector<std::pair<std::string, size_t>> {
+    const TensorType h = packed_heads(in.size() == 1 ? in[0] : in[1], a);
+    const size_t head = static_cast<size_t>(h.shape[2] * h.shape[3]) * dtype_size(h.dtype);
+    const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
+    return {{"sdpa_qkv per-thread head buffers", threads * head * cpu::kSdpaQkvGradBuffers}};
+  };
+  pq.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv, nullptr, nullptr, per_thread}};
+  pq.samples = sdpa_qkv_samples;
+  r.add(pq);
+
+  OpDef pg;
+  pg.name = "sdpa_qkv_grad";
+  pg.doc =
+      "gradient of sdpa_qkv: (dout, qkv, out, lse) -> dqkv (FlashAttention-2 backward); attrs as sdpa_qkv";
+  pg.num_inputs = 4;
+  pg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const TensorType h = packed_heads(in[1], a);
+    const SdpaDims s = check_qkv(h, h, h, a);
+    const Shape merged{s.b, s.t, s.h * s.d}, lse_shape{s.b, s.h, s.t};
+    if (in[0].shape != merged || in[2].shape != merged)
+      throw input_error(cat("dout ", shape_str(in[0].shape), " and out ", shape_str(in[2].shape),
+                            " must both be ", shape_str(merged)));
+    if (in[3].shape != lse_shape)
+      throw input_error(cat("lse ", shape_str(in[3].shape), " must be ", shape_str(lse_shape)));
+    for (int i : {0, 2, 3}) {
+      const DType want = i == 3 ? lse_dtype(in[1].dtype) : in[1].dtype;
+      if (in[static_cast<size_t>(i)].dtype != want)
+        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
+                              ", expected ", dtype_name(want)));
+    }
+    return {in[1]};
+  };
+  pg.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+               const Attrs& a) -> Cost {
+    const TensorType h = packed_heads(in[1], a);
+    const SdpaDims s = check_qkv(h, h, h, a);
+    return {attended_pairs(s, causal_of(a)) * (10.0 * static_cast<double>(s.d) + 5.0),
+            bytes_of(in) + bytes_of(out)};
+  };
+  pg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv_grad, nullptr, nullptr, per_thread}};
+  pg.covered_by = {"sdpa_qkv"};
+  r.add(pg);
 }
 
 }  // namespace flowrun

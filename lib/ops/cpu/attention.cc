@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "ops/cpu/attention_tiles.h"
+#include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -96,32 +97,35 @@ void gemm_nn(int64_t m, int64_t n, int64_t kd, const T* a, int64_t ars, int64_t 
   for (; i < m; ++i) run.template operator()<1>(i);
 }
 
-// dst[c * rows + r] = scale * src[r * d + c] for r < rows, c < d: one head's K or V as (d x rows).
+// dst[c * rows + r] = scale * src[r * ld + c] for r < rows, c < d: one head's K or V as (d x rows), from
+// rows `ld` elements apart (d for a (B,H,T,D) head, 3 H D for one packed in qkv rows).
 template <typename T>
-void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
+void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale, int64_t ld) {
   constexpr int64_t kB = 16;  // rows per pass, so each destination row is written in short contiguous runs
   for (int64_t r0 = 0; r0 < rows; r0 += kB) {
     const int64_t r1 = std::min(rows, r0 + kB);
     for (int64_t c = 0; c < d; ++c)
-      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * d + c];
+      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * ld + c];
   }
 }
+template <typename T>
+void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
+  transpose_scaled(rows, d, src, dst, scale, d);
+}
 
-// Rows [i0, i0 + m) of one (batch, head): q (T x D), kt = scale * k^T (D x S), v (S x Dv), o (T x Dv),
-// lse (T) of that head. The output rows accumulate unnormalised in place, rescaled whenever a row's running
-// maximum grows.
+// Rows [i0, i0 + m) of one (batch, head): qb and ob those rows of its q (T x D) and o (T x Dv), kt = scale *
+// k^T (D x S), v (S x Dv), lse (T) of that head. The output rows accumulate unnormalised in place, rescaled
+// whenever a row's running maximum grows.
 // With key padding (`kid`: the head's batch row of key_ids, else null) a padded key's score becomes -inf, and
 // a row that has seen no visible key yet keeps max -inf, sum 0 and zero outputs (its probabilities are not
 // formed: exp(-inf - -inf) would be NaN); a row that sees none at all ends with out 0 and lse 0.
 template <typename T>
-void forward_block(const Geometry& g, const T* q, const T* kt, const T* v, T* o, T* lse, int64_t i0,
+void forward_block(const Geometry& g, const T* qb, const T* kt, const T* v, T* ob, T* lse, int64_t i0,
                    int64_t m, const int64_t* kid) {
   alignas(64) T st[kBQ * kBK];  // scores, then probabilities
   T mrow[kBQ], lrow[kBQ];
   int64_t lim[kBQ];
   const int64_t d = g.d, dv = g.dv;
-  const T* qb = q + i0 * d;
-  T* ob = o + i0 * dv;
   const int64_t kend = g.kv_end(i0 + m - 1);  // blocks wholly above the causal diagonal are never visited
   for (int64_t kb = 0; kb < kend; kb += kBK) {
     const int64_t n = std::min(kBK, kend - kb);
@@ -234,8 +238,8 @@ void sdpa(const KernelCtx& c) {
     parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
       for (int64_t task = s; task < e; ++task) {
         const int64_t h = task / nqb, i0 = (task % nqb) * kBQ;
-        forward_block(g, q + h * g.t * g.d, kt + h * g.s * g.d, v + h * g.s * g.dv, o + h * g.t * g.dv,
-                      lse + h * g.t, i0, std::min(kBQ, g.t - i0), g.keys_of(h));
+        forward_block(g, q + (h * g.t + i0) * g.d, kt + h * g.s * g.d, v + h * g.s * g.dv,
+                      o + (h * g.t + i0) * g.dv, lse + h * g.t, i0, std::min(kBQ, g.t - i0), g.keys_of(h));
       }
     });
   });
@@ -257,6 +261,111 @@ void sdpa_grad(const KernelCtx& c) {
         const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
         backward_head(g, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo,
                       kt + ko, vt + vo, g.keys_of(h));
+      }
+    });
+  });
+}
+
+namespace {
+
+// sdpa_qkv's operands: qkv (B, T, 3 H D) rows holding q | k | v, each (H, D); out and dout (B, T, H D).
+struct Packed {
+  int64_t h, d, t;
+  int64_t row() const { return 3 * h * d; }
+  // Element offset of row 0 of part `which` (0 q, 1 k, 2 v) of head `bh` (batch-major) in qkv.
+  int64_t part(int64_t bh, int which) const { return bh / h * t * row() + which * h * d + bh % h * d; }
+  // ... and of head `bh`'s row 0 in out (or dout).
+  int64_t merged(int64_t bh) const { return (bh / h * t * h + bh % h) * d; }
+};
+
+Packed packed(const KernelCtx& c, const TensorView& qkv) {
+  const int64_t h = c.attrs().i("heads");
+  return {h, qkv.dim(2) / (3 * h), qkv.dim(1)};
+}
+
+Geometry packed_geometry(const KernelCtx& c, const TensorView& qkv, const Packed& p) {
+  const Shape head{qkv.dim(0), p.h, p.t, p.d};
+  return geometry(head, head, head, c.attrs());
+}
+
+// dst's `rows` rows of d elements (contiguous) from src's, `lds` apart; or back (scatter).
+template <typename T>
+void gather(int64_t rows, int64_t d, const T* src, int64_t lds, T* dst) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * lds, d, dst + r * d);
+}
+template <typename T>
+void scatter(int64_t rows, int64_t d, const T* src, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * d, d, dst + r * ldd);
+}
+
+// A thread's own buffer, grown to its largest need and then reused: the per-head operands of the packed
+// kernels, copied in from their strided rows so that the block products read them as the (B, H, T, D) kernels
+// do (read in place, rows 3 H D apart alias in L1 and the products slow down).
+template <typename T>
+T* thread_buffer(size_t elems) {
+  static thread_local GrowBuffer buf;
+  return static_cast<T*>(buf.reserve(elems * sizeof(T)));
+}
+
+}  // namespace
+
+// sdpa on packed projections: the sdpa kernel's blocks on per-head copies, so every value is computed as the
+// unfused split -> transpose -> sdpa -> transpose computes it, without those passes over memory.
+void sdpa_qkv(const KernelCtx& c) {
+  const Packed p = packed(c, c.in[0]);
+  const Geometry g = packed_geometry(c, c.in[0], p);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* x = c.in[0].as<T>();
+    T *o = c.out[0].as<T>(), *lse = c.out[1].as<T>();
+    const int64_t hs = g.t * g.d;  // one head's elements
+    T* kt = static_cast<T*>(c.workspace);
+    T* v = kt + g.bh * hs;
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(2 * g.bh * hs) * sizeof(T),
+             "sdpa_qkv workspace too small");
+    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+      for (int64_t h = s; h < e; ++h) {
+        transpose_scaled(g.t, g.d, x + p.part(h, 1), kt + h * hs, static_cast<T>(g.scale), p.row());
+        gather(g.t, g.d, x + p.part(h, 2), p.row(), v + h * hs);
+      }
+    });
+    const int64_t nqb = (g.t + kBQ - 1) / kBQ;
+    parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+      T* qb = thread_buffer<T>(static_cast<size_t>(2 * kBQ * g.d));
+      T* ob = qb + kBQ * g.d;
+      for (int64_t task = s; task < e; ++task) {
+        const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
+        gather(m, g.d, x + p.part(h, 0) + i0 * p.row(), p.row(), qb);
+        forward_block(g, qb, kt + h * hs, v + h * hs, ob, lse + h * g.t, i0, m, nullptr);
+        scatter(m, g.d, ob, o + p.merged(h) + i0 * p.h * p.d, p.h * p.d);
+      }
+    });
+  });
+}
+
+void sdpa_qkv_grad(const KernelCtx& c) {
+  const Packed p = packed(c, c.in[1]);
+  const Geometry g = packed_geometry(c, c.in[1], p);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *dout = c.in[0].as<T>(), *x = c.in[1].as<T>(), *o = c.in[2].as<T>(), *lse = c.in[3].as<T>();
+    T* dx = c.out[0].as<T>();
+    const int64_t hs = g.t * g.d, ld = p.h * p.d;
+    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+      T* w = thread_buffer<T>(static_cast<size_t>(kSdpaQkvGradBuffers * hs));
+      T *q = w, *k = q + hs, *v = k + hs, *oh = v + hs, *doh = oh + hs;
+      T *dq = doh + hs, *dk = dq + hs, *dv = dk + hs, *kt = dv + hs, *vt = kt + hs;
+      for (int64_t h = s; h < e; ++h) {
+        gather(g.t, g.d, x + p.part(h, 0), p.row(), q);
+        gather(g.t, g.d, x + p.part(h, 1), p.row(), k);
+        gather(g.t, g.d, x + p.part(h, 2), p.row(), v);
+        gather(g.t, g.d, o + p.merged(h), ld, oh);
+        gather(g.t, g.d, dout + p.merged(h), ld, doh);
+        backward_head(g, doh, q, k, v, oh, lse + h * g.t, dq, dk, dv, kt, vt,
+                      static_cast<const int64_t*>(nullptr));
+        scatter(g.t, g.d, dq, dx + p.part(h, 0), p.row());
+        scatter(g.t, g.d, dk, dx + p.part(h, 1), p.row());
+        scatter(g.t, g.d, dv, dx + p.part(h, 2), p.row());
       }
     });
   });

@@ -13,6 +13,14 @@ void sdpa(const KernelCtx& c);
 // (dout, q, k, v, out, lse) -> (dq, dk, dv): FlashAttention-2 backward, probabilities recomputed from lse.
 void sdpa_grad(const KernelCtx& c);
 
+// sdpa over packed projections, the graph's split -> heads -> sdpa -> merge in one op (CPU fusion):
+// qkv (B, T, 3 H D) -> (out (B, T, H D), lse (B, H, T)); attr heads. And its gradient: (dout, qkv, out, lse)
+// -> dqkv. Each thread copies a head's operands into a buffer of its own, kSdpaQkvGradBuffers of (T x D)
+// elements in the backward (the forward's two (64 x D) blocks are smaller).
+void sdpa_qkv(const KernelCtx& c);
+void sdpa_qkv_grad(const KernelCtx& c);
+constexpr int64_t kSdpaQkvGradBuffers = 10;
+
 #if defined(__AVX512BF16__)
 // Native bf16 sdpa and sdpa_grad (attention_bf16.cc): compiled where the compiler targets avx512_bf16
 // (FLOWRUN_NATIVE on such a CPU) and registered as available where the running CPU has it; elsewhere bf16
