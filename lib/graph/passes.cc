@@ -454,9 +454,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.fuse && !opts.eager)
     p.push_back({"fuse", [](Graph& g, const CompileOptions& o) {
                    fuse_ops(g, o.device);
-                   // sdpa_qkv has f32 and f64 CPU kernels, and splits over the batch only.
-                   if (o.device == DeviceKind::cpu && o.compute == DType::f32 && o.tensor_parallel <= 1)
-                     fuse_packed_attention(g);
+                   // sdpa_qkv splits over the batch only.
+                   if (o.device == DeviceKind::cpu && o.tensor_parallel <= 1) fuse_packed_attention(g);
                  }});
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",

@@ -103,8 +103,8 @@ void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);
 // the backward pass reads those copies; values that cross a segment's edge are kept (graph/recompute.cc).
 void recompute_segments(Graph& g);
 void add_optimizer(Graph& g, const OptimizerSpec& spec);  // appends update ops (and their state)
-// Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa) run in the low dtype,
-// `f32` ops (softmax, losses, reductions) in f32, and the rest `follow` their inputs, promoting mixed
+// Mixed precision. Each op has a policy: `low` ops (matmul, linear, conv2d, sdpa, sdpa_qkv) run in the low
+// dtype, `f32` ops (softmax, losses, reductions) in f32, and the rest `follow` their inputs, promoting mixed
 // f32/low inputs to f32. A `norm` op (batchnorm, layernorm, rmsnorm) keeps low-precision activations low and
 // its parameters f32 where the device has such a kernel (KernelDef::f32_inputs), and is an `f32` op
 // elsewhere. Casts go on

@@ -750,6 +750,14 @@ void register_attention_ops(OpRegistry& r) {
     return {{"sdpa_qkv per-thread head buffers", threads * head * cpu::kSdpaQkvGradBuffers}};
   };
   pq.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv, nullptr, nullptr, per_thread}};
+#if defined(__AVX512BF16__)
+  pq.kernels.push_back({DeviceKind::cpu,
+                        {DType::bf16},
+                        cpu::sdpa_qkv_bf16,
+                        cpu::has_avx512_bf16,
+                        cpu::sdpa_qkv_bf16_workspace,
+                        cpu::sdpa_qkv_bf16_buffers});
+#endif
   pq.samples = sdpa_qkv_samples;
   r.add(pq);
 
@@ -783,6 +791,15 @@ void register_attention_ops(OpRegistry& r) {
             bytes_of(in) + bytes_of(out)};
   };
   pg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv_grad, nullptr, nullptr, per_thread}};
+#if defined(__AVX512BF16__)
+  pg.kernels.push_back({DeviceKind::cpu,
+                        {DType::bf16},
+                        cpu::sdpa_qkv_grad_bf16,
+                        cpu::has_avx512_bf16,
+                        [](const std::vector<TensorType>&, const std::vector<TensorType>&,
+                           const Attrs&) -> size_t { return 0; },
+                        cpu::sdpa_qkv_bf16_buffers});
+#endif
   pg.covered_by = {"sdpa_qkv"};
   r.add(pg);
 }

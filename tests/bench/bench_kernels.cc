@@ -137,6 +137,15 @@ void register_cases() {
         {{{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}, {{16, 4, 128, 64}, bf16}},
         {{"causal", true}},
         true}},
+      // The CPU's fused attention on gpt-tiny's packed projections (B16 T128, 4 heads of 64), beside the
+      // sdpa cases above that it replaces with their transposes.
+      {"sdpa_qkv/causal_B16_T128_H4_D64", {"sdpa_qkv", {{{16, 128, 768}, f32}}, {{"heads", int64_t{4}}}}},
+      {"sdpa_qkv/fwd+bwd_causal_B16_T128_H4_D64",
+       {"sdpa_qkv", {{{16, 128, 768}, f32}}, {{"heads", int64_t{4}}}, true}},
+      {"sdpa_qkv/bf16_causal_B16_T128_H4_D64",
+       {"sdpa_qkv", {{{16, 128, 768}, bf16}}, {{"heads", int64_t{4}}}}},
+      {"sdpa_qkv/bf16_fwd+bwd_causal_B16_T128_H4_D64",
+       {"sdpa_qkv", {{{16, 128, 768}, bf16}}, {{"heads", int64_t{4}}}, true}},
       {"sdpa/causal_B1_H12_T1024_D64",
        {"sdpa",
         {{{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}, {{1, 12, 1024, 64}, f32}},

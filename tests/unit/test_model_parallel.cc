@@ -523,32 +523,38 @@ void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map
 }
 
 // The packed attention fusion (graph/passes.cc, fuse_packed_attention): a GPT's qkv split, head transposes,
-// sdpa and merge become one sdpa_qkv per block on the CPU in f32, with no split, transpose or concat left
-// in either pass, and training gives bitwise the eager (unfused) program's weights, dropout included. Not
-// under tensor parallelism (the heads are split) or bf16 compute (no bf16 kernel).
+// sdpa and merge become one sdpa_qkv per block on the CPU, with no split, transpose or concat left in either
+// pass, and training gives bitwise the eager (unfused) program's weights, dropout included, in f32 and in
+// bf16 (native kernels where the CPU has avx512_bf16, else widened). Not under tensor parallelism, which
+// splits the heads.
 TEST(PackedAttention, AGptsAttentionIsOneOpAndTrainsBitwiseAsEager) {
   auto count = [](const Program& p) {
     std::map<std::string, int> ops;
     for (NodeId id : p.order) ++ops[p.graph.node(id).op];
     return ops;
   };
-  CompileOptions o = update_options("adamw", false);
+  for (const DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    CompileOptions o = update_options("adamw", false);
+    o.compute = compute;
+    BuiltModel built;
+    const Program fused = compile_gpt(o, kText, &built);
+    auto ops = count(fused);
+    EXPECT_EQ(ops["sdpa_qkv"], 2);
+    EXPECT_EQ(ops["sdpa_qkv_grad"], 2);
+    for (const std::string gone : {"sdpa", "sdpa_grad", "split", "transpose", "concat"})
+      EXPECT_EQ(ops[gone], 0) << gone;
+    for (NodeId id : fused.order)
+      if (fused.graph.node(id).op == "sdpa_qkv") {
+        EXPECT_EQ(fused.graph.value(fused.graph.node(id).outputs[0]).dtype(), compute);
+      }
+    o.eager = true;
+    const Program eager = compile_gpt(o, kText, &built);
+    EXPECT_EQ(count(eager)["sdpa_qkv"], 0);
+    EXPECT_EQ(count(eager)["sdpa"], 2);
+    expect_bitwise_equal(train_gpt(fused, built, 3, 1), train_gpt(eager, built, 3, 1));
+  }
   BuiltModel built;
-  const Program fused = compile_gpt(o, kText, &built);
-  auto ops = count(fused);
-  EXPECT_EQ(ops["sdpa_qkv"], 2);
-  EXPECT_EQ(ops["sdpa_qkv_grad"], 2);
-  for (const std::string gone : {"sdpa", "sdpa_grad", "split", "transpose", "concat"})
-    EXPECT_EQ(ops[gone], 0) << gone;
-  o.eager = true;
-  const Program eager = compile_gpt(o, kText, &built);
-  EXPECT_EQ(count(eager)["sdpa_qkv"], 0);
-  EXPECT_EQ(count(eager)["sdpa"], 2);
-  expect_bitwise_equal(train_gpt(fused, built, 3, 1), train_gpt(eager, built, 3, 1));
-
-  o.eager = false;
-  o.compute = DType::bf16;
-  EXPECT_EQ(count(compile_gpt(o, kText, &built))["sdpa_qkv"], 0);
   EXPECT_EQ(count(compile_tp(zoo("gpt", kGpt), kText, 2, 0, &built))["sdpa_qkv"], 0);
 }
 

@@ -266,54 +266,12 @@ void sdpa_grad(const KernelCtx& c) {
   });
 }
 
-namespace {
-
-// sdpa_qkv's operands: qkv (B, T, 3 H D) rows holding q | k | v, each (H, D); out and dout (B, T, H D).
-struct Packed {
-  int64_t h, d, t;
-  int64_t row() const { return 3 * h * d; }
-  // Element offset of row 0 of part `which` (0 q, 1 k, 2 v) of head `bh` (batch-major) in qkv.
-  int64_t part(int64_t bh, int which) const { return bh / h * t * row() + which * h * d + bh % h * d; }
-  // ... and of head `bh`'s row 0 in out (or dout).
-  int64_t merged(int64_t bh) const { return (bh / h * t * h + bh % h) * d; }
-};
-
-Packed packed(const KernelCtx& c, const TensorView& qkv) {
-  const int64_t h = c.attrs().i("heads");
-  return {h, qkv.dim(2) / (3 * h), qkv.dim(1)};
-}
-
-Geometry packed_geometry(const KernelCtx& c, const TensorView& qkv, const Packed& p) {
-  const Shape head{qkv.dim(0), p.h, p.t, p.d};
-  return geometry(head, head, head, c.attrs());
-}
-
-// dst's `rows` rows of d elements (contiguous) from src's, `lds` apart; or back (scatter).
-template <typename T>
-void gather(int64_t rows, int64_t d, const T* src, int64_t lds, T* dst) {
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * lds, d, dst + r * d);
-}
-template <typename T>
-void scatter(int64_t rows, int64_t d, const T* src, T* dst, int64_t ldd) {
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * d, d, dst + r * ldd);
-}
-
-// A thread's own buffer, grown to its largest need and then reused: the per-head operands of the packed
-// kernels, copied in from their strided rows so that the block products read them as the (B, H, T, D) kernels
-// do (read in place, rows 3 H D apart alias in L1 and the products slow down).
-template <typename T>
-T* thread_buffer(size_t elems) {
-  static thread_local GrowBuffer buf;
-  return static_cast<T*>(buf.reserve(elems * sizeof(T)));
-}
-
-}  // namespace
-
-// sdpa on packed projections: the sdpa kernel's blocks on per-head copies, so every value is computed as the
-// unfused split -> transpose -> sdpa -> transpose computes it, without those passes over memory.
+// sdpa on packed projections: the sdpa kernel's blocks on per-head copies in the thread's scratch, so every
+// value is computed as the unfused split -> transpose -> sdpa -> transpose computes it, without those passes
+// over memory. Read in place instead, the rows (3 H D apart) alias in L1 and the block products slow down.
 void sdpa_qkv(const KernelCtx& c) {
-  const Packed p = packed(c, c.in[0]);
-  const Geometry g = packed_geometry(c, c.in[0], p);
+  const Packed p(c, c.in[0]);
+  const Geometry g = p.geometry(c);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
@@ -331,7 +289,7 @@ void sdpa_qkv(const KernelCtx& c) {
     });
     const int64_t nqb = (g.t + kBQ - 1) / kBQ;
     parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-      T* qb = thread_buffer<T>(static_cast<size_t>(2 * kBQ * g.d));
+      T* qb = static_cast<T*>(thread_scratch(static_cast<size_t>(2 * kBQ * g.d) * sizeof(T)));
       T* ob = qb + kBQ * g.d;
       for (int64_t task = s; task < e; ++task) {
         const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
@@ -344,15 +302,15 @@ void sdpa_qkv(const KernelCtx& c) {
 }
 
 void sdpa_qkv_grad(const KernelCtx& c) {
-  const Packed p = packed(c, c.in[1]);
-  const Geometry g = packed_geometry(c, c.in[1], p);
+  const Packed p(c, c.in[1]);
+  const Geometry g = p.geometry(c);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dout = c.in[0].as<T>(), *x = c.in[1].as<T>(), *o = c.in[2].as<T>(), *lse = c.in[3].as<T>();
     T* dx = c.out[0].as<T>();
     const int64_t hs = g.t * g.d, ld = p.h * p.d;
     parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-      T* w = thread_buffer<T>(static_cast<size_t>(kSdpaQkvGradBuffers * hs));
+      T* w = static_cast<T*>(thread_scratch(static_cast<size_t>(kSdpaQkvGradBuffers * hs) * sizeof(T)));
       T *q = w, *k = q + hs, *v = k + hs, *oh = v + hs, *doh = oh + hs;
       T *dq = doh + hs, *dk = dq + hs, *dv = dk + hs, *kt = dv + hs, *vt = kt + hs;
       for (int64_t h = s; h < e; ++h) {

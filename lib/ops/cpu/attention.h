@@ -33,6 +33,15 @@ size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<
                            const Attrs& a);
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                                 const Attrs& a);
+// sdpa_qkv and its gradient in bf16: the kernels above on per-thread head copies; the forward's workspace
+// is sdpa_bf16's, and both report their per-thread buffers (KernelDef::host_buffers).
+void sdpa_qkv_bf16(const KernelCtx& c);
+void sdpa_qkv_grad_bf16(const KernelCtx& c);
+size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                               const Attrs& a);
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
+                                                                  const std::vector<TensorType>& out,
+                                                                  const Attrs& a);
 #endif
 
 // (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each

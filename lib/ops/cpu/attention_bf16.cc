@@ -25,9 +25,11 @@
 #if defined(__AVX512BF16__)
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include "ops/cpu/attention_tiles.h"
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
@@ -469,6 +471,112 @@ void sdpa_grad_bf16(const KernelCtx& c) {
       const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
       backward_head(g, at, ws + h * at.bytes, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t,
                     dq + qo, dk + ko, dv + vo, g.keys_of(h));
+    }
+  });
+}
+
+namespace {
+
+// The packed kernels' per-thread scratch: the forward's gathered k and v of a head, or its out rows and
+// query block; the backward's head scratch and its gathered q, k, v, out, dout and dq, dk, dv.
+int64_t packed_forward_thread_bytes(const Geometry& g) {
+  return 2 * 2 * lines(g.t * g.d, 2);
+}
+int64_t packed_backward_thread_bytes(const Geometry& g) {
+  return BackwardScratch(g).bytes + 8 * 2 * lines(g.t * g.d, 2);
+}
+
+Geometry packed_geometry(const std::vector<TensorType>& in, const Attrs& a) {
+  const Shape& x = in.size() == 1 ? in[0].shape : in[1].shape;
+  const int64_t h = a.i("heads");
+  const Shape head{x[0], h, x[1], x[2] / (3 * h)};
+  return geometry(head, head, head, a);
+}
+
+}  // namespace
+
+size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                               const Attrs& a) {
+  const Geometry g = packed_geometry(in, a);
+  return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
+}
+
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
+                                                                  const std::vector<TensorType>&,
+                                                                  const Attrs& a) {
+  const Geometry g = packed_geometry(in, a);
+  const int64_t per_thread = std::max(packed_forward_thread_bytes(g), packed_backward_thread_bytes(g));
+  return {{"sdpa_qkv per-thread head buffers",
+           static_cast<size_t>(per_thread) * static_cast<size_t>(omp_get_max_threads())}};
+}
+
+// sdpa_bf16 and sdpa_grad_bf16 on per-head copies of the packed rows (as attention.cc's sdpa_qkv): the same
+// bits as the unfused split, transposes and sdpa.
+void sdpa_qkv_bf16(const KernelCtx& c) {
+  const Packed p(c, c.in[0]);
+  const Geometry g = p.geometry(c);
+  const ForwardScratch at(g);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * at.bytes), "sdpa_qkv workspace too small");
+  char* ws = static_cast<char*>(c.workspace);
+  const uint16_t* x = bits(c.in[0]);
+  uint16_t* out = bits_out(c.out[0]);
+  float* lse = c.out[1].as<float>();
+  const int64_t hs = lines(g.t * g.d, 2);  // one head's elements, whole lines
+  const auto scratch = [&] {
+    return static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(packed_forward_thread_bytes(g))));
+  };
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    uint16_t *k = scratch(), *v = k + hs;
+    for (int64_t h = s; h < e; ++h) {
+      char* hw = ws + h * at.bytes;
+      gather(g.t, g.d, x + p.part(h, 1), p.row(), k);
+      gather(g.t, g.d, x + p.part(h, 2), p.row(), v);
+      pack_cols(g.s, g.d, k, reinterpret_cast<uint32_t*>(hw + at.kt));
+      pack_rows(g.s, g.dv, v, reinterpret_cast<uint32_t*>(hw + at.vp));
+    }
+  });
+  const int64_t nqb = (g.t + kBQ - 1) / kBQ;
+  parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+    uint16_t *oh = scratch(),
+             *qb = oh + hs;  // the head's out rows (only this block's are written), the block's q
+    for (int64_t task = s; task < e; ++task) {
+      const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
+      char* hw = ws + h * at.bytes;
+      gather(m, g.d, x + p.part(h, 0) + i0 * p.row(), p.row(), qb);
+      int64_t ldq = 0;
+      const uint16_t* qa =
+          padded_rows(m, g.d, qb, reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
+      forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
+                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o), oh,
+                    lse + h * g.t, i0, m, nullptr);
+      scatter(m, g.d, oh + i0 * g.d, out + p.merged(h) + i0 * p.h * p.d, p.h * p.d);
+    }
+  });
+}
+
+void sdpa_qkv_grad_bf16(const KernelCtx& c) {
+  const Packed p(c, c.in[1]);
+  const Geometry g = p.geometry(c);
+  const BackwardScratch at(g);
+  const uint16_t *dout = bits(c.in[0]), *x = bits(c.in[1]), *o = bits(c.in[2]);
+  const float* lse = c.in[3].as<float>();
+  uint16_t* dx = bits_out(c.out[0]);
+  const int64_t hs = lines(g.t * g.d, 2), ld = p.h * p.d;
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(packed_backward_thread_bytes(g))));
+    uint16_t* q = reinterpret_cast<uint16_t*>(hw + at.bytes);
+    uint16_t *k = q + hs, *v = k + hs, *oh = v + hs, *doh = oh + hs, *dq = doh + hs, *dk = dq + hs,
+             *dv = dk + hs;
+    for (int64_t h = s; h < e; ++h) {
+      gather(g.t, g.d, x + p.part(h, 0), p.row(), q);
+      gather(g.t, g.d, x + p.part(h, 1), p.row(), k);
+      gather(g.t, g.d, x + p.part(h, 2), p.row(), v);
+      gather(g.t, g.d, o + p.merged(h), ld, oh);
+      gather(g.t, g.d, dout + p.merged(h), ld, doh);
+      backward_head(g, at, hw, doh, q, k, v, oh, lse + h * g.t, dq, dk, dv, nullptr);
+      scatter(g.t, g.d, dq, dx + p.part(h, 0), p.row());
+      scatter(g.t, g.d, dk, dx + p.part(h, 1), p.row());
+      scatter(g.t, g.d, dv, dx + p.part(h, 2), p.row());
     }
   });
 }
