@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -21,15 +22,15 @@ namespace flowrun::cpu {
 
 namespace {
 
-// (operand dtype, y dtype, batch, m, n, k, lda, ldb, ta, tb, a shared, b shared, alpha, beta, threads). The
-// thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it builds it,
-// and a primitive built for more threads would start them all.
+// (operand dtype, y dtype, batch, m, n, k, lda, ldb, ta, tb, a shared, b shared, alpha, beta, threads, bias).
+// The thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it builds
+// it, and a primitive built for more threads would start them all.
 using Key = std::tuple<DType, DType, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
-                       bool, float, float, int>;
+                       bool, float, float, int, bool>;
 
 struct Cached {
   dnnl::matmul prim;
-  dnnl::memory a, b, y, scratch;  // scratch: bound to the shared buffer at each call
+  dnnl::memory a, b, y, bias, scratch;  // scratch: bound to the shared buffer at each call
   size_t scratch_bytes = 0;
   std::vector<dnnl_exec_arg_t> args;  // built once, for the C API (the C++ execute() builds a vector per call)
 };
@@ -55,7 +56,8 @@ dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, 
 }
 
 Cached make(const Key& key) {
-  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads] = key;
+  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads,
+              bias] = key;
   (void)threads;  // oneDNN reads the current count itself
   const auto t = dnnl_type(dtype);
   const auto ad = desc(t, batch, m, k, ta, a_shared, lda);
@@ -69,21 +71,33 @@ Cached make(const Key& key) {
     po.append_sum(beta);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, yd), attr, engine());
+  // A bias row (1 x n, the operands' dtype) broadcast over the batch and rows, added to the f32 sum before
+  // the one rounding.
+  const dnnl::memory::desc bias_d =
+      bias ? dnnl::memory::desc({1, 1, n}, t, dnnl::memory::dims{n, n, 1}) : dnnl::memory::desc();
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, bias_d, yd), attr, engine());
   Cached c{dnnl::matmul(pd),
            dnnl::memory(ad, engine(), nullptr),
            dnnl::memory(bd, engine(), nullptr),
            dnnl::memory(yd, engine(), nullptr),
+           dnnl::memory(bias_d, engine(), nullptr),
            dnnl::memory(pd.scratchpad_desc(), engine(), nullptr),
            pd.scratchpad_desc().get_size(),
            {}};
   c.args = {{DNNL_ARG_SRC, c.a.get()}, {DNNL_ARG_WEIGHTS, c.b.get()}, {DNNL_ARG_DST, c.y.get()},
             {DNNL_ARG_SCRATCHPAD, c.scratch.get()}};
+  if (bias) c.args.push_back({DNNL_ARG_BIAS, c.bias.get()});
   return c;
 }
 
-// Runs the cached primitive of `key`; the caller holds the cache's mutex.
-void run(const Key& key, const void* a, const void* b, void* y) {
+// The cache's and the shared scratchpad's lock.
+std::mutex& cache_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Runs the cached primitive of `key`; the caller holds cache_mutex().
+void run(const Key& key, const void* a, const void* b, void* y, const void* bias = nullptr) {
   static std::map<Key, Cached> cache;
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make(key)).first;
@@ -93,6 +107,7 @@ void run(const Key& key, const void* a, const void* b, void* y) {
   c.a.set_data_handle(const_cast<void*>(a));
   c.b.set_data_handle(const_cast<void*>(b));
   c.y.set_data_handle(y);
+  if (bias) c.bias.set_data_handle(const_cast<void*>(bias));
   static dnnl::stream stream(engine());
   const dnnl_status_t st =
       dnnl_primitive_execute(c.prim.get(), stream.get(), static_cast<int>(c.args.size()), c.args.data());
@@ -118,12 +133,12 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
                  void* y) {
   FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_matmul: unsupported dtype ", dtype_name(dtype));
   if (batch == 0 || m == 0 || n == 0) return;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(cache_mutex());
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
   if (!splits_k(dtype, batch, m, n, k, ta)) {
-    run({dtype, dtype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads},
+    run({dtype, dtype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads,
+         false},
         a, b, y);
     return;
   }
@@ -136,7 +151,7 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
   for (int64_t k0 = 0; k0 < k; k0 += kChunkK) {
     const int64_t kc = std::min(kChunkK, k - k0);
     const float chunk_beta = k0 > 0 ? 1.0f : dtype == DType::f32 ? beta : 0.0f;
-    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads},
+    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false},
         static_cast<const char*>(a) + static_cast<size_t>(ta ? k0 * m : k0) * size,
         static_cast<const char*>(b) + static_cast<size_t>(tb ? k0 : k0 * n) * size, acc);
   }
@@ -147,6 +162,31 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
         out[i] = float_to_bf16(beta == 0.0f ? wide[i] : wide[i] + beta * bf16_to_float(out[i]));
     });
   }
+}
+
+void dnnl_linear(DType dtype, int64_t rows, int64_t out, int64_t in, const void* x, const void* w,
+                 const void* bias, void* y) {
+  FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_linear: unsupported dtype ", dtype_name(dtype));
+  if (rows == 0 || out == 0) return;
+  if (bias && splits_k(dtype, 1, rows, out, in, false)) {
+    // The K chunks add onto y in order: seed it with the bias rows, as the first chunk's sum would add it.
+    const size_t size = dtype_size(dtype);
+    parallel_for(rows, 64, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r)
+        std::memcpy(static_cast<char*>(y) + static_cast<size_t>(r * out) * size, bias,
+                    static_cast<size_t>(out) * size);
+    });
+    dnnl_matmul(dtype, 1, rows, out, in, false, true, 0, 0, 1.0f, 1.0f, x, w, y);
+    return;
+  }
+  if (!bias) {
+    dnnl_matmul(dtype, 1, rows, out, in, false, true, 0, 0, 1.0f, 0.0f, x, w, y);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  run({dtype, dtype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, omp_get_max_threads(),
+       true},
+      x, w, y, bias);
 }
 
 bool has_native_bf16() {

@@ -97,38 +97,33 @@ void activate(const KernelCtx& c) {
 
 void linear_bf16(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
-  const int64_t rows = c.in[0].numel() / in;
-  bf16* y = gemm_out(c).as<bf16>();
-  float beta = 0.0f;
-  if (c.num_in == 3) {
-    // As in the f32 kernel: rows seeded with the bias, the GEMM accumulates on top (in f32, rounded once).
-    const bf16* bias = c.in[2].as<bf16>();
-    parallel_for(rows, 64, [&](int64_t s, int64_t e) {
-      for (int64_t r = s; r < e; ++r) std::copy(bias, bias + out, y + r * out);
-    });
-    beta = 1.0f;
-  }
-  dnnl_matmul(DType::bf16, 1, rows, out, in, false, true, 0, 0, 1.0f, beta, c.in[0].data, c.in[1].data, y);
+  dnnl_linear(DType::bf16, c.in[0].numel() / in, out, in, c.in[0].data, c.in[1].data,
+              c.num_in == 3 ? c.in[2].data : nullptr, gemm_out(c).data);
   activate(c);
 }
 
 void linear(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
   const int64_t rows = c.in[0].numel() / in;
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    T* y = gemm_out(c).as<T>();
-    T beta = T(0);
-    if (c.num_in == 3) {
-      // Seed every row with the bias, then accumulate x W^T on top in the same GEMM (beta = 1).
-      const T* bias = c.in[2].as<T>();
-      parallel_for(rows, 64, [&](int64_t s, int64_t e) {
-        for (int64_t r = s; r < e; ++r) std::copy(bias, bias + out, y + r * out);
-      });
-      beta = T(1);
-    }
-    gemm<T>(false, true, rows, out, in, T(1), c.in[0].as<T>(), c.in[1].as<T>(), beta, y);
-  });
+  const void* bias = c.num_in == 3 ? c.in[2].data : nullptr;
+  if (c.in[0].dtype == DType::f32) {
+    dnnl_linear(DType::f32, rows, out, in, c.in[0].data, c.in[1].data, bias, gemm_out(c).data);
+  } else {
+    dispatch_float(c.in[0].dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* y = gemm_out(c).as<T>();
+      T beta = T(0);
+      if (bias) {
+        // Seed every row with the bias, then accumulate x W^T on top in the same GEMM (beta = 1).
+        const T* b = static_cast<const T*>(bias);
+        parallel_for(rows, 64, [&](int64_t s, int64_t e) {
+          for (int64_t r = s; r < e; ++r) std::copy(b, b + out, y + r * out);
+        });
+        beta = T(1);
+      }
+      gemm<T>(false, true, rows, out, in, T(1), c.in[0].as<T>(), c.in[1].as<T>(), beta, y);
+    });
+  }
   activate(c);
 }
 
