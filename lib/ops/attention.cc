@@ -732,10 +732,10 @@ void register_attention_ops(OpRegistry& r) {
     return {attended_pairs(s, causal_of(a)) * (4.0 * static_cast<double>(s.d) + 4.0),
             bytes_of(in) + bytes_of(out)};
   };
-  // scale * k^T and v, one (T x D) slice each per (batch, head).
+  // scale * k^T, one (D x T) slice per (batch, head).
   pq.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                     const Attrs&) -> size_t {
-    return static_cast<size_t>(numel(in[0].shape) / 3 * 2) * dtype_size(in[0].dtype);
+    return static_cast<size_t>(numel(in[0].shape) / 3) * dtype_size(in[0].dtype);
   };
   pq.nondiff_outputs = {1};
   // The batch (data parallel) only: a split of the heads would cut each row's q, k and v apart.

@@ -15,11 +15,11 @@ void sdpa_grad(const KernelCtx& c);
 
 // sdpa over packed projections, the graph's split -> heads -> sdpa -> merge in one op (CPU fusion):
 // qkv (B, T, 3 H D) -> (out (B, T, H D), lse (B, H, T)); attr heads. And its gradient: (dout, qkv, out, lse)
-// -> dqkv. Each thread copies a head's operands into a buffer of its own, kSdpaQkvGradBuffers of (T x D)
-// elements in the backward (the forward's two (64 x D) blocks are smaller).
+// -> dqkv. Both read and write the rows in place; the gradient's transposed k and v take
+// kSdpaQkvGradBuffers (T x D) buffers per thread.
 void sdpa_qkv(const KernelCtx& c);
 void sdpa_qkv_grad(const KernelCtx& c);
-constexpr int64_t kSdpaQkvGradBuffers = 10;
+constexpr int64_t kSdpaQkvGradBuffers = 2;
 
 #if defined(__AVX512BF16__)
 // Native bf16 sdpa and sdpa_grad (attention_bf16.cc): compiled where the compiler targets avx512_bf16
@@ -33,8 +33,9 @@ size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<
                            const Attrs& a);
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                                 const Attrs& a);
-// sdpa_qkv and its gradient in bf16: the kernels above on per-thread head copies; the forward's workspace
-// is sdpa_bf16's, and both report their per-thread buffers (KernelDef::host_buffers).
+// sdpa_qkv and its gradient in bf16: the kernels above on the packed rows (A operands copied contiguous);
+// the forward's workspace is sdpa_bf16's, and the backward's per-thread head scratch is reported as a host
+// buffer (KernelDef::host_buffers).
 void sdpa_qkv_bf16(const KernelCtx& c);
 void sdpa_qkv_grad_bf16(const KernelCtx& c);
 size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,

@@ -120,14 +120,14 @@ void bgemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ars, int6
   for (; i < m; ++i) run.template operator()<1>(i);
 }
 
-// Pair layout over rows of a row-major (rows x cols) bf16 source: word (p, j) = (src[2p][j], src[2p+1][j]),
-// the row past an odd count zero. B for a product that sums over the source's rows.
-void pack_rows(int64_t rows, int64_t cols, const uint16_t* src, uint32_t* dst) {
+// Pair layout over rows of a (rows x cols) bf16 source whose rows are `lds` apart: word (p, j) = (src[2p][j],
+// src[2p+1][j]), the row past an odd count zero. B for a product that sums over the source's rows.
+void pack_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint32_t* dst) {
   for (int64_t p = 0; p < (rows + 1) / 2; ++p) {
-    const uint16_t* r0 = src + 2 * p * cols;
+    const uint16_t* r0 = src + 2 * p * lds;
     uint32_t* d = dst + p * cols;
     if (2 * p + 1 < rows) {
-      const uint16_t* r1 = r0 + cols;
+      const uint16_t* r1 = r0 + lds;
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) d[j] = r0[j] | static_cast<uint32_t>(r1[j]) << 16;
     } else {
@@ -178,32 +178,37 @@ void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, uint32_t*
   for (int i = 0; i < nc; ++i) _mm512_mask_storeu_epi32(dst + i * ldd, rmask, r[i]);
 }
 
-// Pair layout over columns (the source's transpose): word (p, j) = (src[j][2p], src[j][2p+1]), the column
-// past an odd count zero. With an even count a source row is cols / 2 whole words, so this is a transpose of
-// 32-bit words, done in 16 x 16 blocks.
-void pack_cols(int64_t rows, int64_t cols, const uint16_t* src, uint32_t* dst) {
+// Pair layout over columns (the source's transpose, its rows `lds` apart): word (p, j) = (src[j][2p],
+// src[j][2p+1]), the column past an odd count zero. With an even count and stride a source row is cols / 2
+// whole words, so this is a transpose of 32-bit words, done in 16 x 16 blocks.
+void pack_cols(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint32_t* dst) {
   const int64_t np = (cols + 1) / 2;
-  if (cols % 2 == 0) {
+  if (cols % 2 == 0 && lds % 2 == 0) {
     for (int64_t j0 = 0; j0 < rows; j0 += 16)
       for (int64_t p0 = 0; p0 < np; p0 += 16)
-        transpose16(src + j0 * cols + 2 * p0, np, std::min<int64_t>(16, rows - j0),
+        transpose16(src + j0 * lds + 2 * p0, lds / 2, std::min<int64_t>(16, rows - j0),
                     std::min<int64_t>(16, np - p0), dst + p0 * rows + j0, rows);
     return;
   }
   for (int64_t p = 0; p < np; ++p)
     for (int64_t j = 0; j < rows; ++j) {
-      const uint16_t* s = src + j * cols + 2 * p;
+      const uint16_t* s = src + j * lds + 2 * p;
       dst[p * rows + j] = s[0] | (2 * p + 1 < cols ? static_cast<uint32_t>(s[1]) << 16 : 0u);
     }
 }
 
-// A row-major (rows x cols) source with rows padded to an even stride (the pad zero), or the source itself
-// when cols is even already. Returns the rows' stride.
-const uint16_t* padded_rows(int64_t rows, int64_t cols, const uint16_t* src, uint16_t* dst, int64_t* ld) {
+// A (rows x cols) source whose rows are `lds` apart, as contiguous rows padded to an even length (the pad
+// zero), or the source itself when it is that already. The products read these A operands a word at a time
+// down the rows, where rows 3 H D apart (sdpa_qkv's) would alias in L1. Returns the rows' stride.
+const uint16_t* padded_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint16_t* dst,
+                            int64_t* ld) {
+  if (cols % 2 == 0 && lds == cols) {
+    *ld = cols;
+    return src;
+  }
   *ld = even(cols);
-  if (cols % 2 == 0) return src;
   for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(src + r * cols, cols, dst + r * *ld);
+    std::copy_n(src + r * lds, cols, dst + r * *ld);
     dst[r * *ld + cols] = 0;
   }
   return dst;
@@ -276,11 +281,13 @@ struct BackwardScratch {
   }
 };
 
-// Rows [i0, i0 + m) of one head: qb those rows of q (stride ldq, even), kt and vp in pair layout, o the head's f32
-// accumulator, out and lse the head's outputs. The online softmax of attention.cc's forward_block on the
-// f32 score tile; the probabilities are rounded to bf16 for the product with V.
+// Rows [i0, i0 + m) of one head: qb those rows of q (stride ldq, even), kt and vp in pair layout, o the
+// head's f32 accumulator, out (rows `ldo` apart) and lse the head's outputs. The online softmax of
+// attention.cc's forward_block on the f32 score tile; the probabilities are rounded to bf16 for the product
+// with V.
 void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uint16_t* kt, const uint16_t* vp,
-                   float* o, uint16_t* out, float* lse, int64_t i0, int64_t m, const int64_t* kid) {
+                   float* o, uint16_t* out, int64_t ldo, float* lse, int64_t i0, int64_t m,
+                   const int64_t* kid) {
   alignas(64) float st[kBQ * kBK];
   alignas(64) uint16_t pb[kBQ * kBK];
   float mrow[kBQ], lrow[kBQ];
@@ -321,17 +328,23 @@ void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uin
     const bool none = lrow[r] == 0.0f;
     const float inv = none ? 0.0f : 1.0f / lrow[r];
     float* orow = ob + r * dv;
-    uint16_t* dst = out + (i0 + r) * dv;
+    uint16_t* dst = out + (i0 + r) * ldo;
 #pragma omp simd
     for (int64_t j = 0; j < dv; ++j) dst[j] = bf16_bits_of(orow[j] * inv);
     lse[i0 + r] = none ? 0.0f : mrow[r] + std::log(lrow[r]);
   }
 }
 
+// Row strides of one head's operands, as in attention.cc.
+struct HeadStrides {
+  int64_t q, k, v, o, dout, dq, dk, dv;
+};
+
 // Gradients of one head (attention.cc's backward_head with bf16 products); `ws` is the head's scratch.
-void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const uint16_t* dout,
-                   const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* o,
-                   const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv, const int64_t* kid) {
+void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const HeadStrides& ld,
+                   const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                   const uint16_t* o, const float* lse, uint16_t* dq, uint16_t* dk, uint16_t* dv,
+                   const int64_t* kid) {
   alignas(64) float pt[kBQ * kBK];          // scores, then P
   alignas(64) float ds[kBQ * kBK];          // dP, then dS
   alignas(64) uint32_t pp[kBQ / 2 * kBK];   // P^T: P in pair layout over query rows
@@ -344,14 +357,14 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
   auto u16_at = [&](int64_t off) { return reinterpret_cast<uint16_t*>(ws + off); };
   auto u32_at = [&](int64_t off) { return reinterpret_cast<uint32_t*>(ws + off); };
   auto f32_at = [&](int64_t off) { return reinterpret_cast<float*>(ws + off); };
-  pack_cols(g.s, d, k, u32_at(at.kt));
-  pack_cols(g.s, dvn, v, u32_at(at.vt));
-  pack_rows(g.s, d, k, u32_at(at.kn));
-  pack_rows(g.t, d, q, u32_at(at.qp));
-  pack_rows(g.t, dvn, dout, u32_at(at.dop));
+  pack_cols(g.s, d, k, ld.k, u32_at(at.kt));
+  pack_cols(g.s, dvn, v, ld.v, u32_at(at.vt));
+  pack_rows(g.s, d, k, ld.k, u32_at(at.kn));
+  pack_rows(g.t, d, q, ld.q, u32_at(at.qp));
+  pack_rows(g.t, dvn, dout, ld.dout, u32_at(at.dop));
   int64_t ldq = 0, ldo = 0;
-  const uint16_t* qa = padded_rows(g.t, d, q, u16_at(at.q), &ldq);
-  const uint16_t* doa = padded_rows(g.t, dvn, dout, u16_at(at.dout), &ldo);
+  const uint16_t* qa = padded_rows(g.t, d, q, ld.q, u16_at(at.q), &ldq);
+  const uint16_t* doa = padded_rows(g.t, dvn, dout, ld.dout, u16_at(at.dout), &ldo);
   const uint16_t *kt = u16_at(at.kt), *vt = u16_at(at.vt), *kn = u16_at(at.kn), *qp = u16_at(at.qp),
                  *dop = u16_at(at.dop);
   float *dqa = f32_at(at.dq), *dka = f32_at(at.dk), *dva = f32_at(at.dv);
@@ -362,7 +375,7 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
     const float* lb = lse + i0;
     float* dqb = dqa + i0 * d;
     for (int64_t r = 0; r < m; ++r) {
-      const uint16_t *dor = dout + (i0 + r) * dvn, *orow = o + (i0 + r) * dvn;
+      const uint16_t *dor = dout + (i0 + r) * ld.dout, *orow = o + (i0 + r) * ld.o;
       float acc = 0;
 #pragma omp simd reduction(+ : acc)
       for (int64_t j = 0; j < dvn; ++j) acc += float_of_bf16_bits(dor[j]) * float_of_bf16_bits(orow[j]);
@@ -393,10 +406,17 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
       bgemm(m, d, n, dsr, kBK, 2, kn + kb * d, d, dqb, d, /*acc=*/kb > 0, 1.0f, nullptr, nullptr, lim);
     }
   }
-  // Inside the per-head parallel loop, convert runs on this thread.
-  convert(dqa, DType::f32, dq, DType::bf16, g.t * d);
-  convert(dka, DType::f32, dk, DType::bf16, g.s * d);
-  convert(dva, DType::f32, dv, DType::bf16, g.s * dvn);
+  // Inside the per-head parallel loop, convert runs on this thread; row by row where the rows are apart.
+  auto store = [](const float* src, uint16_t* dst, int64_t rows, int64_t cols, int64_t ldd) {
+    if (ldd == cols) {
+      convert(src, DType::f32, dst, DType::bf16, rows * cols);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) convert(src + r * cols, DType::f32, dst + r * ldd, DType::bf16, cols);
+  };
+  store(dqa, dq, g.t, d, ld.dq);
+  store(dka, dk, g.s, d, ld.dk);
+  store(dva, dv, g.s, dvn, ld.dv);
 }
 
 const uint16_t* bits(const TensorView& t) {
@@ -436,8 +456,8 @@ void sdpa_bf16(const KernelCtx& c) {
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
     for (int64_t h = s; h < e; ++h) {
       char* hw = ws + h * at.bytes;
-      pack_cols(g.s, g.d, k + h * g.s * g.d, reinterpret_cast<uint32_t*>(hw + at.kt));
-      pack_rows(g.s, g.dv, v + h * g.s * g.dv, reinterpret_cast<uint32_t*>(hw + at.vp));
+      pack_cols(g.s, g.d, k + h * g.s * g.d, g.d, reinterpret_cast<uint32_t*>(hw + at.kt));
+      pack_rows(g.s, g.dv, v + h * g.s * g.dv, g.dv, reinterpret_cast<uint32_t*>(hw + at.vp));
     }
   });
   const int64_t nqb = (g.t + kBQ - 1) / kBQ;
@@ -448,11 +468,11 @@ void sdpa_bf16(const KernelCtx& c) {
       // The query block's rows alone, padded when D is odd.
       int64_t ldq = 0;
       const uint16_t* qh = q + h * g.t * g.d;
-      const uint16_t* qa =
-          padded_rows(m, g.d, qh + i0 * g.d, reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
+      const uint16_t* qa = padded_rows(m, g.d, qh + i0 * g.d, g.d,
+                                       reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
       forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
                     reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
-                    out + h * g.t * g.dv, lse + h * g.t, i0, m, g.keys_of(h));
+                    out + h * g.t * g.dv, g.dv, lse + h * g.t, i0, m, g.keys_of(h));
     }
   });
 }
@@ -469,22 +489,13 @@ void sdpa_grad_bf16(const KernelCtx& c) {
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
     for (int64_t h = s; h < e; ++h) {
       const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
-      backward_head(g, at, ws + h * at.bytes, dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t,
-                    dq + qo, dk + ko, dv + vo, g.keys_of(h));
+      backward_head(g, at, ws + h * at.bytes, {g.d, g.d, g.dv, g.dv, g.dv, g.d, g.d, g.dv}, dout + oo, q + qo,
+                    k + ko, v + vo, o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo, g.keys_of(h));
     }
   });
 }
 
 namespace {
-
-// The packed kernels' per-thread scratch: the forward's gathered k and v of a head, or its out rows and
-// query block; the backward's head scratch and its gathered q, k, v, out, dout and dq, dk, dv.
-int64_t packed_forward_thread_bytes(const Geometry& g) {
-  return 2 * 2 * lines(g.t * g.d, 2);
-}
-int64_t packed_backward_thread_bytes(const Geometry& g) {
-  return BackwardScratch(g).bytes + 8 * 2 * lines(g.t * g.d, 2);
-}
 
 Geometry packed_geometry(const std::vector<TensorType>& in, const Attrs& a) {
   const Shape& x = in.size() == 1 ? in[0].shape : in[1].shape;
@@ -501,17 +512,17 @@ size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vec
   return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
 }
 
+// The backward's per-thread scratch: one head's BackwardScratch.
 std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
                                                                   const std::vector<TensorType>&,
                                                                   const Attrs& a) {
   const Geometry g = packed_geometry(in, a);
-  const int64_t per_thread = std::max(packed_forward_thread_bytes(g), packed_backward_thread_bytes(g));
   return {{"sdpa_qkv per-thread head buffers",
-           static_cast<size_t>(per_thread) * static_cast<size_t>(omp_get_max_threads())}};
+           static_cast<size_t>(BackwardScratch(g).bytes) * static_cast<size_t>(omp_get_max_threads())}};
 }
 
-// sdpa_bf16 and sdpa_grad_bf16 on per-head copies of the packed rows (as attention.cc's sdpa_qkv): the same
-// bits as the unfused split, transposes and sdpa.
+// sdpa_bf16 and sdpa_grad_bf16 on the packed rows in place (as attention.cc's sdpa_qkv): the same bits as the
+// unfused split, transposes and sdpa.
 void sdpa_qkv_bf16(const KernelCtx& c) {
   const Packed p(c, c.in[0]);
   const Geometry g = p.geometry(c);
@@ -521,35 +532,24 @@ void sdpa_qkv_bf16(const KernelCtx& c) {
   const uint16_t* x = bits(c.in[0]);
   uint16_t* out = bits_out(c.out[0]);
   float* lse = c.out[1].as<float>();
-  const int64_t hs = lines(g.t * g.d, 2);  // one head's elements, whole lines
-  const auto scratch = [&] {
-    return static_cast<uint16_t*>(thread_scratch(static_cast<size_t>(packed_forward_thread_bytes(g))));
-  };
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    uint16_t *k = scratch(), *v = k + hs;
     for (int64_t h = s; h < e; ++h) {
       char* hw = ws + h * at.bytes;
-      gather(g.t, g.d, x + p.part(h, 1), p.row(), k);
-      gather(g.t, g.d, x + p.part(h, 2), p.row(), v);
-      pack_cols(g.s, g.d, k, reinterpret_cast<uint32_t*>(hw + at.kt));
-      pack_rows(g.s, g.dv, v, reinterpret_cast<uint32_t*>(hw + at.vp));
+      pack_cols(g.s, g.d, x + p.part(h, 1), p.row(), reinterpret_cast<uint32_t*>(hw + at.kt));
+      pack_rows(g.s, g.dv, x + p.part(h, 2), p.row(), reinterpret_cast<uint32_t*>(hw + at.vp));
     }
   });
   const int64_t nqb = (g.t + kBQ - 1) / kBQ;
   parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-    uint16_t *oh = scratch(),
-             *qb = oh + hs;  // the head's out rows (only this block's are written), the block's q
     for (int64_t task = s; task < e; ++task) {
       const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
       char* hw = ws + h * at.bytes;
-      gather(m, g.d, x + p.part(h, 0) + i0 * p.row(), p.row(), qb);
       int64_t ldq = 0;
-      const uint16_t* qa =
-          padded_rows(m, g.d, qb, reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
+      const uint16_t* qa = padded_rows(m, g.d, x + p.part(h, 0) + i0 * p.row(), p.row(),
+                                       reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
       forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
-                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o), oh,
-                    lse + h * g.t, i0, m, nullptr);
-      scatter(m, g.d, oh + i0 * g.d, out + p.merged(h) + i0 * p.h * p.d, p.h * p.d);
+                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
+                    out + p.merged(h), p.h * p.d, lse + h * g.t, i0, m, nullptr);
     }
   });
 }
@@ -561,23 +561,13 @@ void sdpa_qkv_grad_bf16(const KernelCtx& c) {
   const uint16_t *dout = bits(c.in[0]), *x = bits(c.in[1]), *o = bits(c.in[2]);
   const float* lse = c.in[3].as<float>();
   uint16_t* dx = bits_out(c.out[0]);
-  const int64_t hs = lines(g.t * g.d, 2), ld = p.h * p.d;
+  const int64_t r = p.row(), m = p.h * p.d;
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(packed_backward_thread_bytes(g))));
-    uint16_t* q = reinterpret_cast<uint16_t*>(hw + at.bytes);
-    uint16_t *k = q + hs, *v = k + hs, *oh = v + hs, *doh = oh + hs, *dq = doh + hs, *dk = dq + hs,
-             *dv = dk + hs;
-    for (int64_t h = s; h < e; ++h) {
-      gather(g.t, g.d, x + p.part(h, 0), p.row(), q);
-      gather(g.t, g.d, x + p.part(h, 1), p.row(), k);
-      gather(g.t, g.d, x + p.part(h, 2), p.row(), v);
-      gather(g.t, g.d, o + p.merged(h), ld, oh);
-      gather(g.t, g.d, dout + p.merged(h), ld, doh);
-      backward_head(g, at, hw, doh, q, k, v, oh, lse + h * g.t, dq, dk, dv, nullptr);
-      scatter(g.t, g.d, dq, dx + p.part(h, 0), p.row());
-      scatter(g.t, g.d, dk, dx + p.part(h, 1), p.row());
-      scatter(g.t, g.d, dv, dx + p.part(h, 2), p.row());
-    }
+    char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(at.bytes)));
+    for (int64_t h = s; h < e; ++h)
+      backward_head(g, at, hw, {r, r, r, m, m, r, r, r}, dout + p.merged(h), x + p.part(h, 0),
+                    x + p.part(h, 1), x + p.part(h, 2), o + p.merged(h), lse + h * g.t, dx + p.part(h, 0),
+                    dx + p.part(h, 1), dx + p.part(h, 2), nullptr);
   });
 }
 

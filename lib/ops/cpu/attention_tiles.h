@@ -209,30 +209,4 @@ struct Packed {
   }
 };
 
-// `rows` rows of `bytes` from src's rows `lds` bytes apart to dst's rows `ldd` bytes apart, in whole vector
-// registers and a tail: a head's rows are 128-512 bytes, and a memcpy call per row took a third of the
-// packed forward's time.
-inline void copy_rows(int64_t rows, int64_t bytes, const char* src, int64_t lds, char* dst, int64_t ldd) {
-  using V = Vec<float>::type;
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* s = src + r * lds;
-    char* d = dst + r * ldd;
-    int64_t j = 0;
-    for (; j + kVecBytes <= bytes; j += kVecBytes) vstore(d + j, vload<V>(s + j));
-    if (j < bytes) std::memcpy(d + j, s + j, static_cast<size_t>(bytes - j));
-  }
-}
-// `rows` rows of d elements from src's rows `lds` apart into dst (contiguous); scatter: back, to rows `ldd`
-// apart.
-template <typename T>
-void gather(int64_t rows, int64_t d, const T* src, int64_t lds, T* dst) {
-  const auto z = static_cast<int64_t>(sizeof(T));
-  copy_rows(rows, d * z, reinterpret_cast<const char*>(src), lds * z, reinterpret_cast<char*>(dst), d * z);
-}
-template <typename T>
-void scatter(int64_t rows, int64_t d, const T* src, T* dst, int64_t ldd) {
-  const auto z = static_cast<int64_t>(sizeof(T));
-  copy_rows(rows, d * z, reinterpret_cast<const char*>(src), d * z, reinterpret_cast<char*>(dst), ldd * z);
-}
-
 }  // namespace flowrun::cpu::attn
