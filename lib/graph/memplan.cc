@@ -31,6 +31,7 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
   FR_CHECK(share || !inplace, "an unshared memory plan has no in-place outputs");
   MemoryPlan plan;
   plan.offset.assign(g.values().size(), -1);
+  plan.alias.assign(g.values().size(), -1);
   plan.workspace_offset.assign(g.nodes().size(), -1);
   plan.workspace_bytes.assign(g.nodes().size(), 0);
   const int end = static_cast<int>(order.size());
@@ -51,6 +52,15 @@ MemoryPlan plan_memory(const Graph& g, const std::vector<NodeId>& order, bool in
       const int last = std::max(last_use[static_cast<size_t>(v)], pos);
       plan.total_intermediate_bytes += align_up(val.nbytes());
       if (i == 0 && inplace && def.view) {
+        // A view of a graph input (an MLP flattening its images) reads the fed bytes: the executor writes
+        // inputs only between steps, and nothing writes into a value that has no buffer of its own.
+        const Value& src = g.value(n.inputs[0]);
+        if (src.kind == ValueKind::input && src.nbytes() == val.nbytes() &&
+            last_use[static_cast<size_t>(v)] < end) {
+          plan.alias[static_cast<size_t>(v)] = src.id;
+          ++plan.view_count;
+          continue;
+        }
         // One buffer for both: it lives until the later of their last uses.
         const int b = buffer_of[static_cast<size_t>(n.inputs[0])];
         if (b >= 0 && g.value(n.inputs[0]).nbytes() == val.nbytes()) {

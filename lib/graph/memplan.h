@@ -19,6 +19,8 @@ struct MemoryPlan {
   std::vector<size_t> workspace_bytes;    // per node
   int inplace_count = 0;                  // outputs that take over a dying input's buffer
   int view_count = 0;                     // outputs of view ops (reshape) sharing their input's buffer
+  // per value: the graph input whose bytes this view's output is (a reshape of a fed batch), -1 if none
+  std::vector<int64_t> alias;
 };
 
 // `device` picks the kernels whose workspaces are planned (widened f16/bf16 kernels need f32 copies).

@@ -90,6 +90,9 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     persistent_.emplace(v.name, std::move(t));
   }
 
+  for (const auto& v : g.values())
+    if (mem.alias[static_cast<size_t>(v.id)] >= 0)
+      addr[static_cast<size_t>(v.id)] = addr[static_cast<size_t>(mem.alias[static_cast<size_t>(v.id)])];
   loss_scaled_ = persistent_.count("amp/loss_scale") != 0;
   size_t nviews = 0;
   for (NodeId id : program_.order) nviews += g.node(id).inputs.size() + g.node(id).outputs.size();
@@ -415,6 +418,12 @@ Tensor Executor::value(ValueId id) const {
     if (m != mirrors_.end() && m->second->fresh == DeviceMirror::Fresh::device)
       return download(m->second->device, v.shape(), v.dtype());
     return persistent_.at(v.name);
+  }
+  if (const int64_t src = program_.memory.alias[static_cast<size_t>(v.id)]; src >= 0) {
+    const Tensor bytes = value(src);  // a view of a graph input: its bytes under this value's shape
+    Tensor t = Tensor::empty(v.shape(), v.dtype());
+    std::memcpy(t.raw(), bytes.raw(), v.nbytes());
+    return t;
   }
   FR_CHECK(program_.memory.offset[static_cast<size_t>(v.id)] >= 0 || v.nbytes() == 0, v.name,
            " has no memory");

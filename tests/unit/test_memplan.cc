@@ -133,5 +133,39 @@ TEST(MemoryPlan, EagerSharesNothing) {
   for (size_t i = 1; i < ranges.size(); ++i) EXPECT_LE(ranges[i - 1].second, ranges[i].first);
 }
 
+// A reshape of a fed input (an MLP flattening its images) is the input's bytes: no buffer, no copy, and
+// training gives the eager program's bits (where the reshape copies).
+TEST(MemoryPlan, AViewOfAnInputIsTheInputsBytes) {
+  auto build = [](bool eager) {
+    Graph g;
+    GraphBuilder b(g);
+    const ValueId flat = b.reshape(b.input("x", {8, 2, 8}), {8, 16});
+    const ValueId h = b.op1("linear", {flat, b.param("fc/weight", {4, 16}), b.param("fc/bias", {4})});
+    g.mark_output("loss", b.op1("mse_loss", {h, b.input("target", {8, 4})}));
+    CompileOptions opts;
+    opts.optimizer = {.type = "sgd", .momentum = 0.9};
+    opts.eager = eager;
+    return compile(std::move(g), opts);
+  };
+  const Program p = build(false);
+  const ValueId x = p.graph.find_value("x");
+  int aliases = 0;
+  for (const Value& v : p.graph.values())
+    if (p.memory.alias[static_cast<size_t>(v.id)] >= 0) {
+      ++aliases;
+      EXPECT_EQ(p.memory.alias[static_cast<size_t>(v.id)], x);
+      EXPECT_EQ(p.memory.offset[static_cast<size_t>(v.id)], -1);
+      EXPECT_EQ(v.shape(), (Shape{8, 16}));
+    }
+  EXPECT_EQ(aliases, 1);
+  expect_plan_valid(p);
+  const Program eager = build(true);
+  for (const Value& v : eager.graph.values()) EXPECT_EQ(eager.memory.alias[static_cast<size_t>(v.id)], -1);
+  const auto [losses, trained] = train_sgd(p, 3);
+  const auto [eager_losses, eager_trained] = train_sgd(eager, 3);
+  EXPECT_EQ(losses, eager_losses);
+  EXPECT_EQ(trained, eager_trained);
+}
+
 }  // namespace
 }  // namespace flowrun::testing
