@@ -103,6 +103,23 @@ double bytes_of(const std::vector<TensorType>& ts) {
   return n;
 }
 
+// A backward's saved inputs: dout and out (input indices `dout_at`, `out_at`) of shape `out_shape`, lse
+// (`lse_at`) of `lse_shape`, in the forward's dtype `t` (lse in lse_dtype(t)). The graph prefixes the op
+// name.
+void check_saved(const std::vector<TensorType>& in, size_t dout_at, size_t out_at, size_t lse_at,
+                 const Shape& out_shape, const Shape& lse_shape, DType t) {
+  if (in[dout_at].shape != out_shape || in[out_at].shape != out_shape)
+    throw input_error(cat("dout ", shape_str(in[dout_at].shape), " and out ", shape_str(in[out_at].shape),
+                          " must both be ", shape_str(out_shape)));
+  if (in[lse_at].shape != lse_shape)
+    throw input_error(cat("lse ", shape_str(in[lse_at].shape), " must be ", shape_str(lse_shape)));
+  for (size_t i : {dout_at, out_at, lse_at}) {
+    const DType want = i == lse_at ? lse_dtype(t) : t;
+    if (in[i].dtype != want)
+      throw input_error(cat("input ", i, " is ", dtype_name(in[i].dtype), ", expected ", dtype_name(want)));
+  }
+}
+
 // Naive f64 attention: full score rows, mask, softmax, weighted sum; returns (out, lse).
 std::vector<Tensor> sdpa_reference(const std::vector<Tensor>& in, const Attrs& a) {
   const Shape &qs = in[0].shape(), &ks = in[1].shape(), &vs = in[2].shape();
@@ -671,18 +688,7 @@ void register_attention_ops(OpRegistry& r) {
       throw input_error(cat("takes dout, q, k, v, out, lse [, key_ids], got ", in.size(), " inputs"));
     const SdpaDims s = check_qkv(in[1], in[2], in[3], a);
     check_key_ids(in, 6, s, a);
-    const Shape out_shape{s.b, s.h, s.t, s.dv}, lse_shape{s.b, s.h, s.t};
-    if (in[0].shape != out_shape || in[4].shape != out_shape)
-      throw input_error(cat("dout ", shape_str(in[0].shape), " and out ", shape_str(in[4].shape),
-                            " must both be ", shape_str(out_shape)));
-    if (in[5].shape != lse_shape)
-      throw input_error(cat("lse ", shape_str(in[5].shape), " must be ", shape_str(lse_shape)));
-    for (int i : {0, 4, 5}) {
-      const DType want = i == 5 ? lse_dtype(in[1].dtype) : in[1].dtype;
-      if (in[static_cast<size_t>(i)].dtype != want)
-        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
-                              ", expected ", dtype_name(want)));
-    }
+    check_saved(in, 0, 4, 5, {s.b, s.h, s.t, s.dv}, {s.b, s.h, s.t}, in[1].dtype);
     return {in[1], in[2], in[3]};
   };
   g.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {
@@ -769,18 +775,7 @@ void register_attention_ops(OpRegistry& r) {
   pg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const TensorType h = packed_heads(in[1], a);
     const SdpaDims s = check_qkv(h, h, h, a);
-    const Shape merged{s.b, s.t, s.h * s.d}, lse_shape{s.b, s.h, s.t};
-    if (in[0].shape != merged || in[2].shape != merged)
-      throw input_error(cat("dout ", shape_str(in[0].shape), " and out ", shape_str(in[2].shape),
-                            " must both be ", shape_str(merged)));
-    if (in[3].shape != lse_shape)
-      throw input_error(cat("lse ", shape_str(in[3].shape), " must be ", shape_str(lse_shape)));
-    for (int i : {0, 2, 3}) {
-      const DType want = i == 3 ? lse_dtype(in[1].dtype) : in[1].dtype;
-      if (in[static_cast<size_t>(i)].dtype != want)
-        throw input_error(cat("input ", i, " is ", dtype_name(in[static_cast<size_t>(i)].dtype),
-                              ", expected ", dtype_name(want)));
-    }
+    check_saved(in, 0, 2, 3, {s.b, s.t, s.h * s.d}, {s.b, s.h, s.t}, in[1].dtype);
     return {in[1]};
   };
   pg.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,

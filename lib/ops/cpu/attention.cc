@@ -230,27 +230,42 @@ void backward_head(const Geometry& g, const HeadStrides& ld, const T* dout, cons
 
 }  // namespace
 
+namespace {
+
+// The forward of every (batch, head), `heads(h)` giving head h's HeadRows: scale * k^T of each head into kt
+// (D x S slices), then (head, query block) tasks, each writing its own rows of out and lse.
+template <typename T, typename Heads>
+void forward_heads(const Geometry& g, T* kt, T* lse, const Heads& heads) {
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    for (int64_t h = s; h < e; ++h) {
+      const HeadRows<T> r = heads(h);
+      transpose_scaled(g.s, g.d, r.k, kt + h * g.s * g.d, static_cast<T>(g.scale), r.ldk);
+    }
+  });
+  const int64_t nqb = (g.t + kBQ - 1) / kBQ;
+  parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+    for (int64_t task = s; task < e; ++task) {
+      const int64_t h = task / nqb, i0 = (task % nqb) * kBQ;
+      const HeadRows<T> r = heads(h);
+      forward_block(g, r.q + i0 * r.ldq, r.ldq, kt + h * g.s * g.d, r.v, r.ldv, r.out + i0 * r.ldo, r.ldo,
+                    lse + h * g.t, i0, std::min(kBQ, g.t - i0), g.keys_of(h));
+    }
+  });
+}
+
+}  // namespace
+
 void sdpa(const KernelCtx& c) {
   const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
-    T *o = c.out[0].as<T>(), *lse = c.out[1].as<T>();
-    T* kt = static_cast<T*>(c.workspace);
+    T* o = c.out[0].as<T>();
     FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T),
              "sdpa workspace too small");
-    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-      for (int64_t h = s; h < e; ++h)
-        transpose_scaled(g.s, g.d, k + h * g.s * g.d, kt + h * g.s * g.d, static_cast<T>(g.scale));
-    });
-    const int64_t nqb = (g.t + kBQ - 1) / kBQ;
-    parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-      for (int64_t task = s; task < e; ++task) {
-        const int64_t h = task / nqb, i0 = (task % nqb) * kBQ;
-        forward_block(g, q + (h * g.t + i0) * g.d, g.d, kt + h * g.s * g.d, v + h * g.s * g.dv, g.dv,
-                      o + (h * g.t + i0) * g.dv, g.dv, lse + h * g.t, i0, std::min(kBQ, g.t - i0),
-                      g.keys_of(h));
-      }
+    forward_heads(g, static_cast<T*>(c.workspace), c.out[1].as<T>(), [&](int64_t h) {
+      return HeadRows<T>{
+          q + h * g.t * g.d, k + h * g.s * g.d, v + h * g.s * g.dv, o + h * g.t * g.dv, g.d, g.d, g.dv, g.dv};
     });
   });
 }
@@ -286,22 +301,12 @@ void sdpa_qkv(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
-    T *o = c.out[0].as<T>(), *lse = c.out[1].as<T>();
-    const int64_t hs = g.t * g.d;  // one head's elements
-    T* kt = static_cast<T*>(c.workspace);
-    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * hs) * sizeof(T), "sdpa_qkv workspace too small");
-    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-      for (int64_t h = s; h < e; ++h)
-        transpose_scaled(g.t, g.d, x + p.part(h, 1), kt + h * hs, static_cast<T>(g.scale), p.row());
-    });
-    const int64_t nqb = (g.t + kBQ - 1) / kBQ;
-    parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-      for (int64_t task = s; task < e; ++task) {
-        const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
-        forward_block(g, x + p.part(h, 0) + i0 * p.row(), p.row(), kt + h * hs, x + p.part(h, 2), p.row(),
-                      o + p.merged(h) + i0 * p.h * p.d, p.h * p.d, lse + h * g.t, i0, m,
-                      static_cast<const int64_t*>(nullptr));
-      }
+    T* o = c.out[0].as<T>();
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.t * g.d) * sizeof(T),
+             "sdpa_qkv workspace too small");
+    forward_heads(g, static_cast<T*>(c.workspace), c.out[1].as<T>(), [&](int64_t h) {
+      return HeadRows<T>{x + p.part(h, 0), x + p.part(h, 1), x + p.part(h, 2), o + p.merged(h),
+                         p.row(),          p.row(),          p.row(),          p.h * p.d};
     });
   });
 }

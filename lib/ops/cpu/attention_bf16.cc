@@ -445,35 +445,49 @@ size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::ve
   return static_cast<size_t>(g.bh * BackwardScratch(g).bytes);
 }
 
-void sdpa_bf16(const KernelCtx& c) {
-  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
+namespace {
+
+// The forward of every head, `heads(h)` giving head h's HeadRows: K^T and V of each head in pair layout in
+// its workspace slice, then (head, query block) tasks, each writing its own rows of out and lse.
+template <typename Heads>
+void forward_heads(const Geometry& g, char* ws, float* lse, const Heads& heads) {
   const ForwardScratch at(g);
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * at.bytes), "sdpa workspace too small");
-  char* ws = static_cast<char*>(c.workspace);
-  const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
-  uint16_t* out = bits_out(c.out[0]);
-  float* lse = c.out[1].as<float>();
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
     for (int64_t h = s; h < e; ++h) {
+      const HeadRows<uint16_t> r = heads(h);
       char* hw = ws + h * at.bytes;
-      pack_cols(g.s, g.d, k + h * g.s * g.d, g.d, reinterpret_cast<uint32_t*>(hw + at.kt));
-      pack_rows(g.s, g.dv, v + h * g.s * g.dv, g.dv, reinterpret_cast<uint32_t*>(hw + at.vp));
+      pack_cols(g.s, g.d, r.k, r.ldk, reinterpret_cast<uint32_t*>(hw + at.kt));
+      pack_rows(g.s, g.dv, r.v, r.ldv, reinterpret_cast<uint32_t*>(hw + at.vp));
     }
   });
   const int64_t nqb = (g.t + kBQ - 1) / kBQ;
   parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
     for (int64_t task = s; task < e; ++task) {
       const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
+      const HeadRows<uint16_t> r = heads(h);
       char* hw = ws + h * at.bytes;
-      // The query block's rows alone, padded when D is odd.
+      // The query block's rows alone, contiguous and padded when D is odd.
       int64_t ldq = 0;
-      const uint16_t* qh = q + h * g.t * g.d;
-      const uint16_t* qa = padded_rows(m, g.d, qh + i0 * g.d, g.d,
+      const uint16_t* qa = padded_rows(m, g.d, r.q + i0 * r.ldq, r.ldq,
                                        reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
       forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
-                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
-                    out + h * g.t * g.dv, g.dv, lse + h * g.t, i0, m, g.keys_of(h));
+                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o), r.out,
+                    r.ldo, lse + h * g.t, i0, m, g.keys_of(h));
     }
+  });
+}
+
+}  // namespace
+
+void sdpa_bf16(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * ForwardScratch(g).bytes),
+           "sdpa workspace too small");
+  const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
+  uint16_t* out = bits_out(c.out[0]);
+  forward_heads(g, static_cast<char*>(c.workspace), c.out[1].as<float>(), [&](int64_t h) {
+    return HeadRows<uint16_t>{
+        q + h * g.t * g.d, k + h * g.s * g.d, v + h * g.s * g.dv, out + h * g.t * g.dv, g.d, g.d, g.dv, g.dv};
   });
 }
 
@@ -526,31 +540,13 @@ std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vec
 void sdpa_qkv_bf16(const KernelCtx& c) {
   const Packed p(c, c.in[0]);
   const Geometry g = p.geometry(c);
-  const ForwardScratch at(g);
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * at.bytes), "sdpa_qkv workspace too small");
-  char* ws = static_cast<char*>(c.workspace);
+  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * ForwardScratch(g).bytes),
+           "sdpa_qkv workspace too small");
   const uint16_t* x = bits(c.in[0]);
   uint16_t* out = bits_out(c.out[0]);
-  float* lse = c.out[1].as<float>();
-  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    for (int64_t h = s; h < e; ++h) {
-      char* hw = ws + h * at.bytes;
-      pack_cols(g.s, g.d, x + p.part(h, 1), p.row(), reinterpret_cast<uint32_t*>(hw + at.kt));
-      pack_rows(g.s, g.dv, x + p.part(h, 2), p.row(), reinterpret_cast<uint32_t*>(hw + at.vp));
-    }
-  });
-  const int64_t nqb = (g.t + kBQ - 1) / kBQ;
-  parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
-    for (int64_t task = s; task < e; ++task) {
-      const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
-      char* hw = ws + h * at.bytes;
-      int64_t ldq = 0;
-      const uint16_t* qa = padded_rows(m, g.d, x + p.part(h, 0) + i0 * p.row(), p.row(),
-                                       reinterpret_cast<uint16_t*>(hw + at.q) + i0 * even(g.d), &ldq);
-      forward_block(g, qa, ldq, reinterpret_cast<const uint16_t*>(hw + at.kt),
-                    reinterpret_cast<const uint16_t*>(hw + at.vp), reinterpret_cast<float*>(hw + at.o),
-                    out + p.merged(h), p.h * p.d, lse + h * g.t, i0, m, nullptr);
-    }
+  forward_heads(g, static_cast<char*>(c.workspace), c.out[1].as<float>(), [&](int64_t h) {
+    return HeadRows<uint16_t>{x + p.part(h, 0), x + p.part(h, 1), x + p.part(h, 2), out + p.merged(h),
+                              p.row(),          p.row(),          p.row(),          p.h * p.d};
   });
 }
 

@@ -191,6 +191,15 @@ inline Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorVi
   return g;
 }
 
+// One (batch, head)'s operands: row 0 of its q, k, v and out, and their row strides (D or Dv in (B, H, T, D)
+// tensors; 3 H D and H D for sdpa_qkv's packed rows and merged heads).
+template <typename T>
+struct HeadRows {
+  const T *q, *k, *v;
+  T* out;
+  int64_t ldq, ldk, ldv, ldo;
+};
+
 // sdpa_qkv's operands: qkv (B, T, 3 H D) rows holding q | k | v, each (H, D), under attr heads; out and dout
 // (B, T, H D).
 struct Packed {
