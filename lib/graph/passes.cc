@@ -122,7 +122,7 @@ void fuse_packed_attention(Graph& g) {
     std::vector<NodeId> dead;
     const Node* split = nullptr;
     bool ok = true;
-    for (int i = 0; i < 3 && ok; ++i) {
+    for (int i = 0; i < 3; ++i) {
       const Node* tr = g.value(att.inputs[static_cast<size_t>(i)]).shape() == hs
                            ? sole(att.inputs[static_cast<size_t>(i)], "transpose")
                            : nullptr;

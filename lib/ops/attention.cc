@@ -748,21 +748,13 @@ void register_attention_ops(OpRegistry& r) {
   pq.sbp = [](const SbpQuery&) {
     return std::vector<SbpSignature>{{{Sbp::split(0)}, {Sbp::split(0), Sbp::split(0)}}};
   };
-  const auto per_thread = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
-                             const Attrs& a) -> std::vector<std::pair<std::string, size_t>> {
-    const TensorType h = packed_heads(in.size() == 1 ? in[0] : in[1], a);
-    const size_t head = static_cast<size_t>(h.shape[2] * h.shape[3]) * dtype_size(h.dtype);
-    const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
-    return {{"sdpa_qkv per-thread head buffers", threads * head * cpu::kSdpaQkvGradBuffers}};
-  };
-  pq.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv, nullptr, nullptr, per_thread}};
+  pq.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv}};
 #if defined(__AVX512BF16__)
   pq.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_qkv_bf16,
                         cpu::has_avx512_bf16,
-                        cpu::sdpa_qkv_bf16_workspace,
-                        cpu::sdpa_qkv_bf16_buffers});
+                        cpu::sdpa_qkv_bf16_workspace});
 #endif
   pq.samples = sdpa_qkv_samples;
   r.add(pq);
@@ -785,15 +777,23 @@ void register_attention_ops(OpRegistry& r) {
     return {attended_pairs(s, causal_of(a)) * (10.0 * static_cast<double>(s.d) + 5.0),
             bytes_of(in) + bytes_of(out)};
   };
+  // The CPU kernels' per-thread scratch (thread_scratch): the f32 one's transposed k and v of a head, the
+  // bf16 one's head scratch.
+  const auto per_thread = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                             const Attrs& a) -> std::vector<std::pair<std::string, size_t>> {
+    const TensorType h = packed_heads(in[1], a);
+    const size_t head = static_cast<size_t>(h.shape[2] * h.shape[3]) * dtype_size(h.dtype);
+    const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
+    return {{"sdpa_qkv_grad per-thread head buffers", threads * head * cpu::kSdpaQkvGradBuffers}};
+  };
   pg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv_grad, nullptr, nullptr, per_thread}};
 #if defined(__AVX512BF16__)
   pg.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_qkv_grad_bf16,
                         cpu::has_avx512_bf16,
-                        [](const std::vector<TensorType>&, const std::vector<TensorType>&,
-                           const Attrs&) -> size_t { return 0; },
-                        cpu::sdpa_qkv_bf16_buffers});
+                        nullptr,
+                        cpu::sdpa_qkv_grad_bf16_buffers});
 #endif
   pg.covered_by = {"sdpa_qkv"};
   r.add(pg);

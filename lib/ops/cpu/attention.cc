@@ -108,10 +108,6 @@ void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale, in
       for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * ld + c];
   }
 }
-template <typename T>
-void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale) {
-  transpose_scaled(rows, d, src, dst, scale, d);
-}
 
 // Rows [i0, i0 + m) of one (batch, head): qb and ob those rows of its q (T x D) and o (T x Dv), kt = scale *
 // k^T (D x S), v (S x Dv), lse (T) of that head. The output rows accumulate unnormalised in place, rescaled
@@ -168,12 +164,6 @@ void forward_block(const Geometry& g, const T* qb, int64_t ldq, const T* kt, con
   }
 }
 
-// Row strides of one head's operands: (d, d, dv, dv, dv, d, d, dv) for (B, H, T, D) tensors, 3 H D and H D
-// for sdpa_qkv's packed rows and merged heads.
-struct HeadStrides {
-  int64_t q, k, v, o, dout, dq, dk, dv;
-};
-
 // Gradients of one (batch, head); the calling thread owns its dq, dk, dv rows and its kt, vt scratch.
 // `kid` as in forward_block: a padded key's score becomes -inf, so its probability and dS are exactly 0
 // (lse is finite on every row, 0 where the forward saw no key).
@@ -228,10 +218,6 @@ void backward_head(const Geometry& g, const HeadStrides& ld, const T* dout, cons
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The forward of every (batch, head), `heads(h)` giving head h's HeadRows: scale * k^T of each head into kt
 // (D x S slices), then (head, query block) tasks, each writing its own rows of out and lse.
 template <typename T, typename Heads>
@@ -284,8 +270,8 @@ void sdpa_grad(const KernelCtx& c) {
     parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
       for (int64_t h = s; h < e; ++h) {
         const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
-        backward_head(g, {g.d, g.d, g.dv, g.dv, g.dv, g.d, g.d, g.dv}, dout + oo, q + qo, k + ko, v + vo,
-                      o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo, kt + ko, vt + vo, g.keys_of(h));
+        backward_head(g, HeadStrides::dense(g), dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t,
+                      dq + qo, dk + ko, dv + vo, kt + ko, vt + vo, g.keys_of(h));
       }
     });
   });
@@ -297,7 +283,7 @@ void sdpa_grad(const KernelCtx& c) {
 // first: ~7% of the op, for products that run as fast on the strided rows (they read whole 64-byte lines).
 void sdpa_qkv(const KernelCtx& c) {
   const Packed p(c, c.in[0]);
-  const Geometry g = p.geometry(c);
+  const Geometry g = p.geometry(c.attrs());
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
@@ -313,17 +299,17 @@ void sdpa_qkv(const KernelCtx& c) {
 
 void sdpa_qkv_grad(const KernelCtx& c) {
   const Packed p(c, c.in[1]);
-  const Geometry g = p.geometry(c);
+  const Geometry g = p.geometry(c.attrs());
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dout = c.in[0].as<T>(), *x = c.in[1].as<T>(), *o = c.in[2].as<T>(), *lse = c.in[3].as<T>();
     T* dx = c.out[0].as<T>();
-    const int64_t hs = g.t * g.d, r = p.row(), m = p.h * p.d;
+    const int64_t hs = g.t * g.d;
     parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-      T* kt = static_cast<T*>(thread_scratch(static_cast<size_t>(2 * hs) * sizeof(T)));
+      T* kt = static_cast<T*>(thread_scratch(static_cast<size_t>(kSdpaQkvGradBuffers * hs) * sizeof(T)));
       T* vt = kt + hs;
       for (int64_t h = s; h < e; ++h)
-        backward_head(g, {r, r, r, m, m, r, r, r}, dout + p.merged(h), x + p.part(h, 0), x + p.part(h, 1),
+        backward_head(g, p.strides(), dout + p.merged(h), x + p.part(h, 0), x + p.part(h, 1),
                       x + p.part(h, 2), o + p.merged(h), lse + h * g.t, dx + p.part(h, 0), dx + p.part(h, 1),
                       dx + p.part(h, 2), kt, vt, static_cast<const int64_t*>(nullptr));
     });

@@ -16,7 +16,7 @@ void sdpa_grad(const KernelCtx& c);
 // sdpa over packed projections, the graph's split -> heads -> sdpa -> merge in one op (CPU fusion):
 // qkv (B, T, 3 H D) -> (out (B, T, H D), lse (B, H, T)); attr heads. And its gradient: (dout, qkv, out, lse)
 // -> dqkv. Both read and write the rows in place; the gradient's transposed k and v take
-// kSdpaQkvGradBuffers (T x D) buffers per thread.
+// kSdpaQkvGradBuffers (T x D) buffers of the thread's scratch (thread_scratch).
 void sdpa_qkv(const KernelCtx& c);
 void sdpa_qkv_grad(const KernelCtx& c);
 constexpr int64_t kSdpaQkvGradBuffers = 2;
@@ -34,15 +34,15 @@ size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                                 const Attrs& a);
 // sdpa_qkv and its gradient in bf16: the kernels above on the packed rows (A operands copied contiguous);
-// the forward's workspace is sdpa_bf16's, and the backward's per-thread head scratch is reported as a host
+// the forward's workspace is sdpa_bf16's, and the gradient's per-thread head scratch is reported as a host
 // buffer (KernelDef::host_buffers).
 void sdpa_qkv_bf16(const KernelCtx& c);
 void sdpa_qkv_grad_bf16(const KernelCtx& c);
 size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                                const Attrs& a);
-std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
-                                                                  const std::vector<TensorType>& out,
-                                                                  const Attrs& a);
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_grad_bf16_buffers(const std::vector<TensorType>& in,
+                                                                       const std::vector<TensorType>& out,
+                                                                       const Attrs& a);
 #endif
 
 // (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each

@@ -335,11 +335,6 @@ void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uin
   }
 }
 
-// Row strides of one head's operands, as in attention.cc.
-struct HeadStrides {
-  int64_t q, k, v, o, dout, dq, dk, dv;
-};
-
 // Gradients of one head (attention.cc's backward_head with bf16 products); `ws` is the head's scratch.
 void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const HeadStrides& ld,
                    const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
@@ -503,19 +498,18 @@ void sdpa_grad_bf16(const KernelCtx& c) {
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
     for (int64_t h = s; h < e; ++h) {
       const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
-      backward_head(g, at, ws + h * at.bytes, {g.d, g.d, g.dv, g.dv, g.dv, g.d, g.d, g.dv}, dout + oo, q + qo,
-                    k + ko, v + vo, o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo, g.keys_of(h));
+      backward_head(g, at, ws + h * at.bytes, HeadStrides::dense(g), dout + oo, q + qo, k + ko, v + vo,
+                    o + oo, lse + h * g.t, dq + qo, dk + ko, dv + vo, g.keys_of(h));
     }
   });
 }
 
 namespace {
 
+// The geometry of sdpa_qkv's or sdpa_qkv_grad's heads from its types (qkv: input 0 of the forward, 1 of the
+// gradient).
 Geometry packed_geometry(const std::vector<TensorType>& in, const Attrs& a) {
-  const Shape& x = in.size() == 1 ? in[0].shape : in[1].shape;
-  const int64_t h = a.i("heads");
-  const Shape head{x[0], h, x[1], x[2] / (3 * h)};
-  return geometry(head, head, head, a);
+  return Packed(in.size() == 1 ? in[0].shape : in[1].shape, a).geometry(a);
 }
 
 }  // namespace
@@ -527,11 +521,11 @@ size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vec
 }
 
 // The backward's per-thread scratch: one head's BackwardScratch.
-std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
-                                                                  const std::vector<TensorType>&,
-                                                                  const Attrs& a) {
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_grad_bf16_buffers(const std::vector<TensorType>& in,
+                                                                       const std::vector<TensorType>&,
+                                                                       const Attrs& a) {
   const Geometry g = packed_geometry(in, a);
-  return {{"sdpa_qkv per-thread head buffers",
+  return {{"sdpa_qkv_grad per-thread head buffers",
            static_cast<size_t>(BackwardScratch(g).bytes) * static_cast<size_t>(omp_get_max_threads())}};
 }
 
@@ -539,7 +533,7 @@ std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vec
 // unfused split, transposes and sdpa.
 void sdpa_qkv_bf16(const KernelCtx& c) {
   const Packed p(c, c.in[0]);
-  const Geometry g = p.geometry(c);
+  const Geometry g = p.geometry(c.attrs());
   FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * ForwardScratch(g).bytes),
            "sdpa_qkv workspace too small");
   const uint16_t* x = bits(c.in[0]);
@@ -552,18 +546,17 @@ void sdpa_qkv_bf16(const KernelCtx& c) {
 
 void sdpa_qkv_grad_bf16(const KernelCtx& c) {
   const Packed p(c, c.in[1]);
-  const Geometry g = p.geometry(c);
+  const Geometry g = p.geometry(c.attrs());
   const BackwardScratch at(g);
   const uint16_t *dout = bits(c.in[0]), *x = bits(c.in[1]), *o = bits(c.in[2]);
   const float* lse = c.in[3].as<float>();
   uint16_t* dx = bits_out(c.out[0]);
-  const int64_t r = p.row(), m = p.h * p.d;
   parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
     char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(at.bytes)));
     for (int64_t h = s; h < e; ++h)
-      backward_head(g, at, hw, {r, r, r, m, m, r, r, r}, dout + p.merged(h), x + p.part(h, 0),
-                    x + p.part(h, 1), x + p.part(h, 2), o + p.merged(h), lse + h * g.t, dx + p.part(h, 0),
-                    dx + p.part(h, 1), dx + p.part(h, 2), nullptr);
+      backward_head(g, at, hw, p.strides(), dout + p.merged(h), x + p.part(h, 0), x + p.part(h, 1),
+                    x + p.part(h, 2), o + p.merged(h), lse + h * g.t, dx + p.part(h, 0), dx + p.part(h, 1),
+                    dx + p.part(h, 2), nullptr);
   });
 }
 

@@ -191,8 +191,8 @@ inline Geometry geometry(const KernelCtx& c, const TensorView& q, const TensorVi
   return g;
 }
 
-// One (batch, head)'s operands: row 0 of its q, k, v and out, and their row strides (D or Dv in (B, H, T, D)
-// tensors; 3 H D and H D for sdpa_qkv's packed rows and merged heads).
+// One (batch, head)'s operands in the forward: row 0 of its q, k, v and out, and their row strides (D or Dv
+// in (B, H, T, D) tensors; 3 H D and H D for sdpa_qkv's packed rows and merged heads).
 template <typename T>
 struct HeadRows {
   const T *q, *k, *v;
@@ -200,21 +200,33 @@ struct HeadRows {
   int64_t ldq, ldk, ldv, ldo;
 };
 
+// The row strides of one head's operands in the backward.
+struct HeadStrides {
+  int64_t q, k, v, o, dout, dq, dk, dv;
+  // Those of (B, H, T, D) tensors.
+  static HeadStrides dense(const Geometry& g) { return {g.d, g.d, g.dv, g.dv, g.dv, g.d, g.d, g.dv}; }
+};
+
 // sdpa_qkv's operands: qkv (B, T, 3 H D) rows holding q | k | v, each (H, D), under attr heads; out and dout
 // (B, T, H D).
 struct Packed {
   int64_t b, h, d, t;
-  Packed(const KernelCtx& c, const TensorView& qkv)
-      : b(qkv.dim(0)), h(c.attrs().i("heads")), d(qkv.dim(2) / (3 * h)), t(qkv.dim(1)) {}
+  Packed(const Shape& qkv, const Attrs& a) : b(qkv[0]), h(a.i("heads")), d(qkv[2] / (3 * h)), t(qkv[1]) {}
+  Packed(const KernelCtx& c, const TensorView& qkv) : Packed(*qkv.shape, c.attrs()) {}
   int64_t row() const { return 3 * h * d; }
   // Element offset of row 0 of part `which` (0 q, 1 k, 2 v) of head `bh` (batch-major) in qkv.
   int64_t part(int64_t bh, int which) const { return bh / h * t * row() + which * h * d + bh % h * d; }
   // ... and of head `bh`'s row 0 in out (or dout), whose rows are h d apart.
   int64_t merged(int64_t bh) const { return (bh / h * t * h + bh % h) * d; }
+  // The backward's strides: q, k, v and their gradients in qkv rows, out and dout in merged rows.
+  HeadStrides strides() const {
+    const int64_t r = row(), m = h * d;
+    return {r, r, r, m, m, r, r, r};
+  }
   // The geometry of its (B, H, T, D) heads.
-  Geometry geometry(const KernelCtx& c) const {
+  Geometry geometry(const Attrs& a) const {
     const Shape head{b, h, t, d};
-    return attn::geometry(head, head, head, c.attrs());
+    return attn::geometry(head, head, head, a);
   }
 };
 

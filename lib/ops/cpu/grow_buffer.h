@@ -28,8 +28,8 @@ class GrowBuffer {
 };
 
 // The calling thread's scratch of at least `bytes`, 64-byte aligned, grown to its largest request and then
-// reused (one per thread, shared by the kernels that call it one at a time): the packed attention's per-head
-// copies. Its size is reported through those kernels' KernelDef::host_buffers.
+// reused (one per thread, shared by the kernels that call it one at a time): sdpa_qkv_grad's per-head
+// scratch. Its size is reported through those kernels' KernelDef::host_buffers.
 inline void* thread_scratch(size_t bytes) {
   static thread_local GrowBuffer buf;
   return buf.reserve(bytes);

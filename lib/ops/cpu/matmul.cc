@@ -105,24 +105,22 @@ void linear_bf16(const KernelCtx& c) {
 void linear(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
   const int64_t rows = c.in[0].numel() / in;
-  const void* bias = c.num_in == 3 ? c.in[2].data : nullptr;
   if (c.in[0].dtype == DType::f32) {
-    dnnl_linear(DType::f32, rows, out, in, c.in[0].data, c.in[1].data, bias, gemm_out(c).data);
+    dnnl_linear(DType::f32, rows, out, in, c.in[0].data, c.in[1].data, c.num_in == 3 ? c.in[2].data : nullptr,
+                gemm_out(c).data);
   } else {
-    dispatch_float(c.in[0].dtype, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      T* y = gemm_out(c).as<T>();
-      T beta = T(0);
-      if (bias) {
-        // Seed every row with the bias, then accumulate x W^T on top in the same GEMM (beta = 1).
-        const T* b = static_cast<const T*>(bias);
-        parallel_for(rows, 64, [&](int64_t s, int64_t e) {
-          for (int64_t r = s; r < e; ++r) std::copy(b, b + out, y + r * out);
-        });
-        beta = T(1);
-      }
-      gemm<T>(false, true, rows, out, in, T(1), c.in[0].as<T>(), c.in[1].as<T>(), beta, y);
-    });
+    FR_CHECK(c.in[0].dtype == DType::f64, "no CPU kernel for dtype ", dtype_name(c.in[0].dtype));
+    // f64 (the reference kernels' type, through BLAS): every row seeded with the bias, then x W^T added on
+    // top in the same GEMM (beta = 1).
+    double* y = gemm_out(c).as<double>();
+    if (c.num_in == 3) {
+      const double* b = c.in[2].as<double>();
+      parallel_for(rows, 64, [&](int64_t s, int64_t e) {
+        for (int64_t r = s; r < e; ++r) std::copy(b, b + out, y + r * out);
+      });
+    }
+    gemm<double>(false, true, rows, out, in, 1.0, c.in[0].as<double>(), c.in[1].as<double>(),
+                 c.num_in == 3 ? 1.0 : 0.0, y);
   }
   activate(c);
 }
