@@ -331,7 +331,7 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
   const int64_t ip = g.h * g.w, op = g.oh * g.ow;
   // Windows that tile the plane exactly: every element of dx is written once, 0 + dy where its window's
   // index points (the plain kernel's sum, -0 becoming +0) and 0 elsewhere, masked as it is written.
-  const bool tiles =
+  [[maybe_unused]] const bool tiles =  // read only by the AVX-512 path
       g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh * g.kh == g.h && g.ow * g.kw == g.w;
   parallel_for(g.n * (g.c / 16), grain_for(16 * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
