@@ -408,8 +408,14 @@ std::vector<OpSample> embedding_samples() {
     int64_t V, D;
     bool out_of_range;
   };
-  for (const Case& k : std::vector<Case>{
-           {{5}, 7, 3, false}, {{2, 3}, 4, 5, false}, {{3, 4}, 3, 1, false}, {{2, 5}, 6, 4, true}}) {
+  // The last two: ids repeated ~200 and ~9 times (a GPU kernel must sum them in f32, as the CPU's widened
+  // f16/bf16 kernel does), over more ids than a block scans at once and, for 70 rows, more than one block.
+  for (const Case& k : std::vector<Case>{{{5}, 7, 3, false},
+                                         {{2, 3}, 4, 5, false},
+                                         {{3, 4}, 3, 1, false},
+                                         {{2, 5}, 6, 4, true},
+                                         {{600}, 3, 20, false},
+                                         {{2, 300}, 70, 20, false}}) {
     OpSample o;
     o.label = "ids " + shape_str(k.ids) + " table [" + std::to_string(k.V) + "," + std::to_string(k.D) + "]" +
               (k.out_of_range ? " out-of-range ids" : "");
