@@ -3,9 +3,9 @@
 // cuDNN's heuristics (cudnnGet*Algorithm_v7), not timed trials, so that a shape runs the same algorithm on
 // every run; the first result that is deterministic and whose workspace fits kConvWorkspace, the scratch
 // every CUDA conv node declares for the planned arena (KernelDef::workspace: cuDNN cannot size it without a
-// GPU, and programs are planned without one). f32 runs with CUDNN_FMA_MATH (no TF32, the CPU's f32
-// arithmetic); f16 and bf16 accumulate in f32 and may use tensor cores. The bias is added by a kernel after
-// the convolution (so f16/bf16 outputs are rounded twice).
+// GPU, and programs are planned without one). f32 runs with CUDNN_FMA_MATH and direct algorithms (no TF32,
+// no FFT or Winograd: the CPU's f32 arithmetic); f16 and bf16 accumulate in f32 and may use tensor cores. The
+// bias is added by a kernel after the convolution (so f16/bf16 outputs are rounded twice).
 #include "ops/cpu/conv.h"  // conv_geom, pool_geom: the geometry of the CPU kernels, one source
 
 #include <cudnn.h>
@@ -82,13 +82,30 @@ int dim(int64_t v) {
   return static_cast<int>(v);
 }
 
+// The algorithms that convolve in a transformed domain (FFT, Winograd): their rounding is not a direct
+// sum's, which f32 holds to the CPU's within ~1e-6.
+bool transformed(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transformed(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transformed(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // A heuristic result that may run: it works, gives the same bits every run, and fits the workspace; in f32,
-// without tensor cores.
+// a direct sum without tensor cores.
 template <typename Perf>
 bool acceptable(const Perf& p, bool f32) {
   return p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC &&
          p.memory <= kConvWorkspace &&
-         (!f32 || p.mathType == CUDNN_DEFAULT_MATH || p.mathType == CUDNN_FMA_MATH);
+         (!f32 ||
+          ((p.mathType == CUDNN_DEFAULT_MATH || p.mathType == CUDNN_FMA_MATH) && !transformed(p.algo)));
 }
 
 // The heuristics' results are best first: the first acceptable one whose exact workspace, under the math
