@@ -157,7 +157,7 @@ TEST_P(CudaKernel, MatchesTheCpuKernel) {
     const KernelDef* host = select_kernel(def, DeviceKind::cpu, t).kernel;
     if (!k || !host) continue;  // no kernel to test, or none to test against
     // The CPU's bf16 norms take their parameters in f32 (KernelDef::f32_inputs), the CUDA ones in bf16: no
-    // sample runs on both. The CUDA bf16 norms run in test_cuda_programs' bf16 configs.
+    // sample runs on both. The CUDA bf16 norms run in the bf16 GPT of tests/cli/test_gpu_train.sh.
     if (host->f32_inputs != k->f32_inputs) continue;
     if (def.samples) {
       for (const OpSample& s : def.samples()) {
