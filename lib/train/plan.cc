@@ -111,6 +111,11 @@ constexpr double kMpiProcessBytes = 8.0 * 1048576.0;
 // cnn, resnet, gpt-tiny) in one process and 10.5 to 14.3 MiB per rank under 2 (`flowrun time`).
 constexpr double kRuntimeBytes = 12.0 * 1048576.0;
 
+// What a GPU run's process adds beyond the parts counted: the CUDA context's host memory and the code of the
+// runtime, cuBLASLt and cuDNN paged in. Measured once, on an H200 (CUDA 13.0, cuDNN 9, driver 580), as the
+// peak less every counted part: 407 MiB in `flowrun time configs/bench/gpt2_124m.yaml` (1866 MiB in all).
+constexpr double kCudaHostBytes = 407.0 * 1048576.0;
+
 // The loader's ring (prefetch + 1 batches of `rows` samples, x and y).
 double loader_bytes(const DataSpec& spec, int64_t rows, int64_t prefetch) {
   const auto sample = static_cast<double>(numel(spec.sample_shape));
@@ -206,6 +211,11 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     add(slots > 1 ? cat("arena x ", static_cast<int64_t>(slots), " micro-batch slots") : std::string("arena"),
         r.arena_bytes * slots);
     add("oneDNN buffers (convolution scratchpad, reorders)", library_bytes({&p, eval}, device));
+  } else {
+    // The trainer works on host copies of the parameters and state; the device holds the rest.
+    add("parameters and state (host copies of the device's)",
+        r.param_bytes + r.optimizer_state_bytes + r.other_state_bytes);
+    add("CUDA runtime and libraries (measured)", kCudaHostBytes);
   }
   // Open MPI's non-blocking all-reduce copies its whole message (measured: the peak grows by the message's
   // size), and the gradient buckets are all in flight by the end of the backward pass; a blocking
