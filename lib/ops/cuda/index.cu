@@ -4,8 +4,6 @@
 // the squared error (a block per 16 chunks) and the scatter-add (a block per slice of the table); every sum
 // runs in a fixed order (no atomics), so the results are the same bits on every run.
 
-#include <algorithm>
-
 #include "ops/cuda/device.cuh"
 
 namespace flowrun::cuda {
@@ -166,14 +164,13 @@ __global__ void embedding_kernel(const int64_t* ids, const T* table, T* y, int64
   }
 }
 
-// A thread per column of the (zeroed) table adds the rows of dy in id order, as the CPU kernel does.
 // Table rows [v0, v0 + rows) and columns [c0, c0 + kThreads) per block, summed in f32 in shared memory (the
 // CPU's widened f16/bf16 kernel sums in f32 too: a byte-level GPT's frequent ids get thousands of rows, which
 // a running bf16 sum would mostly round away). The block scans the ids a block-width at a time into an
 // ordered list of its hits; each thread then adds its column of those rows in token order, loading a group
 // of rows before adding them so that the loads overlap. No atomics: the same bits on every run. One thread
 // per column going through every token in turn took 7.7 ms for GPT-2's (16384, 768) bf16 gradient, as did a
-// block per rows adding each hit's row before loading the next (byte ids crowd a few blocks).
+// block per slice of rows adding each hit's row before loading the next (byte ids crowd a few blocks).
 constexpr int kHitGroup = 8;
 template <typename T>
 __global__ void embedding_grad_kernel(const T* dy, const int64_t* ids, T* dt, int64_t n, int64_t V, int64_t D,
