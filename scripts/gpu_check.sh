@@ -83,10 +83,11 @@ if [[ -f "$PACK_DIR/pack.tar.gz" ]]; then
   # newer symbols, and a newer libstdc++ serves the pack's binaries too.
   newest() { grep -ao 'GLIBCXX_3\.4\.[0-9]*' "$1" | sort -uV | tail -1; }
   system_cxx=$(ldconfig -p | awk '$1 == "libstdc++.so.6" && $NF ~ /^\// {print $NF; exit}')
-  if [[ -n "$system_cxx" ]] &&
-    [[ $(printf '%s\n' "$(newest "$BIN/lib/libstdc++.so.6")" "$(newest "$system_cxx")" | sort -V | tail -1) == \
-      "$(newest "$system_cxx")" ]]; then
-    rm -f "$BIN/lib/libstdc++.so.6" "$BIN/lib/libgcc_s.so.1"
+  if [[ -n "$system_cxx" ]]; then
+    theirs=$(newest "$system_cxx")
+    if [[ $(printf '%s\n' "$(newest "$BIN/lib/libstdc++.so.6")" "$theirs" | sort -V | tail -1) == "$theirs" ]]; then
+      rm -f "$BIN/lib/libstdc++.so.6" "$BIN/lib/libgcc_s.so.1"
+    fi
   fi
   export LD_LIBRARY_PATH="$BIN/lib:$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export FLOWRUN_DATA="$BIN/data" FLOWRUN_MODELS="$ROOT/models"  # not the build machine's paths
@@ -117,7 +118,8 @@ if [[ $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') -ge 2 ]] && command -v mpiru
 else
   echo "- gpu_dist: skipped (NCCL needs two GPUs and mpirun)" >>"$summary"
 fi
-# The whole KJV run (800 steps): its validation loss is compared with the CPU's (README, "Results").
+# The whole KJV run (800 steps): its validation loss goes into the summary, to hold against the CPU's
+# (README, "Results").
 run=$(mktemp -d)
 step train_kjv_gpt timeout 60 "$FLOWRUN" train configs/kjv_gpt.yaml --set train.device=cuda --run-dir "$run" \
   --no-progress
