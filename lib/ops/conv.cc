@@ -236,6 +236,7 @@ std::vector<OpSample> conv_samples() {
        {4, 2, 2, 3},
        false,
        {{"stride", Shape{2, 1}}, {"padding", Shape{0, 1}}, {"groups", int64_t{2}}}},
+      {"winograd", {2, 32, 6, 5}, {32, 32, 3, 3}, false, {{"padding", Shape{1, 1}}}},
       {"1x1 bias", {2, 4, 5, 3}, {3, 4, 1, 1}, true, {}},
       {"1x1 groups 2", {2, 4, 3, 5}, {6, 2, 1, 1}, false, {{"groups", int64_t{2}}}},
       {"1x1 stride 2", {2, 3, 5, 6}, {2, 3, 1, 1}, true, {{"stride", Shape{2, 2}}}},
