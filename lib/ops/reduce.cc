@@ -70,7 +70,11 @@ std::vector<OpSample> reduce_samples() {
                                          {{2, 3, 4, 5}, {0, 2, 3}, false},
                                          {{3, 4, 5}, {0, 2}, true},
                                          {{3, 7}, {}, false},
-                                         {{3, 4, 5}, {-1}, false}}) {
+                                         {{3, 4, 5}, {-1}, false},
+                                         // Long reductions summed in chunks of rows (ops/cpu/reduce.cc).
+                                         {{300, 3}, {0}, false},
+                                         {{2, 150, 2, 3}, {1, 2}, true},
+                                         {{3, 2, 260, 4}, {0, 2}, false}}) {
     OpSample o;
     o.label = shape_str(k.x) + " axes " + shape_str(k.axes);
     o.inputs = {{k.x, DType::f64}};

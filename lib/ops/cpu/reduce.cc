@@ -59,9 +59,11 @@ Compute<S> lane_sum(const S* row, int64_t n) {
   return acc[0];
 }
 
-// y[a, k] = reduce_r x[a, r, k], x stored as S (bf16 is loaded to f32), y in the compute type T.
+// y[a, k] = reduce_r x[a, r, k], x stored as S (bf16 is loaded to f32), y in the compute type T. `spare`
+// (spare_elems of T, overlapping neither x nor y) holds the partials of a long reduction.
 template <typename S, typename T>
-void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t inner) {
+void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t inner, T* spare,
+             int64_t spare_elems) {
   if (inner == 1) {
     parallel_for(outer, 256, [&](int64_t s, int64_t e) {
       for (int64_t a = s; a < e; ++a) {
@@ -77,22 +79,47 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
     });
     return;
   }
-  // Parallel over (outer, column blocks); rows accumulated in order into the output block (vectorises).
-  constexpr int64_t kBlock = 256;
+  // Tasks of (outer, column block, chunk of rows); each chunk's rows are accumulated in order into its own
+  // block of partials (vectorises), then the chunks are combined in order. The chunks are fixed by the row
+  // count, not the thread count, so the bits are the same on any thread count. Chunks let a linear's bias
+  // gradient (2048 rows of 256 columns: one column block) run on every thread instead of one.
+  constexpr int64_t kBlock = 256, kChunkRows = 128;
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
-  parallel_for(outer * blocks, 1, [&](int64_t s, int64_t e) {
+  int64_t chunks = red >= 2 * kChunkRows ? (red + kChunkRows - 1) / kChunkRows : 1;
+  if (chunks > 1 && outer * chunks * inner > spare_elems) chunks = 1;
+  auto rows_of = [&](int64_t ch) { return std::pair{ch * red / chunks, (ch + 1) * red / chunks}; };
+  parallel_for(outer * blocks * chunks, 1, [&](int64_t s, int64_t e) {
     for (int64_t t = s; t < e; ++t) {
-      const int64_t a = t / blocks, k0 = (t % blocks) * kBlock, k1 = std::min(inner, k0 + kBlock);
-      T* out = y + a * inner;
+      const int64_t ch = t % chunks, b = t / chunks % blocks, a = t / chunks / blocks;
+      const int64_t k0 = b * kBlock, k1 = std::min(inner, k0 + kBlock);
+      const auto [r0, r1] = rows_of(ch);
+      T* out = chunks == 1 ? y + a * inner : spare + (a * chunks + ch) * inner;
       const S* base = x + a * red * inner;
-      for (int64_t k = k0; k < k1; ++k) out[k] = ld(base[k]);
-      for (int64_t r = 1; r < red; ++r) {
+      for (int64_t k = k0; k < k1; ++k) out[k] = ld(base[r0 * inner + k]);
+      for (int64_t r = r0 + 1; r < r1; ++r) {
         const S* row = base + r * inner;
         if (kind == Kind::sum)
           for (int64_t k = k0; k < k1; ++k) out[k] += ld(row[k]);
         else
           for (int64_t k = k0; k < k1; ++k) out[k] = std::max(out[k], ld(row[k]));
       }
+    }
+  });
+  if (chunks == 1) return;
+  parallel_for(outer * inner, 4096, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e;) {
+      const int64_t a = i / inner, k0 = i % inner, k1 = std::min(inner, k0 + (e - i));
+      T* out = y + a * inner;
+      const T* p = spare + a * chunks * inner;
+      for (int64_t k = k0; k < k1; ++k) out[k] = p[k];
+      for (int64_t ch = 1; ch < chunks; ++ch) {
+        const T* q = p + ch * inner;
+        if (kind == Kind::sum)
+          for (int64_t k = k0; k < k1; ++k) out[k] += q[k];
+        else
+          for (int64_t k = k0; k < k1; ++k) out[k] = std::max(out[k], q[k]);
+      }
+      i += k1 - k0;
     }
   });
 }
@@ -172,10 +199,22 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
     T* dst = ws + (flip++ % 2) * (n / 2);
     if constexpr (direct)
       if (last) dst = y;
+    // The workspace half that neither src nor dst is in, or all of it when neither is in the workspace.
+    auto in_ws = [&](const T* p) { return p && p >= ws && p < ws + n; };
+    T* spare = nullptr;
+    int64_t spare_elems = 0;
+    if (!in_ws(src) && !in_ws(dst)) {
+      spare = ws;
+      spare_elems = n;
+    } else if (!in_ws(src) || !in_ws(dst)) {
+      const T* used = in_ws(src) ? src : dst;
+      spare = used == ws ? ws + n / 2 : ws;
+      spare_elems = n / 2;
+    }
     if (src)
-      reduce3<T, T>(kind, src, dst, outer, g[static_cast<size_t>(gi)].size, inner);
+      reduce3<T, T>(kind, src, dst, outer, g[static_cast<size_t>(gi)].size, inner, spare, spare_elems);
     else
-      reduce3<S, T>(kind, x, dst, outer, g[static_cast<size_t>(gi)].size, inner);
+      reduce3<S, T>(kind, x, dst, outer, g[static_cast<size_t>(gi)].size, inner, spare, spare_elems);
     g[static_cast<size_t>(gi)].size = 1;
     src = dst;
   }
