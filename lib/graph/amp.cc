@@ -109,6 +109,49 @@ void auto_mixed_precision(Graph& g, DType low, DeviceKind device) {
     if (g.value(v).dtype() == low) g.mark_output(name, cast_to(v, DType::f32));
 }
 
+void fold_f32_casts(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  static const std::set<std::string> foldable = {"matmul", "linear", "reduce_sum"};
+  const auto readers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  // v is a low-precision value read only by the node before it in the chain.
+  auto single = [&](ValueId v) {
+    const Value& x = g.value(v);
+    return x.producer >= 0 && is_low_precision(x.dtype()) && readers[static_cast<size_t>(v)].size() == 1 &&
+           !outputs.count(v);
+  };
+  for (Node& c : g.nodes()) {
+    if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "f32") || !single(c.inputs[0])) continue;
+    // Back through reshapes (a bias gradient is reduce_sum with keepdims, then reshaped to the bias).
+    std::vector<NodeId> chain;  // the producer, then each reshape after it, in order
+    ValueId v = c.inputs[0];
+    while (g.node(g.value(v).producer).op == "reshape" && single(g.node(g.value(v).producer).inputs[0])) {
+      chain.insert(chain.begin(), g.value(v).producer);
+      v = g.node(g.value(v).producer).inputs[0];
+    }
+    Node& p = g.node(g.value(v).producer);
+    const DType low = g.value(v).dtype();
+    if (p.dead || !foldable.count(p.op) || p.outputs.size() != 1 || p.attrs.has("out_dtype") ||
+        kernel_dtype(g, p) != low)
+      continue;
+    const KernelChoice k = select_kernel(OpRegistry::get().at(p.op), device, low);
+    if (!k.kernel || k.widened) continue;
+    p.attrs.set("out_dtype", std::string("f32"));
+    chain.insert(chain.begin(), p.id);
+    // The chain's values become f32, and its last node writes the cast's output; the value it wrote before is
+    // left without producer or readers.
+    for (size_t i = 0; i + 1 < chain.size(); ++i)
+      g.value(g.node(chain[i]).outputs[0]).type.dtype = DType::f32;
+    Node& last = g.node(chain.back());
+    g.value(last.outputs[0]).producer = -1;
+    last.outputs[0] = c.outputs[0];
+    g.value(c.outputs[0]).producer = last.id;
+    g.value(c.outputs[0]).producer_slot = 0;
+    c.dead = true;
+  }
+}
+
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,
                                bool every_node) {
   // Backward and optimizer nodes are recognised by the scopes autodiff and the optimizer pass give them.

@@ -503,6 +503,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     if (opts.group_updates.value_or(opts.device == DeviceKind::cuda))
       p.push_back({"group_updates", [](Graph& g, const CompileOptions&) { group_updates(g); }});
   }
+  if (opts.compute != DType::f32)
+    p.push_back({"fold_f32_casts", [](Graph& g, const CompileOptions& o) { fold_f32_casts(g, o.device); }});
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

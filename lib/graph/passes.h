@@ -113,6 +113,12 @@ enum class AmpPolicy { low, f32, follow, norm };
 AmpPolicy amp_policy(const std::string& op);
 const char* amp_policy_name(AmpPolicy p);
 void auto_mixed_precision(Graph& g, DType low, DeviceKind device);  // forward graph, before autodiff
+// On the CPU, after autodiff: a cast to f32 that is the one reader of a low-precision matmul, linear or
+// reduce_sum result (a weight or bias gradient on its way to the f32 master gradient, a projection's output
+// on its way to the f32 residual stream) is folded into that op, which writes its f32 sum unrounded
+// (attribute out_dtype: f32), one rounding and one pass over the result fewer. Eager programs fold alike:
+// it is part of the precision policy, not an optional fusion.
+void fold_f32_casts(Graph& g, DeviceKind device);
 // Which ops run in which dtype, natively or widened (`flowrun check --plan`): one row per (op, dtype,
 // kernel) with the op's policy and node count, the number of casts, and with every_node the whole schedule.
 std::string describe_precision(const Graph& g, const std::vector<NodeId>& order, DeviceKind device,

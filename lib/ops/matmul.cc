@@ -42,7 +42,7 @@ std::vector<TensorType> infer_matmul(const std::vector<TensorType>& in, const At
     throw input_error(cat("matmul batch dimensions differ: ", shape_str(sa), " vs ", shape_str(sb)));
   batch.push_back(m);
   batch.push_back(n);
-  return {{batch, in[0].dtype}};
+  return {{batch, result_dtype(in[0].dtype, a)}};
 }
 
 Cost matmul_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
@@ -138,7 +138,8 @@ void register_matmul_ops(OpRegistry& r) {
   mm.name = "matmul";
   mm.doc =
       "C = op(A) op(B), op = optional transpose of the last two dims; batched over leading dims "
-      "(equal, or one side a single matrix)";
+      "(equal, or one side a single matrix); attribute out_dtype: f32 on bf16 operands writes the f32 sum "
+      "(CPU)";
   mm.num_inputs = 2;
   mm.infer = infer_matmul;
   mm.grad = matmul_grad;
@@ -172,7 +173,9 @@ void register_matmul_ops(OpRegistry& r) {
   lin.name = "linear";
   lin.doc =
       "y = x W^T (+ b); x (..., in), W (out, in), b (out). Attribute activation: gelu (approximate: none or "
-      "tanh): outputs (gelu(x W^T + b), x W^T + b), linear then gelu fused (graph/passes.cc fuse_ops)";
+      "tanh): outputs (gelu(x W^T + b), x W^T + b), linear then gelu fused (graph/passes.cc fuse_ops). "
+      "Attribute "
+      "out_dtype: f32 on bf16 operands writes the f32 sum (CPU)";
   lin.num_inputs = -1;
   lin.num_outputs = [](const Attrs& a) { return a.has("activation") ? 2 : 1; };
   lin.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
@@ -188,8 +191,11 @@ void register_matmul_ops(OpRegistry& r) {
       throw input_error(cat("linear: bias ", shape_str(in[2].shape), " should be [", w[0], "]"));
     Shape y = x;
     y.back() = w[0];
-    if (a.has("activation")) return {{y, in[0].dtype}, {y, in[0].dtype}};
-    return {{y, in[0].dtype}};
+    if (a.has("activation")) {
+      if (a.has("out_dtype")) throw input_error("linear: out_dtype with a fused activation");
+      return {{y, in[0].dtype}, {y, in[0].dtype}};
+    }
+    return {{y, result_dtype(in[0].dtype, a)}};
   };
   lin.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     const double n = static_cast<double>(numel(out[0].shape));

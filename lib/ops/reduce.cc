@@ -36,7 +36,7 @@ Shape reduced_shape(const Shape& s, const Attrs& a, bool keepdims) {
 }
 
 std::vector<TensorType> infer_reduce(const std::vector<TensorType>& in, const Attrs& a) {
-  return {{reduced_shape(in[0].shape, a, a.b("keepdims")), in[0].dtype}};
+  return {{reduced_shape(in[0].shape, a, a.b("keepdims")), result_dtype(in[0].dtype, a)}};
 }
 
 Cost reduce_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
@@ -88,7 +88,10 @@ OpDef reduce_op(const std::string& name, const std::string& doc, KernelFn fn,
                 std::function<std::vector<ValueId>(GradCtx&)> grad) {
   OpDef d;
   d.name = name;
-  d.doc = doc + " over attribute axes (empty = all), keepdims optional";
+  d.doc =
+      doc +
+      " over attribute axes (empty = all), keepdims optional; out_dtype: f32 on bf16 input writes the f32 "
+      "result (CPU)";
   d.infer = infer_reduce;
   d.cost = reduce_cost;
   d.workspace = reduce_workspace;

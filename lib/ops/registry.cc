@@ -17,6 +17,14 @@ const KernelDef* OpDef::kernel(DeviceKind d, DType t) const {
   return nullptr;
 }
 
+DType result_dtype(DType operands, const Attrs& a) {
+  if (!a.has("out_dtype")) return operands;
+  if (!a.is("out_dtype", "f32") || !is_low_precision(operands))
+    throw input_error(cat("out_dtype ", a.s("out_dtype"), " on ", dtype_name(operands),
+                          " operands: only f32, from f16 or bf16"));
+  return DType::f32;
+}
+
 KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t) {
   if (const KernelDef* k = def.kernel(d, t)) return {k, false};
   if (is_low_precision(t) && !def.updates_in_place())

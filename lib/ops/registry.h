@@ -176,6 +176,11 @@ struct KernelChoice {
 };
 KernelChoice select_kernel(const OpDef& def, DeviceKind d, DType t);
 
+// The dtype of a matmul's, linear's or reduce_sum's result: its operands' dtype, or f32 under attribute
+// out_dtype: f32 on f16/bf16 operands, where the CPU kernel writes its f32 sum without rounding it (set by
+// graph/amp.cc's fold_f32_casts only, where a cast to f32 was the result's one reader).
+DType result_dtype(DType operands, const Attrs& a);
+
 // A node's workspace: for a widened node an f32 buffer per low-precision input and output (-1 where a
 // tensor is passed as it is), then the kernel's own workspace (KernelDef::workspace, else the op's), sized
 // for the types the kernel sees.

@@ -74,7 +74,8 @@ void BM_sgemm_ceiling_onednn(benchmark::State& state) {
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(static_cast<size_t>(n * n), 0.25f),
       c(static_cast<size_t>(n * n));
   for (auto _ : state) {
-    cpu::dnnl_matmul(DType::f32, 1, n, n, n, false, false, 0, 0, 1.0f, 0.0f, a.data(), b.data(), c.data());
+    cpu::dnnl_matmul(DType::f32, DType::f32, 1, n, n, n, false, false, 0, 0, 1.0f, 0.0f, a.data(), b.data(),
+                     c.data());
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOPS"] = benchmark::Counter(2.0 * static_cast<double>(n * n * n) * 1e-9,

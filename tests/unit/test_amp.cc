@@ -110,9 +110,39 @@ TEST(Amp, CastsOnlyOnBoundariesAndOncePerValue) {
     forward_casts += n.name.rfind("grad/", 0) != 0;
   }
   EXPECT_EQ(cast_params, (std::set<std::string>{"fc1.w", "fc1.b", "fc2.w", "fc2.b"}));
-  // ln -> bf16 for fc1, relu's bf16 -> f32 for the residual, the sum -> bf16 for fc2, logits -> f32, and the
-  // four parameters: eight boundary edges.
-  EXPECT_EQ(forward_casts, 8);
+  // ln -> bf16 for fc1, relu's bf16 -> f32 for the residual, the sum -> bf16 for fc2, logits -> f32 (which
+  // fc2 writes itself where its bf16 kernel is native: fold_f32_casts), and the four parameters: eight
+  // boundary edges.
+  const bool folded = forward_node(p, "fc2").attrs.has("out_dtype");
+  EXPECT_EQ(forward_casts + folded, 8);
+}
+
+// fold_f32_casts: with native bf16 kernels, fc2 writes the f32 logits, and every parameter's f32 gradient is
+// written by the matmul (weights) or reduce_sum (biases) that sums it, with no cast after it; the gradients
+// flowing on between the layers stay bf16. f16 has no native GEMM on the CPU: nothing folds.
+TEST(Amp, CastsToF32FoldIntoTheGemmsAndSumsThatFeedThem) {
+  const OpDef& mm = OpRegistry::get().at("matmul");
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const KernelChoice k = select_kernel(mm, DeviceKind::cpu, low);
+    const bool native = k.kernel && !k.widened;
+    if (low == DType::bf16 && !native) GTEST_SKIP() << "no native bf16 GEMM on this machine";
+    const Program p = compile(mixed_graph(), options(low, false));
+    EXPECT_EQ(forward_node(p, "fc2").attrs.has("out_dtype"), native);
+    EXPECT_EQ(p.graph.value(forward_node(p, "fc2").outputs[0]).dtype(), native ? DType::f32 : low);
+    EXPECT_FALSE(forward_node(p, "fc1").attrs.has("out_dtype"));  // its result goes on in bf16 (relu)
+    for (const auto& [param, grad] : p.graph.param_grads()) {
+      const Value& pv = p.graph.value(param);
+      if (pv.name.rfind("fc", 0) != 0) continue;
+      const Node* src = &p.graph.node(p.graph.value(grad).producer);
+      SCOPED_TRACE(pv.name);
+      EXPECT_EQ(p.graph.value(grad).dtype(), DType::f32);
+      // A bias gradient: reduce_sum (keepdims) reshaped to the bias.
+      if (src->op == "reshape") src = &p.graph.node(p.graph.value(src->inputs[0]).producer);
+      EXPECT_EQ(src->op, native ? (pv.shape().size() == 2 ? "matmul" : "reduce_sum") : "cast");
+      EXPECT_EQ(src->attrs.has("out_dtype"), native);
+    }
+  }
 }
 
 // conv2d (low) -> batchnorm -> relu. In bf16 the CPU's batchnorm takes the convolution's bf16 output as it

@@ -171,6 +171,43 @@ TEST(LowpKernels, ReduceSumMatchesWidenedFloat32) {
   }
 }
 
+// out_dtype f32 (graph/amp.cc fold_f32_casts): a bf16 matmul, linear or reduce_sum writes the f32 sum that
+// its bf16 result rounds: rounded to bf16 it is that result, bit for bit (and reduce_sum's is the f32
+// kernel's on the widened input). Matmuls: a plain product, a weight gradient (A transposed, K >= 2048:
+// summed in chunks of K) and a batched one; a linear with its bias.
+TEST(LowpKernels, F32ResultsAreTheSumsThatBf16ResultsRound) {
+  auto check = [](const std::string& op, Attrs attrs, const std::vector<Tensor>& in) {
+    SCOPED_TRACE(op);
+    const OpDef& def = OpRegistry::get().at(op);
+    const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
+    ASSERT_TRUE(native.kernel && !native.widened) << op << " has no native bf16 kernel";
+    const Tensor rounded = run_kernel(def, *native.kernel, attrs, in)[0];
+    attrs.set("out_dtype", std::string("f32"));
+    const Tensor wide = run_kernel(def, *native.kernel, attrs, in)[0];
+    ASSERT_EQ(wide.dtype(), DType::f32);
+    ASSERT_EQ(wide.shape(), rounded.shape());
+    int64_t inexact = 0;  // elements the rounding changed: the f32 result is not a bf16 one in disguise
+    for (int64_t e = 0; e < wide.numel(); ++e) {
+      const float x = wide.data<float>()[e];
+      ASSERT_EQ(float_to_bf16(x).bits, rounded.data<bf16>()[e].bits) << "[" << e << "] " << x;
+      inexact += bf16_to_float(float_to_bf16(x)) != x;
+    }
+    EXPECT_GT(inexact, wide.numel() / 2);
+  };
+  check("matmul", {}, {bf16_input({64, 96}, 21), bf16_input({96, 80}, 22)});
+  check("matmul", {{"trans_a", true}}, {bf16_input({2100, 48}, 23), bf16_input({2100, 40}, 24)});
+  check("matmul", {}, {bf16_input({3, 20, 32}, 25), bf16_input({3, 32, 24}, 26)});
+  check("linear", {}, {bf16_input({64, 96}, 27), bf16_input({80, 96}, 28), bf16_input({80}, 29)});
+  check("reduce_sum", {{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", false}}, {bf16_input(kBig, 30)});
+  Attrs sum{{"axes", std::vector<int64_t>{0, 1}}, {"keepdims", false}};
+  const OpDef& rs = OpRegistry::get().at("reduce_sum");
+  const Tensor x = bf16_input(kBig, 31);
+  const Tensor want = run_kernel(rs, *rs.kernel(DeviceKind::cpu, DType::f32), sum, {x.to(DType::f32)})[0];
+  sum.set("out_dtype", std::string("f32"));
+  const Tensor got = run_kernel(rs, *select_kernel(rs, DeviceKind::cpu, DType::bf16).kernel, sum, {x})[0];
+  ASSERT_EQ(std::memcmp(got.raw(), want.raw(), got.nbytes()), 0);
+}
+
 // Parameters for the mixed-precision norms: f32, uniform in [lo, lo + 1).
 Tensor f32_params(int64_t n, uint64_t seed, double lo) {
   Tensor t = Tensor::empty({n}, DType::f32);

@@ -126,36 +126,41 @@ bool splits_k(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool 
   return batch == 1 && ((ta && k >= 2048) || (dtype == DType::f32 && k >= 20000 && m <= 512 && n <= 512));
 }
 
+void check_types(DType dtype, DType ytype) {
+  FR_CHECK((dtype == DType::f32 || dtype == DType::bf16) && (ytype == dtype || ytype == DType::f32),
+           "oneDNN matmul: unsupported dtypes ", dtype_name(dtype), " -> ", dtype_name(ytype));
+}
+
 }  // namespace
 
-void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                  int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
                  void* y) {
-  FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_matmul: unsupported dtype ", dtype_name(dtype));
+  check_types(dtype, ytype);
   if (batch == 0 || m == 0 || n == 0) return;
   std::lock_guard<std::mutex> lock(cache_mutex());
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
   if (!splits_k(dtype, batch, m, n, k, ta)) {
-    run({dtype, dtype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads,
+    run({dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads,
          false},
         a, b, y);
     return;
   }
   // A chunk [k0, k0 + kc) is A's columns k0.. (stored transposed: its rows) and B's rows k0.. (stored
-  // transposed: its columns). bf16 chunks accumulate in f32 and round once.
+  // transposed: its columns). The chunks accumulate in f32; a bf16 y is rounded once.
   static std::vector<float> wide;
-  if (dtype == DType::bf16) wide.resize(static_cast<size_t>(m * n));
-  void* acc = dtype == DType::f32 ? y : wide.data();
+  if (ytype == DType::bf16) wide.resize(static_cast<size_t>(m * n));
+  void* acc = ytype == DType::f32 ? y : wide.data();
   const size_t size = dtype_size(dtype);
   for (int64_t k0 = 0; k0 < k; k0 += kChunkK) {
     const int64_t kc = std::min(kChunkK, k - k0);
-    const float chunk_beta = k0 > 0 ? 1.0f : dtype == DType::f32 ? beta : 0.0f;
+    const float chunk_beta = k0 > 0 ? 1.0f : ytype == DType::f32 ? beta : 0.0f;
     run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false},
         static_cast<const char*>(a) + static_cast<size_t>(ta ? k0 * m : k0) * size,
         static_cast<const char*>(b) + static_cast<size_t>(tb ? k0 : k0 * n) * size, acc);
   }
-  if (dtype == DType::bf16) {
+  if (ytype == DType::bf16) {
     bf16* out = static_cast<bf16*>(y);
     parallel_for(m * n, 4096, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i)
@@ -164,11 +169,12 @@ void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bo
   }
 }
 
-void dnnl_linear(DType dtype, int64_t rows, int64_t out, int64_t in, const void* x, const void* w,
-                 const void* bias, void* y) {
-  FR_CHECK(dtype == DType::f32 || dtype == DType::bf16, "dnnl_linear: unsupported dtype ", dtype_name(dtype));
+void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
+                 const void* w, const void* bias, void* y) {
+  check_types(dtype, ytype);
   if (rows == 0 || out == 0) return;
   if (bias && splits_k(dtype, 1, rows, out, in, false)) {
+    FR_CHECK(ytype == dtype, "dnnl_linear: a split sum's bias is seeded in the operands' dtype");
     // The K chunks add onto y in order: seed it with the bias rows, as the first chunk's sum would add it.
     const size_t size = dtype_size(dtype);
     parallel_for(rows, 64, [&](int64_t s, int64_t e) {
@@ -176,15 +182,15 @@ void dnnl_linear(DType dtype, int64_t rows, int64_t out, int64_t in, const void*
         std::memcpy(static_cast<char*>(y) + static_cast<size_t>(r * out) * size, bias,
                     static_cast<size_t>(out) * size);
     });
-    dnnl_matmul(dtype, 1, rows, out, in, false, true, 0, 0, 1.0f, 1.0f, x, w, y);
+    dnnl_matmul(dtype, ytype, 1, rows, out, in, false, true, 0, 0, 1.0f, 1.0f, x, w, y);
     return;
   }
   if (!bias) {
-    dnnl_matmul(dtype, 1, rows, out, in, false, true, 0, 0, 1.0f, 0.0f, x, w, y);
+    dnnl_matmul(dtype, ytype, 1, rows, out, in, false, true, 0, 0, 1.0f, 0.0f, x, w, y);
     return;
   }
   std::lock_guard<std::mutex> lock(cache_mutex());
-  run({dtype, dtype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, omp_get_max_threads(),
+  run({dtype, ytype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, omp_get_max_threads(),
        true},
       x, w, y, bias);
 }

@@ -9,16 +9,18 @@
 
 namespace flowrun::cpu {
 
-// Row-major batched y = alpha * op(a) op(b) + beta * y with f32 accumulation, for f32 or bf16 operands (y in
-// the same dtype); a stride of 0 means the operand is shared by all batches.
-void dnnl_matmul(DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
-                 int64_t b_stride, float alpha, float beta, const void* a, const void* b, void* y);
+// Row-major batched y = alpha * op(a) op(b) + beta * y with f32 accumulation, for f32 or bf16 operands, y in
+// `ytype`: the operands' dtype, or f32 from bf16 operands (the f32 sum, not rounded); a stride of 0 means the
+// operand is shared by all batches.
+void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                 int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
+                 void* y);
 
-// y (rows x out) = x (rows x in) w^T (w: out x in) [+ bias (out), added to the f32 sum before the one
-// rounding], f32 or bf16, as a linear layer computes it: the bias through the primitive's bias argument, one
-// pass over y.
-void dnnl_linear(DType dtype, int64_t rows, int64_t out, int64_t in, const void* x, const void* w,
-                 const void* bias, void* y);
+// y (rows x out) = x (rows x in) w^T (w: out x in) [+ bias (out, the operands' dtype), added to the f32 sum
+// before the one rounding], f32 or bf16, y in `ytype` as for dnnl_matmul, as a linear layer computes it: the
+// bias through the primitive's bias argument, one pass over y.
+void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
+                 const void* w, const void* bias, void* y);
 
 // True where oneDNN runs bf16 GEMMs and convolutions in hardware (avx512_bf16 or AMX). Elsewhere its bf16
 // primitives fall back to reference loops ~1000x slower, so the bf16 kernels that use it are registered as

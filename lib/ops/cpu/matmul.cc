@@ -17,7 +17,7 @@ namespace flowrun::cpu {
 template <>
 void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                  float beta, float* c) {
-  dnnl_matmul(DType::f32, 1, m, n, k, ta, tb, 0, 0, alpha, beta, a, b, c);
+  dnnl_matmul(DType::f32, DType::f32, 1, m, n, k, ta, tb, 0, 0, alpha, beta, a, b, c);
 }
 
 template <>
@@ -68,17 +68,19 @@ void matmul(const KernelCtx& c) {
   });
 }
 
+// y in bf16, or in f32 under out_dtype (graph/amp.cc fold_f32_casts).
 void matmul_bf16(const KernelCtx& c) {
   const Dims d = dims_of(c);
+  const DType yt = c.out[0].dtype;
   // A batch of rows times one matrix is a single GEMM: oneDNN has no fast bf16 kernel for a broadcast
   // weight with stride 0 and would fall back to its reference loop.
   if (d.b_stride == 0 && !d.ta) {
-    dnnl_matmul(DType::bf16, 1, d.batch * d.m, d.n, d.k, false, d.tb, 0, 0, 1.0f, 0.0f, c.in[0].data, c.in[1].data,
-                c.out[0].data);
+    dnnl_matmul(DType::bf16, yt, 1, d.batch * d.m, d.n, d.k, false, d.tb, 0, 0, 1.0f, 0.0f, c.in[0].data,
+                c.in[1].data, c.out[0].data);
     return;
   }
-  dnnl_matmul(DType::bf16, d.batch, d.m, d.n, d.k, d.ta, d.tb, d.a_stride, d.b_stride, 1.0f, 0.0f, c.in[0].data,
-              c.in[1].data, c.out[0].data);
+  dnnl_matmul(DType::bf16, yt, d.batch, d.m, d.n, d.k, d.ta, d.tb, d.a_stride, d.b_stride, 1.0f, 0.0f,
+              c.in[0].data, c.in[1].data, c.out[0].data);
 }
 
 namespace {
@@ -97,7 +99,7 @@ void activate(const KernelCtx& c) {
 
 void linear_bf16(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
-  dnnl_linear(DType::bf16, c.in[0].numel() / in, out, in, c.in[0].data, c.in[1].data,
+  dnnl_linear(DType::bf16, gemm_out(c).dtype, c.in[0].numel() / in, out, in, c.in[0].data, c.in[1].data,
               c.num_in == 3 ? c.in[2].data : nullptr, gemm_out(c).data);
   activate(c);
 }
@@ -106,8 +108,8 @@ void linear(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
   const int64_t rows = c.in[0].numel() / in;
   if (c.in[0].dtype == DType::f32) {
-    dnnl_linear(DType::f32, rows, out, in, c.in[0].data, c.in[1].data, c.num_in == 3 ? c.in[2].data : nullptr,
-                gemm_out(c).data);
+    dnnl_linear(DType::f32, DType::f32, rows, out, in, c.in[0].data, c.in[1].data,
+                c.num_in == 3 ? c.in[2].data : nullptr, gemm_out(c).data);
   } else {
     FR_CHECK(c.in[0].dtype == DType::f64, "no CPU kernel for dtype ", dtype_name(c.in[0].dtype));
     // f64 (the reference kernels' type, through BLAS): every row seeded with the bias, then x W^T added on

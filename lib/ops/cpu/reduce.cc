@@ -169,8 +169,14 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
   Groups gs = groups_of(*c.in[0].shape, c.attrs().ints_or_empty("axes"));
   auto& g = gs.g;
   const auto end = g.begin() + gs.n;
+  // out_dtype f32 on bf16 (ops/registry.h result_dtype): the f32 result, not rounded.
+  float* wide = !direct && c.out[0].dtype == DType::f32 ? c.out[0].as<float>() : nullptr;
   if (std::none_of(g.begin(), end, [](const Group& q) { return q.reduced; })) {
-    std::copy(x, x + n, y);  // nothing reduced: the mean's scale is 1
+    // Nothing reduced: the mean's scale is 1.
+    if (wide)
+      for (int64_t i = 0; i < n; ++i) wide[i] = ld(x[i]);
+    else
+      std::copy(x, x + n, y);
     return;
   }
   // Reduce the last reduced group first, ping-ponging through the two halves of the workspace.
@@ -223,7 +229,13 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
     if (mean)
       for (int64_t i = 0; i < m; ++i) y[i] *= scale;
   } else {
-    for (int64_t i = 0; i < m; ++i) y[i] = st<S>(mean ? src[i] * scale : src[i]);
+    for (int64_t i = 0; i < m; ++i) {
+      const T v = mean ? src[i] * scale : src[i];
+      if (wide)
+        wide[i] = v;
+      else
+        y[i] = st<S>(v);
+    }
   }
 }
 
