@@ -90,10 +90,11 @@ void expect_no_alloc_in_steps(Graph g, const CompileOptions& opts, const std::fu
       ex.run();
     }
   });
-  // Bookkeeping inside oneDNN only: no allocation the size of a tensor, and a bounded count per step. Each
-  // oneDNN call allocates two or three small objects (its argument map); a convolution's weight gradient
-  // makes four calls per batch block (dnnl_conv.cc), the convnet below 194 allocations a step in all.
-  EXPECT_LE(g_largest.load(), 256u) << n << " heap allocations in 10 steady-state steps";
+  // Bookkeeping inside oneDNN only: no allocation the size of an activation, and a bounded count per step.
+  // Each oneDNN call allocates two or three small objects (its argument map), a Winograd weight gradient one
+  // of 1568 bytes more; a convolution's weight gradient makes four calls per batch block (dnnl_conv.cc), the
+  // convnet below 154 allocations a step in all.
+  EXPECT_LE(g_largest.load(), 2048u) << n << " heap allocations in 10 steady-state steps";
   EXPECT_LE(n, 10 * 300) << "heap allocations in 10 steady-state steps";
   std::printf("%ld allocations in 10 steps, largest %zu bytes\n", n, g_largest.load());
 }

@@ -112,14 +112,19 @@ dnnl::primitive_attr user_scratchpad() {
 // Winograd's F(4x4, 3x3) (oneDNN's jit_wino_4x3, AVX-512 f32 only) for 3x3 stride-1 convolutions with
 // enough channels: it does 4x fewer multiplies in the transformed domain, and on ResNet-20's shapes (Zen 4,
 // 2 threads) it took the 32- and 64-channel forward and input-gradient passes from 1.24 and 1.12 ms to 0.69
-// and 0.53 ms, and every weight gradient from 16 channels up 15-35% down; with 16 channels the forward
-// was 5% and the input gradient 45% slower than the direct kernel, hence the thresholds. It rounds
-// differently from the direct kernel (a ResNet's updated weights 2e-5 from PyTorch's float64 step against
-// 9e-6, scripts/check_parity.py). Where oneDNN has no Winograd kernel the convolution runs direct.
+// and 0.53 ms, and every weight gradient from 16 channels up 15-35% down (ResNet-20's step 81 -> 65.5 ms);
+// with 16 channels the forward was 5% and the input gradient 45% slower than the direct kernel, hence the
+// thresholds. The weight gradient also wants whole 4x4 output tiles: on the bench CNN's 14x14 planes it was
+// slower than direct, and its scratchpad (9.9 MB declared per 4-sample block whatever the plane, most of it
+// never touched) made `flowrun plan` overshoot the process by 18%. Winograd rounds differently from the
+// direct kernel (a ResNet's updated weights 2e-5 from PyTorch's float64 step against 9e-6,
+// scripts/check_parity.py). Where oneDNN has no Winograd kernel the convolution runs direct.
 bool winograd_fits(Kind k, dt t, const ConvGeom& g) {
-  const int64_t least = k == Kind::bwd_weights ? 16 : 32;
+  const bool weights = k == Kind::bwd_weights;
+  const int64_t least = weights ? 16 : 32;
   return t == dt::f32 && g.groups == 1 && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 &&
-         g.dw == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.c >= least && g.o >= least;
+         g.dw == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.c >= least && g.o >= least &&
+         (!weights || (g.oh % 4 == 0 && g.ow % 4 == 0));
 }
 
 // The forward descriptor: its primitive for the forward op, and the hint the backward ones require.
