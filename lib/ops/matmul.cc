@@ -174,8 +174,7 @@ void register_matmul_ops(OpRegistry& r) {
   lin.doc =
       "y = x W^T (+ b); x (..., in), W (out, in), b (out). Attribute activation: gelu (approximate: none or "
       "tanh): outputs (gelu(x W^T + b), x W^T + b), linear then gelu fused (graph/passes.cc fuse_ops). "
-      "Attribute "
-      "out_dtype: f32 on bf16 operands writes the f32 sum (CPU)";
+      "Attribute out_dtype: f32 on bf16 operands writes the f32 sum (CPU)";
   lin.num_inputs = -1;
   lin.num_outputs = [](const Attrs& a) { return a.has("activation") ? 2 : 1; };
   lin.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
