@@ -333,6 +333,9 @@ int main(int argc, char** argv) {
   time->add_option("--warmup", a.time.warmup, "Untimed steps first (default 3)")->check(CLI::NonNegativeNumber);
   time->add_option("--profile", a.time.profile, "Steps timed kernel by kernel for the breakdown (default 5)")
       ->check(CLI::NonNegativeNumber);
+  time->add_option("--nodes", a.time.nodes,
+                   "Also list the N slowest nodes of the profiled steps, with their input and output types")
+      ->check(CLI::NonNegativeNumber);
   time->add_flag("--json", a.json, "Also print the numbers as one JSON object (the last line)");
   time->add_flag("--eager", a.eager,
                  "Time the eager step (train.eager): node by node, unfused, unplanned, every op checked for "

@@ -70,6 +70,33 @@ std::string ms(double seconds_per_step) {
   return buf;
 }
 
+// The `n` nodes that took longest, with the shapes and types they read and wrote: where to look first.
+std::string slowest_nodes(const Graph& g, const std::map<const Node*, double>& seconds,
+                          std::map<const Node*, double>& flops_of, int64_t n, double per) {
+  std::vector<std::pair<const Node*, double>> v(seconds.begin(), seconds.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (static_cast<int64_t>(v.size()) > n) v.resize(static_cast<size_t>(n));
+  auto values = [&](const std::vector<ValueId>& ids) {
+    std::string s;
+    for (ValueId id : ids) {
+      const Value& val = g.value(id);
+      s += (s.empty() ? "" : ", ") + std::string(dtype_name(val.dtype())) + shape_str(val.shape());
+    }
+    return s;
+  };
+  std::ostringstream os;
+  char line[160];
+  std::snprintf(line, sizeof line, "\n%-44s %-16s %10s %10s  %s\n", "node", "op", "ms/step", "GFLOP/s",
+                "inputs -> outputs");
+  os << line;
+  for (const auto& [node, s] : v) {
+    std::snprintf(line, sizeof line, "%-44s %-16s %10.3f %10.1f  ", node->name.c_str(), node->op.c_str(),
+                  s * per * 1e3, s > 0 ? flops_of[node] / (s * per) * 1e-9 : 0.0);
+    os << line << values(node->inputs) << " -> " << values(node->outputs) << "\n";
+  }
+  return os.str();
+}
+
 }  // namespace
 
 TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
@@ -100,6 +127,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
 
   // Kernel-by-kernel: per layer and part, and per op type.
   std::map<std::string, Bucket> layers, ops;
+  std::map<const Node*, double> node_seconds;
   std::vector<std::string> layer_order;
   const Program& prog = ex.program();
   std::map<const Node*, double> flops_of;
@@ -113,6 +141,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     o.seconds[part] += s;
     o.flops += flops_of[&n];
     ++o.calls;
+    node_seconds[&n] += s;
   };
   for (int64_t i = 0; i < opts.profile; ++i, ++step) run_step(step, &timer);
 
@@ -180,6 +209,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
                     b.total() > 0 ? b.flops / b.total() * 1e-9 : 0.0, 100.0 * b.total() / kernel_total);
       os << line;
     }
+    if (opts.nodes > 0) os << slowest_nodes(prog.graph, node_seconds, flops_of, opts.nodes, per);
     std::snprintf(line, sizeof line,
                   "\nkernels: %.3f ms per step of %.3f ms measured with per-kernel timing\n",
                   kernel_total * per * 1e3, r.median_ms);

@@ -13,6 +13,7 @@ struct TimeOptions {
   int64_t steps = 20;   // timed optimizer steps
   int64_t warmup = 3;   // untimed steps first (page faults, BLAS buffers, caches)
   int64_t profile = 5;  // steps timed kernel by kernel for the breakdown (after the timed ones)
+  int64_t nodes = 0;    // also list this many slowest nodes (name, op, shapes), 0 for none
 };
 
 struct TimeReport {

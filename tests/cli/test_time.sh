@@ -10,6 +10,13 @@ json=$(tail -1 "$SCRATCH/last.log")
 for key in median_step_ms p10_step_ms peak_rss_mib arena_mib params flops_per_step threads samples_per_step; do
   grep -q "\"$key\": [0-9]" <<<"$json" || fail "JSON line lacks $key: $json"
 done
+# --nodes N: the N slowest nodes, each with its op and the types it read and wrote.
+expect_exit 0 "$FLOWRUN" time "$SRC/tests/configs/tiny_mlp.yaml" --steps 2 --warmup 1 --profile 2 --nodes 3
+rows=$(sed -n '/^node  /,/^$/p' "$SCRATCH/last.log" | tail -n +2 | grep -c ' -> ')
+[ "$rows" = 3 ] || fail "--nodes 3 listed $rows nodes"
+expect_exit 0 "$FLOWRUN" time "$SRC/tests/configs/tiny_mlp.yaml" --steps 1 --warmup 0 --profile 1 --nodes 1000
+grep -Eq '^hidden.0/fc/linear +linear +[0-9.]+ +[0-9.]+  f32\[64,784\], f32\[64,784\], f32\[64\] -> f32\[64,64\]$' \
+  "$SCRATCH/last.log" || fail "no row for hidden.0/fc/linear with its types"
 expect_exit 2 "$FLOWRUN" time "$SRC/tests/configs/tiny_mlp.yaml" --set train.stepz=3
 expect_log "did you mean 'steps'"
 echo "time ok"
