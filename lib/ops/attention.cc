@@ -192,6 +192,9 @@ std::vector<OpSample> sdpa_samples() {
        {1, 1, 150, 20},
        Attrs{{"causal", false}}},
       {"causal multi-tile T=100 S=150", {1, 2, 100, 24}, {1, 2, 150, 24}, {1, 2, 150, 24}, Attrs{}},
+      // Head dims of whole 16-lane registers: in f32 with AVX-512, k (and v) transposed in 16 x 16 register
+      // blocks, here two of them and 8 rows left over.
+      {"causal T=S=40 D=32", {1, 2, 40, 32}, {1, 2, 40, 32}, {1, 2, 40, 32}, Attrs{}},
   };
   std::vector<OpSample> s;
   for (const Case& c : cases) {
@@ -322,6 +325,8 @@ std::vector<OpSample> sdpa_qkv_samples() {
        Attrs{{"heads", int64_t{3}}, {"causal", false}, {"scale", 0.7}}},
       {"causal multi-block T=70 H=2 D=5", {1, 70, 30}, Attrs{{"heads", int64_t{2}}}},
       {"full multi-block T=130 H=1 D=17", {1, 130, 51}, Attrs{{"heads", int64_t{1}}, {"causal", false}}},
+      // 16 x 16 register transposes of k and v (f32, AVX-512) from the packed rows, and 8 rows left over.
+      {"causal B=2 T=40 H=2 D=16", {2, 40, 96}, Attrs{{"heads", int64_t{2}}}},
   };
   std::vector<OpSample> s;
   for (const Case& c : cases) {

@@ -20,6 +20,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "ops/cpu/attention_tiles.h"
 #include "ops/cpu/grow_buffer.h"
@@ -31,41 +36,51 @@ namespace {
 
 using namespace attn;
 
-// C[R x n] (+)= A[R x kd] B[kd x n]; A element (r, p) at a[r * ars + p * acs] (so A may be a transposed
-// view), B and C row-major. R rows x NV registers of C stay in registers across the whole kd loop: each
-// B load feeds R fused multiply-adds.
+// C[R x NV*L] (+)= A[R x kd] B[kd x NV*L], one strip of NV registers per row: A element (r, p) at
+// a[r * ars + p * acs] (so A may be a transposed view), B and C row-major. The R x NV accumulators stay in
+// registers across the whole kd loop: each B load feeds R fused multiply-adds, each A broadcast NV.
+template <typename T, int R, int NV>
+inline void gemm_strip(int64_t kd, const T* a, int64_t ars, int64_t acs, const T* b, int64_t ldb, T* c,
+                       int64_t ldc, bool acc) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kVecBytes / static_cast<int64_t>(sizeof(T));
+  V cr[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) cr[r][u] = acc ? vload<V>(c + r * ldc + u * L) : V{};
+  for (int64_t p = 0; p < kd; ++p) {
+    V br[NV];
+    for (int u = 0; u < NV; ++u) br[u] = vload<V>(b + p * ldb + u * L);
+    for (int r = 0; r < R; ++r) {
+      const T av = a[r * ars + p * acs];
+      for (int u = 0; u < NV; ++u) cr[r][u] += av * br[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) vstore(c + r * ldc + u * L, cr[r][u]);
+}
+
+// C[R x n] (+)= A[R x kd] B[kd x n]: strips of 4 registers, then one strip of 3, 2 or 1 for what is left
+// (the short rows of a causal diagonal tile run at the wide strips' rate), then scalar columns.
 template <typename T, int R>
 inline void gemm_rows(int64_t n, int64_t kd, const T* a, int64_t ars, int64_t acs, const T* b, int64_t ldb,
                       T* c, int64_t ldc, bool acc) {
-  using V = typename Vec<T>::type;
   constexpr int64_t L = kVecBytes / static_cast<int64_t>(sizeof(T));
-  constexpr int NV = 4;
   int64_t j = 0;
-  for (; j + NV * L <= n; j += NV * L) {
-    V cr[R][NV];
-    for (int r = 0; r < R; ++r)
-      for (int u = 0; u < NV; ++u) cr[r][u] = acc ? vload<V>(c + r * ldc + j + u * L) : V{};
-    for (int64_t p = 0; p < kd; ++p) {
-      V br[NV];
-      for (int u = 0; u < NV; ++u) br[u] = vload<V>(b + p * ldb + j + u * L);
-      for (int r = 0; r < R; ++r) {
-        const T av = a[r * ars + p * acs];
-        for (int u = 0; u < NV; ++u) cr[r][u] += av * br[u];
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int u = 0; u < NV; ++u) vstore(c + r * ldc + j + u * L, cr[r][u]);
+  for (; j + 4 * L <= n; j += 4 * L) gemm_strip<T, R, 4>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
+  switch ((n - j) / L) {
+    case 3:
+      gemm_strip<T, R, 3>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
+      break;
+    case 2:
+      gemm_strip<T, R, 2>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
+      break;
+    case 1:
+      gemm_strip<T, R, 1>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
+      break;
+    default:
+      break;
   }
-  for (; j + L <= n; j += L) {
-    // Value-initialised: GCC 12 with -march=sapphirerapids sees the loop below as a possibly uninitialised read.
-    V cr[R]{};
-    for (int r = 0; r < R; ++r) cr[r] = acc ? vload<V>(c + r * ldc + j) : V{};
-    for (int64_t p = 0; p < kd; ++p) {
-      const V br = vload<V>(b + p * ldb + j);
-      for (int r = 0; r < R; ++r) cr[r] += a[r * ars + p * acs] * br;
-    }
-    for (int r = 0; r < R; ++r) vstore(c + r * ldc + j, cr[r]);
-  }
+  j += (n - j) / L * L;
   for (; j < n; ++j)
     for (int r = 0; r < R; ++r) {
       T s = acc ? c[r * ldc + j] : T(0);
@@ -97,12 +112,64 @@ void gemm_nn(int64_t m, int64_t n, int64_t kd, const T* a, int64_t ars, int64_t 
   for (; i < m; ++i) run.template operator()<1>(i);
 }
 
+#if defined(__AVX512F__)
+// r[i] (row i of a 16 x 16 block) becomes column i, in 3 rounds of in-register shuffles: pairs of rows
+// interleaved, then groups of 4 within each 128-bit lane, then the lanes exchanged.
+// (The maskz_ forms with every lane set: GCC 12 reports the plain forms' undefined merge source as
+// possibly uninitialised.)
+inline void transpose16(__m512 r[16]) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(kAll, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[2 * i], r[2 * i + 1]);
+  }
+  // r[4 i + j], 128-bit lane l: rows 4i..4i+3 of column j + 4 l.
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_maskz_shuffle_ps(kAll, t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_maskz_shuffle_ps(kAll, t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_maskz_shuffle_ps(kAll, t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_maskz_shuffle_ps(kAll, t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_maskz_shuffle_f32x4(kAll, r[j], r[4 + j], 0x88);      // columns j, j + 8 of rows 0..7
+    t[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, r[j], r[4 + j], 0xDD);  // columns j + 4, j + 12 of rows 0..7
+    t[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, r[8 + j], r[12 + j], 0x88);  // the same of rows 8..15
+    t[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, r[8 + j], r[12 + j], 0xDD);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_maskz_shuffle_f32x4(kAll, t[j], t[8 + j], 0x88);
+    r[j + 8] = _mm512_maskz_shuffle_f32x4(kAll, t[j], t[8 + j], 0xDD);
+    r[j + 4] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + j], t[12 + j], 0x88);
+    r[j + 12] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + j], t[12 + j], 0xDD);
+  }
+}
+#endif
+
 // dst[c * rows + r] = scale * src[r * ld + c] for r < rows, c < d: one head's K or V as (d x rows), from
-// rows `ld` elements apart (d for a (B,H,T,D) head, 3 H D for one packed in qkv rows).
+// rows `ld` elements apart (d for a (B,H,T,D) head, 3 H D for one packed in qkv rows). f32 with AVX-512
+// moves whole 16 x 16 blocks through registers; the rest goes element by element, 16 rows per pass so that
+// each destination row is written in short contiguous runs.
 template <typename T>
 void transpose_scaled(int64_t rows, int64_t d, const T* src, T* dst, T scale, int64_t ld) {
-  constexpr int64_t kB = 16;  // rows per pass, so each destination row is written in short contiguous runs
-  for (int64_t r0 = 0; r0 < rows; r0 += kB) {
+  constexpr int64_t kB = 16;
+  int64_t whole = 0;  // rows done in blocks
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % kB == 0) {
+      whole = rows / kB * kB;
+      const __m512 sc = _mm512_set1_ps(scale);
+      for (int64_t r0 = 0; r0 < whole; r0 += kB)
+        for (int64_t c0 = 0; c0 < d; c0 += kB) {
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_mul_ps(sc, _mm512_loadu_ps(src + (r0 + i) * ld + c0));
+          transpose16(r);
+          for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (c0 + i) * rows + r0, r[i]);
+        }
+    }
+  }
+#endif
+  for (int64_t r0 = whole; r0 < rows; r0 += kB) {
     const int64_t r1 = std::min(rows, r0 + kB);
     for (int64_t c = 0; c < d; ++c)
       for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = scale * src[r * ld + c];

@@ -74,6 +74,20 @@ inline void exp_inplace(Vec<double>::type& x) {
   for (int64_t l = 0; l < kLanes<double>; ++l) x[l] = std::exp(x[l]);
 }
 
+// The mask (as a comparison yields it) of the first `rem` lanes of a register of T.
+template <typename T>
+inline auto first_lanes(int64_t rem) {
+  using V = typename Vec<T>::type;
+  using I = decltype(V{} < V{});
+  I v{};
+  for (int64_t l = 0; l < kLanes<T>; ++l) v[l] = l;
+  return v < static_cast<std::remove_reference_t<decltype(v[0])>>(rem);
+}
+
+// The row passes below read and write whole registers: `s` (and `ds`) is a row of a score tile kBK wide, so
+// a partial register's tail stays inside the tile. Lanes past n are masked (their scores -inf), so the
+// values and sums are those of the first n elements alone; what they store past n is 0 (or p * 0).
+
 // max(init, s[0..n)).
 template <typename T>
 T row_max(const T* s, int64_t n, T init) {
@@ -85,9 +99,12 @@ T row_max(const T* s, int64_t n, T init) {
     const V x = vload<V>(s + j);
     vm = x > vm ? x : vm;
   }
+  if (j < n) {
+    const V x = vload<V>(s + j);
+    vm = first_lanes<T>(n - j) & (x > vm) ? x : vm;
+  }
   T mx = init;
   for (int64_t l = 0; l < L; ++l) mx = std::max(mx, T(vm[l]));
-  for (; j < n; ++j) mx = std::max(mx, s[j]);
   return mx;
 }
 
@@ -105,10 +122,9 @@ T exp_sum(T* s, int64_t n, T sub) {
     acc += x;
   }
   if (j < n) {  // the tail as one padded register: exp(-inf) = 0 adds nothing
-    V x{};
-    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? s[j + l] - sub : -std::numeric_limits<T>::infinity();
+    V x = first_lanes<T>(n - j) ? vload<V>(s + j) - sub : V{} - std::numeric_limits<T>::infinity();
     exp_inplace(x);
-    for (int64_t l = 0; j + l < n; ++l) s[j + l] = x[l];
+    vstore(s + j, x);
     acc += x;
   }
   T sum = 0;
@@ -129,13 +145,11 @@ void probs_and_ds(T* p, T* ds, int64_t n, T lse, T di, T sc) {
     vstore(ds + j, x * (vload<V>(ds + j) - di) * sc);
   }
   if (j < n) {
-    V x{};
-    for (int64_t l = 0; l < L; ++l) x[l] = j + l < n ? p[j + l] - lse : -std::numeric_limits<T>::infinity();
+    const auto live = first_lanes<T>(n - j);
+    V x = live ? vload<V>(p + j) - lse : V{} - std::numeric_limits<T>::infinity();
     exp_inplace(x);
-    for (int64_t l = 0; j + l < n; ++l) {
-      p[j + l] = x[l];
-      ds[j + l] = x[l] * (ds[j + l] - di) * sc;
-    }
+    vstore(p + j, x);
+    vstore(ds + j, live ? x * (vload<V>(ds + j) - di) * sc : V{});
   }
 }
 
