@@ -74,6 +74,19 @@ inline void exp_inplace(Vec<double>::type& x) {
   for (int64_t l = 0; l < kLanes<double>; ++l) x[l] = std::exp(x[l]);
 }
 
+// The lanes of a register folded in halves (lane k with lane k + w, w = L/2, L/4, ..., 1): a fixed order, so
+// the bits do not vary, in log2(L) dependent steps where a running sum or maximum over the lanes waited on
+// L (a quarter of a 64-key row's exp pass).
+template <typename T, typename V, typename F>
+inline T fold_lanes(V v, F op) {
+  constexpr int64_t L = kLanes<T>;
+  T a[L];
+  std::memcpy(a, &v, sizeof(V));
+  for (int64_t w = L / 2; w > 0; w /= 2)
+    for (int64_t k = 0; k < w; ++k) a[k] = op(a[k], a[k + w]);
+  return a[0];
+}
+
 // The mask (as a comparison yields it) of the first `rem` lanes of a register of T.
 template <typename T>
 inline auto first_lanes(int64_t rem) {
@@ -103,12 +116,10 @@ T row_max(const T* s, int64_t n, T init) {
     const V x = vload<V>(s + j);
     vm = first_lanes<T>(n - j) & (x > vm) ? x : vm;
   }
-  T mx = init;
-  for (int64_t l = 0; l < L; ++l) mx = std::max(mx, T(vm[l]));
-  return mx;
+  return fold_lanes<T>(vm, [](T a, T b) { return std::max(a, b); });
 }
 
-// s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then lanes in order).
+// s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then the lanes folded).
 template <typename T>
 T exp_sum(T* s, int64_t n, T sub) {
   using V = typename Vec<T>::type;
@@ -127,9 +138,7 @@ T exp_sum(T* s, int64_t n, T sub) {
     vstore(s + j, x);
     acc += x;
   }
-  T sum = 0;
-  for (int64_t l = 0; l < L; ++l) sum += acc[l];
-  return sum;
+  return fold_lanes<T>(acc, [](T a, T b) { return a + b; });
 }
 
 // Backward row: p[j] = exp(p[j] - lse), ds[j] = p[j] * (ds[j] - di) * sc for j < n.
