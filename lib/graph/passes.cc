@@ -209,6 +209,49 @@ void fuse_backward(Graph& g, DeviceKind device) {
   }
 }
 
+void fuse_bias_gradients(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const OpDef& fused_def = OpRegistry::get().at("gelu_bias_grad");
+  const auto readers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
+  for (const Node& gg : snapshot) {
+    if (gg.dead || gg.op != "gelu_grad") continue;
+    const Value dx = g.value(gg.outputs[0]);
+    const KernelChoice k = select_kernel(fused_def, device, dx.dtype());
+    if (outputs.count(dx.id) || !k.kernel || k.widened) continue;
+    Shape sums(dx.shape().size(), 1);
+    sums.back() = dx.shape().back();
+    // A reader keeping dx's rank whose result is 1 on every leading axis and whole on the last sums over
+    // exactly the leading axes (or, with one column, over all: the same sum).
+    const Node* sum = nullptr;
+    for (NodeId r : readers[static_cast<size_t>(dx.id)]) {
+      const Node& n = g.node(r);
+      if (!n.dead && n.op == "reduce_sum" && !n.attrs.b("blocked") && g.value(n.outputs[0]).shape() == sums) {
+        sum = &n;
+        break;
+      }
+    }
+    if (!sum) continue;
+    Attrs attrs = gg.attrs;
+    if (sum->attrs.has("out_dtype")) attrs.set("out_dtype", sum->attrs.s("out_dtype"));
+    const NodeId grad_id = gg.id, sum_id = sum->id;
+    const ValueId db = sum->outputs[0];
+    const std::vector<ValueId> fused = g.add_node("gelu_bias_grad", gg.inputs, attrs, gg.name + "+bias_grad");
+    // Scheduled where the gelu_grad was (not last, as its id would have it), as layout.cc's reorders are.
+    g.nodes().back().schedule_as = gg.schedule_as >= 0 ? gg.schedule_as : gg.id;
+    g.nodes().back().phase = gg.phase;
+    for (const auto& [from, to] : {std::pair{dx.id, fused[0]}, std::pair{db, fused[1]}}) {
+      replace_uses(g, from, to);
+      for (auto& [param, grad] : g.param_grads())
+        if (grad == from) grad = to;
+    }
+    g.node(grad_id).dead = true;
+    g.node(sum_id).dead = true;
+  }
+}
+
 namespace {
 
 ValueId scalar_input(Graph& g, const std::string& name, DType t) {
@@ -505,6 +548,9 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   }
   if (opts.compute != DType::f32)
     p.push_back({"fold_f32_casts", [](Graph& g, const CompileOptions& o) { fold_f32_casts(g, o.device); }});
+  if (opts.fuse && !opts.eager)
+    p.push_back(
+        {"fuse_bias_gradients", [](Graph& g, const CompileOptions& o) { fuse_bias_gradients(g, o.device); }});
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

@@ -95,6 +95,11 @@ void fuse_packed_attention(Graph& g);
 // one pass over the gradient instead of two; batchnorm_grad(relu_grad(dy, y), ...) -> batchnorm_grad(dy, ...,
 // y); relu(batchnorm(x)) -> batchnorm(x) with attr relu where relu is the only reader.
 void fuse_backward(Graph& g, DeviceKind device);
+// On the CPU, after the precision passes: gelu_grad -> reduce_sum over every leading axis (keepdims: a
+// linear's bias gradient) -> gelu_bias_grad, which sums each row of the gradient while it is in cache, where
+// the reduce_sum read the whole gradient back from memory; the same bits (ops/cpu/reduce.h). The reduce_sum's
+// out_dtype (fold_f32_casts) carries over, hence the pass's place after that one.
+void fuse_bias_gradients(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

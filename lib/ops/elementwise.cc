@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "graph/builder.h"
+#include "ops/cpu/reduce.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -148,6 +149,81 @@ void activation(OpRegistry& r, const std::string& name, const std::string& doc, 
   r.add(g);
 }
 
+double gelu_derivative(double x, const Attrs& a) {
+  if (a.is("approximate", "tanh")) {
+    const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+  }
+  return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+
+// The bias gradient's shape: x's rank, every axis but the last 1.
+Shape column_sums_shape(const Shape& x) {
+  Shape s(x.size(), 1);
+  if (!s.empty()) s.back() = x.back();
+  return s;
+}
+
+// gelu_grad with the column sums of its result (a linear's bias gradient), which only the CPU fusion pass
+// graph/passes.cc fuse_bias_gradients creates, from gelu_grad -> reduce_sum over the leading axes.
+OpDef gelu_bias_grad_op(const std::vector<Attrs>& attr_sets) {
+  OpDef d;
+  d.name = "gelu_bias_grad";
+  d.doc =
+      "(dy, x) -> (dx = gelu_grad(dy, x), db = dx summed over every axis but the last, kept as size 1); "
+      "attrs approximate, out_dtype (f32: db in f32 from bf16 operands)";
+  d.num_inputs = 2;
+  d.num_outputs = [](const Attrs&) { return 2; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype || in[0].shape.empty())
+      throw input_error(cat("gelu_bias_grad: dy ", shape_str(in[0].shape), " and x ", shape_str(in[1].shape),
+                            " must have one shape and dtype, of rank 1 or more"));
+    return {in[0], {column_sums_shape(in[0].shape), result_dtype(in[0].dtype, a)}};
+  };
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
+    Cost c = elementwise_cost(in, out, a);
+    c.flops *= 2;  // an add per element for the sums
+    c.bytes += static_cast<double>(numel(out[1].shape) * static_cast<int64_t>(dtype_size(out[1].dtype)));
+    return c;
+  };
+  d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    const int64_t n = in[0].shape.back(), rows = numel(in[0].shape) / std::max<int64_t>(n, 1);
+    const size_t acc = in[0].dtype == DType::f64 ? 8 : 4;  // the sums' type: f64, else f32
+    return static_cast<size_t>(cpu::reduce_row_chunks(rows) * n) * acc;
+  };
+  d.inplace_input = 0;
+  d.kernels = {{DeviceKind::cpu, kF, cpu::gelu_bias_grad}};
+  d.samples = [attr_sets] {
+    std::vector<OpSample> s;
+    // One chunk of rows; three chunks (300 rows) of 20 columns; two column blocks (270) over three chunks.
+    for (const Attrs& a : attr_sets)
+      for (const Shape& sh : std::vector<Shape>{{3, 5}, {2, 150, 20}, {300, 270}}) {
+        OpSample o;
+        o.label = cat("dy, x ", shape_str(sh));
+        o.inputs = {{sh, DType::f64}, {sh, DType::f64}};
+        o.attrs = a;
+        o.gradcheck = false;
+        o.reference = [](const std::vector<Tensor>& in, const Attrs& at) {
+          const std::vector<double> dy = in[0].to_f64(), x = in[1].to_f64();
+          const int64_t n = in[0].shape().back();
+          std::vector<double> dx(dy.size()), db(static_cast<size_t>(n), 0.0);
+          for (size_t i = 0; i < dx.size(); ++i) {
+            dx[i] = dy[i] * gelu_derivative(x[i], at);
+            db[i % static_cast<size_t>(n)] += dx[i];
+          }
+          Tensor a = Tensor::empty(in[0].shape(), DType::f64),
+                 b = Tensor::empty(column_sums_shape(in[0].shape()), DType::f64);
+          a.fill_from(dx);
+          b.fill_from(db);
+          return std::vector<Tensor>{a, b};
+        };
+        s.push_back(o);
+      }
+    return s;
+  };
+  return d;
+}
+
 OpDef scalar_op(const std::string& name, const std::string& doc, KernelFn fn,
                 std::function<std::vector<ValueId>(GradCtx&)> grad, double sample_value, bool positive) {
   OpDef d;
@@ -209,16 +285,11 @@ void register_elementwise_ops(OpRegistry& r) {
 
   activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true,
              [](double y, const Attrs&) { return y > 0 ? 1.0 : 0.0; });
+  const std::vector<Attrs> gelu_attrs = {Attrs{{"approximate", std::string("none")}},
+                                         Attrs{{"approximate", std::string("tanh")}}};
   activation(r, "gelu", "x * Phi(x); approximate=none (erf) or tanh", cpu::gelu, cpu::gelu_grad, false,
-             [](double x, const Attrs& a) {
-               if (a.is("approximate", "tanh")) {
-                 const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
-                 return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
-               }
-               return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
-                      x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
-             },
-             {Attrs{{"approximate", std::string("none")}}, Attrs{{"approximate", std::string("tanh")}}});
+             gelu_derivative, gelu_attrs);
+  r.add(gelu_bias_grad_op(gelu_attrs));
   activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false, [](double x, const Attrs&) {
     const double s = 1 / (1 + std::exp(-x));
     return s * (1 + x * (1 - s));

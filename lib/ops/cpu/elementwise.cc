@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/reduce.h"
 #include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
@@ -240,12 +241,13 @@ void gelu(const TensorView& x, const TensorView& y) {
   map(y.numel(), y.as<S>(), [px](int64_t i, __mmask16 m) { return forward(load(px + i, m)); });
 }
 
+// dx[i] for i in [s, e), 16 at a time, the last register masked.
 template <typename S>
-void gelu_grad(const KernelCtx& c) {
-  const S* dy = c.in[0].as<S>();
-  const S* x = c.in[1].as<S>();
-  map(c.out[0].numel(), c.out[0].as<S>(),
-      [dy, x](int64_t i, __mmask16 m) { return backward(load(dy + i, m), load(x + i, m)); });
+void gelu_grad_range(const S* dy, const S* x, S* dx, int64_t s, int64_t e) {
+  for (int64_t i = s; i < e; i += 16) {
+    const __mmask16 m = e - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (e - i)) - 1);
+    store(dx + i, backward(load(dy + i, m), load(x + i, m)), m);
+  }
 }
 
 }  // namespace gelu16
@@ -302,29 +304,99 @@ void gelu(const TensorView& x, const TensorView& y, bool tanh) {
 void gelu(const KernelCtx& c) {
   gelu(c.in[0], c.out[0], tanh_approx(c));
 }
-void gelu_grad(const KernelCtx& c) {
+namespace {
+
+// gelu_grad's elements [s, e): dx = dy * gelu'(x) (tanh: approximate=tanh). Not inlined, so that gelu_grad
+// and gelu_bias_grad run this one compiled loop and compute the same bits.
+template <typename S>
+[[gnu::noinline]] void gelu_grad_range(bool tanh, const S* dy, const S* x, S* dx, int64_t s, int64_t e) {
 #if defined(__AVX512F__)
-  if (tanh_approx(c) && gelu16::serves(c.in[0].dtype)) {
-    if (c.in[0].dtype == DType::bf16)
-      gelu16::gelu_grad<bf16>(c);
-    else
-      gelu16::gelu_grad<float>(c);
-    return;
+  if constexpr (std::is_same_v<S, float> || std::is_same_v<S, bf16>) {
+    if (tanh) {
+      gelu16::gelu_grad_range(dy, x, dx, s, e);
+      return;
+    }
   }
 #endif
-  if (tanh_approx(c))
-    grad2(c, [](auto dy, auto x) {
-      using T = decltype(x);
-      const T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
+  using T = Compute<S>;
+  if (tanh) {
+    for (int64_t i = s; i < e; ++i) {
+      const T v = ld(x[i]);
+      const T u = T(kSqrt2OverPi) * (v + T(0.044715) * v * v * v);
       const T t = gelu_tanh(u);
-      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
-      return dy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du);
+      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * v * v);
+      dx[i] = st<S>(ld(dy[i]) * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du));
+    }
+  } else {
+    for (int64_t i = s; i < e; ++i) {
+      const T v = ld(x[i]);
+      dx[i] = st<S>(ld(dy[i]) * (T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2))) +
+                                 v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v)));
+    }
+  }
+}
+
+}  // namespace
+
+void gelu_grad(const KernelCtx& c) {
+  const bool tanh = tanh_approx(c);
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
+    using S = std::remove_pointer_t<decltype(tag)>;
+    const S *dy = c.in[0].as<S>(), *x = c.in[1].as<S>();
+    S* dx = c.out[0].as<S>();
+    parallel_for(c.out[0].numel(), kGrain,
+                 [&](int64_t s, int64_t e) { gelu_grad_range(tanh, dy, x, dx, s, e); });
+  });
+}
+
+// gelu_grad, and the sum of dx over its leading rows in reduce_sum's order (reduce.h): tasks of (chunk of
+// rows, block of columns), each row's segment computed and then added to the chunk's partial sums while it is
+// still in L1, where the unfused reduce_sum read the whole gradient back from memory. The partials sum the
+// stored (rounded) dx, as reduce_sum reads it. (How columns are split into tasks does not change any
+// column's order of additions.)
+void gelu_bias_grad(const KernelCtx& c) {
+  const bool tanh = tanh_approx(c);
+  const int64_t n = c.in[0].shape->back(), rows = c.in[0].numel() / std::max<int64_t>(n, 1);
+  const int64_t chunks = reduce_row_chunks(rows);
+  // Whole rows per task when there are chunks to share out (the rows stream from memory in order; blocks of
+  // columns from rows 4 KiB apart ran at half the speed), column blocks otherwise.
+  const int64_t block = chunks > 1 ? n : 256, blocks = (n + block - 1) / block;
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
+    using S = std::remove_pointer_t<decltype(tag)>;
+    using T = Compute<S>;
+    const S *dy = c.in[0].as<S>(), *x = c.in[1].as<S>();
+    S* dx = c.out[0].as<S>();
+    T* part = static_cast<T*>(c.workspace);
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(chunks * n) * sizeof(T),
+             "gelu_bias_grad workspace too small");
+    parallel_for(chunks * blocks, 1, [&](int64_t s, int64_t e) {
+      for (int64_t t = s; t < e; ++t) {
+        const int64_t ch = t % chunks, k0 = t / chunks * block, k1 = std::min(n, k0 + block);
+        const int64_t r0 = ch * rows / chunks, r1 = (ch + 1) * rows / chunks;
+        T* p = part + ch * n;
+        for (int64_t r = r0; r < r1; ++r) {
+          gelu_grad_range(tanh, dy, x, dx, r * n + k0, r * n + k1);
+          const S* row = dx + r * n;
+          if (r == r0)
+            for (int64_t k = k0; k < k1; ++k) p[k] = ld(row[k]);
+          else
+            for (int64_t k = k0; k < k1; ++k) p[k] += ld(row[k]);
+        }
+      }
     });
-  else
-    grad2(c, [](auto dy, auto x) {
-      using T = decltype(x);
-      return dy * (T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x));
+    // The chunks in order, into the result's type: T, f32 from bf16 (out_dtype), or rounded to S.
+    const DType out = c.out[1].dtype;
+    parallel_for(n, 4096, [&](int64_t s, int64_t e) {
+      for (int64_t k = s; k < e; ++k) {
+        T sum = part[k];
+        for (int64_t ch = 1; ch < chunks; ++ch) sum += part[ch * n + k];
+        if (out == c.in[0].dtype)
+          c.out[1].as<S>()[k] = st<S>(sum);
+        else
+          c.out[1].as<float>()[k] = static_cast<float>(sum);
+      }
     });
+  });
 }
 
 void silu(const KernelCtx& c) {

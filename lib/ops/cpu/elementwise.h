@@ -89,6 +89,9 @@ void gelu(const KernelCtx& c);
 // y = gelu(x) as the gelu kernel computes it (tanh: approximate=tanh), for the linear kernels' fused GELU.
 void gelu(const TensorView& x, const TensorView& y, bool tanh);
 void gelu_grad(const KernelCtx& c);
+// (dy, x) -> (dx, db): gelu_grad's dx, and db = dx summed over every leading axis (a linear's bias gradient:
+// graph/passes.cc fuse_bias_gradients), bit for bit what reduce_sum computes from the stored dx.
+void gelu_bias_grad(const KernelCtx& c);
 void silu(const KernelCtx& c);
 void silu_grad(const KernelCtx& c);
 void tanh(const KernelCtx& c);

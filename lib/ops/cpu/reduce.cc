@@ -83,9 +83,10 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
   // block of partials (vectorises), then the chunks are combined in order. The chunks are fixed by the row
   // count, not the thread count, so the bits are the same on any thread count. Chunks let a linear's bias
   // gradient (2048 rows of 256 columns: one column block) run on every thread instead of one.
-  constexpr int64_t kBlock = 256, kChunkRows = 128;
+  constexpr int64_t kBlock = 256;
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
-  int64_t chunks = red >= 2 * kChunkRows ? (red + kChunkRows - 1) / kChunkRows : 1;
+  // (With one outer row, as a bias gradient has, the spare half of the workspace always holds the chunks.)
+  int64_t chunks = reduce_row_chunks(red);
   if (chunks > 1 && outer * chunks * inner > spare_elems) chunks = 1;
   auto rows_of = [&](int64_t ch) { return std::pair{ch * red / chunks, (ch + 1) * red / chunks}; };
   parallel_for(outer * blocks * chunks, 1, [&](int64_t s, int64_t e) {

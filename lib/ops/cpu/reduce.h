@@ -9,6 +9,15 @@ namespace flowrun::cpu {
 // one the layout pass lets read nChw16c (attr `blocked`).
 bool sums_per_channel(const Shape& x, const std::vector<int64_t>& axes);
 
+// A sum over R leading rows (reduce_sum of an (R, N) view over R, a bias gradient) runs in fixed chunks of
+// rows, each summed in row order, then the chunks summed in order: chunk ch of reduce_row_chunks(R) holds
+// rows [ch R / chunks, (ch + 1) R / chunks). Fixed by R alone, so the bits do not depend on the thread count;
+// gelu_bias_grad sums its bias gradient in the same order, to give reduce_sum's bits.
+inline int64_t reduce_row_chunks(int64_t rows) {
+  constexpr int64_t kChunkRows = 128;
+  return rows >= 2 * kChunkRows ? (rows + kChunkRows - 1) / kChunkRows : 1;
+}
+
 void reduce_sum(const KernelCtx& c);
 void reduce_mean(const KernelCtx& c);
 void reduce_max(const KernelCtx& c);

@@ -1,0 +1,128 @@
+// graph/passes.cc fuse_bias_gradients: gelu_grad and the reduce_sum of a linear's bias gradient become one
+// gelu_bias_grad node, which computes reduce_sum's bits (the kernel on every dtype and shape class, and a
+// small MLP trained compiled against eager, in f32 and bf16).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "graph/passes.h"
+#include "models.h"
+#include "ops/registry.h"
+
+namespace flowrun::testing {
+namespace {
+
+// One kernel call on freshly allocated outputs (and workspace).
+std::vector<Tensor> run(const std::string& op, const Attrs& attrs, const std::vector<Tensor>& in) {
+  const OpDef& def = OpRegistry::get().at(op);
+  const KernelChoice k = select_kernel(def, DeviceKind::cpu, in[0].dtype());
+  EXPECT_TRUE(k.kernel && !k.widened) << op << " " << dtype_name(in[0].dtype());
+  std::vector<TensorType> it;
+  for (const Tensor& t : in) it.push_back({t.shape(), t.dtype()});
+  const std::vector<TensorType> ot = def.infer(it, attrs);
+  Node node;
+  node.op = op;
+  node.attrs = attrs;
+  std::vector<TensorView> iv, ov;
+  for (const Tensor& t : in) iv.push_back({t.raw(), &t.shape(), t.dtype()});
+  std::vector<Tensor> out;
+  for (const TensorType& t : ot) out.push_back(Tensor::zeros(t.shape, t.dtype));
+  for (Tensor& t : out) ov.push_back({t.raw(), &t.shape(), t.dtype()});
+  const auto& size = k.kernel->workspace ? k.kernel->workspace : def.workspace;
+  std::vector<double> ws((size ? size(it, ot, attrs) : 0) / sizeof(double) + 1);
+  KernelCtx c;
+  c.node = &node;
+  c.in = iv.data();
+  c.num_in = static_cast<int>(iv.size());
+  c.out = ov.data();
+  c.num_out = static_cast<int>(ov.size());
+  c.workspace = ws.data();
+  c.workspace_bytes = ws.size() * sizeof(double);
+  k.kernel->fn(c);
+  return out;
+}
+
+Tensor uniform(const Shape& s, DType t, uint64_t seed) {
+  std::vector<double> v(static_cast<size_t>(numel(s)));
+  const RngStream r{seed, 1};
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 4.0 * r.uniform(i) - 2.0;
+  Tensor x = Tensor::empty(s, t);
+  x.fill_from(v);
+  return x;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Both outputs bit for bit those of gelu_grad then reduce_sum (keepdims over the leading axes): one chunk of
+// rows (5), chunks of rows that do not divide them (300 = 3 x 100, 2 x 150), one and two column blocks, in
+// f32, f64 and bf16 (the sum rounded to bf16, or kept in f32 as fold_f32_casts asks), erf and tanh GELU.
+TEST(Fusion, GeluBiasGradIsGeluGradThenItsBiasSum) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16})
+    for (const std::string approx : {"none", "tanh"})
+      for (const Shape& s : std::vector<Shape>{{5, 7}, {2, 150, 20}, {300, 270}})
+        for (const bool wide : {false, true}) {
+          if (wide && t != DType::bf16) continue;
+          SCOPED_TRACE(cat(dtype_name(t), " ", approx, " ", shape_str(s), wide ? " out_dtype f32" : ""));
+          const std::vector<Tensor> in = {uniform(s, t, 1), uniform(s, t, 2)};
+          Attrs a{{"approximate", approx}};
+          const Tensor dx = run("gelu_grad", a, in)[0];
+          std::vector<int64_t> axes(s.size() - 1);
+          for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
+          Attrs sum{{"axes", axes}, {"keepdims", true}};
+          if (wide) {
+            sum.set("out_dtype", std::string("f32"));
+            a.set("out_dtype", std::string("f32"));
+          }
+          const Tensor db = run("reduce_sum", sum, {dx})[0];
+          const std::vector<Tensor> fused = run("gelu_bias_grad", a, in);
+          EXPECT_TRUE(same_bytes(fused[0], dx));
+          EXPECT_TRUE(same_bytes(fused[1], db));
+        }
+}
+
+// x (3, 100, 24) -> linear 40 -> gelu (tanh) -> linear 8 -> mse against target (3, 100, 8).
+Program compile_mlp(DType compute, bool eager) {
+  Graph g;
+  GraphBuilder b(g);
+  auto linear = [&](ValueId v, int64_t in, int64_t out, const std::string& name) {
+    return b.op1("linear", {v, b.param(name + "/weight", {out, in}), b.param(name + "/bias", {out})}, {},
+                 name);
+  };
+  const ValueId h = b.op1("gelu", {linear(b.input("x", {3, 100, 24}), 24, 40, "fc")},
+                          {{"approximate", std::string("tanh")}}, "gelu");
+  g.mark_output("loss", b.op1("mse_loss", {linear(h, 40, 8, "proj"), b.input("target", {3, 100, 8})}));
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.compute = compute;
+  opts.eager = eager;
+  return compile(std::move(g), opts);
+}
+
+TEST(Fusion, GeluGradAndItsBiasSumTrainBitwiseAsEager) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    if (t == DType::bf16 && !select_kernel(OpRegistry::get().at("gelu_bias_grad"), DeviceKind::cpu, t).kernel)
+      GTEST_SKIP() << "no native bf16 kernel";
+    const Program fused = compile_mlp(t, false);
+    int n = 0;
+    for (NodeId id : fused.order) {
+      const Node& node = fused.graph.node(id);
+      EXPECT_NE(node.op, "gelu_grad");
+      if (node.op != "gelu_bias_grad") continue;
+      ++n;
+      // The bias gradient of fc, in f32 (the master gradient) whatever the compute type.
+      EXPECT_EQ(fused.graph.value(node.outputs[1]).dtype(), DType::f32);
+      EXPECT_EQ(fused.graph.value(node.outputs[1]).shape(), (Shape{1, 1, 40}));
+    }
+    EXPECT_EQ(n, 1);
+    const auto [eager_losses, eager] = train_sgd(compile_mlp(t, true), 3);
+    const auto [fused_losses, trained] = train_sgd(compile_mlp(t, false), 3);
+    EXPECT_EQ(eager_losses, fused_losses);
+    for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace flowrun::testing
