@@ -53,7 +53,7 @@ constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
 // exp of one register, in place. f32: Cephes' expf (range reduction by ln 2, degree-6 polynomial, exponent
 // bits built directly), branch-free; about 1 ulp, and exactly 0 below the f32 range (so -inf gives 0).
 // f64 keeps std::exp per lane: that kernel is the accuracy reference, and speed matters in f32.
-inline void exp_inplace(Vec<float>::type& x) {
+[[gnu::always_inline]] inline void exp_inplace(Vec<float>::type& x) {
   using V = Vec<float>::type;
   typedef int32_t VI __attribute__((vector_size(kVecBytes)));
   const V lo = V{} - 87.0f, hi = V{} + 88.0f, zero = V{};
@@ -103,7 +103,7 @@ inline auto first_lanes(int64_t rem) {
 
 // max(init, s[0..n)).
 template <typename T>
-T row_max(const T* s, int64_t n, T init) {
+[[gnu::always_inline]] inline T row_max(const T* s, int64_t n, T init) {
   using V = typename Vec<T>::type;
   constexpr int64_t L = kLanes<T>;
   V vm = V{} + init;
@@ -121,7 +121,7 @@ T row_max(const T* s, int64_t n, T init) {
 
 // s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then the lanes folded).
 template <typename T>
-T exp_sum(T* s, int64_t n, T sub) {
+[[gnu::always_inline]] inline T exp_sum(T* s, int64_t n, T sub) {
   using V = typename Vec<T>::type;
   constexpr int64_t L = kLanes<T>;
   V acc = V{};
@@ -143,7 +143,7 @@ T exp_sum(T* s, int64_t n, T sub) {
 
 // Backward row: p[j] = exp(p[j] - lse), ds[j] = p[j] * (ds[j] - di) * sc for j < n.
 template <typename T>
-void probs_and_ds(T* p, T* ds, int64_t n, T lse, T di, T sc) {
+[[gnu::always_inline]] inline void probs_and_ds(T* p, T* ds, int64_t n, T lse, T di, T sc) {
   using V = typename Vec<T>::type;
   constexpr int64_t L = kLanes<T>;
   int64_t j = 0;
