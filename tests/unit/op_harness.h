@@ -111,4 +111,33 @@ inline double run_loss(SampleProgram& sp) {
   return sp.exec->output("loss").to_f64()[0];
 }
 
+// Runs kernel `k` of `def` on `in` into fresh outputs of the given types, with the kernel's workspace.
+inline std::vector<Tensor> run_kernel(const OpDef& def, const KernelDef& k, const Attrs& attrs,
+                                      const std::vector<Tensor>& in) {
+  std::vector<TensorType> it, ot;
+  for (const Tensor& t : in) it.push_back({t.shape(), t.dtype()});
+  ot = def.infer(it, attrs);
+  Node node;
+  node.op = def.name;
+  node.attrs = attrs;
+  std::vector<TensorView> iv, ov;
+  for (const Tensor& t : in) iv.push_back({t.raw(), &t.shape(), t.dtype()});
+  std::vector<Tensor> out;
+  for (const TensorType& t : ot) out.push_back(Tensor::zeros(t.shape, t.dtype));
+  for (Tensor& t : out) ov.push_back({t.raw(), &t.shape(), t.dtype()});
+  const auto& size = k.workspace ? k.workspace : def.workspace;
+  const size_t ws_bytes = size ? size(it, ot, attrs) : 0;
+  std::vector<double> ws(ws_bytes / sizeof(double) + 1);
+  KernelCtx c;
+  c.node = &node;
+  c.in = iv.data();
+  c.num_in = static_cast<int>(iv.size());
+  c.out = ov.data();
+  c.num_out = static_cast<int>(ov.size());
+  c.workspace = ws.data();
+  c.workspace_bytes = ws_bytes;
+  k.fn(c);
+  return out;
+}
+
 }  // namespace flowrun::testing

@@ -7,39 +7,19 @@
 
 #include "graph/passes.h"
 #include "models.h"
+#include "op_harness.h"
 #include "ops/registry.h"
 
 namespace flowrun::testing {
 namespace {
 
-// One kernel call on freshly allocated outputs (and workspace).
+// One call of op's native kernel for its first input's dtype.
 std::vector<Tensor> run(const std::string& op, const Attrs& attrs, const std::vector<Tensor>& in) {
   const OpDef& def = OpRegistry::get().at(op);
   const KernelChoice k = select_kernel(def, DeviceKind::cpu, in[0].dtype());
-  EXPECT_TRUE(k.kernel && !k.widened) << op << " " << dtype_name(in[0].dtype());
-  std::vector<TensorType> it;
-  for (const Tensor& t : in) it.push_back({t.shape(), t.dtype()});
-  const std::vector<TensorType> ot = def.infer(it, attrs);
-  Node node;
-  node.op = op;
-  node.attrs = attrs;
-  std::vector<TensorView> iv, ov;
-  for (const Tensor& t : in) iv.push_back({t.raw(), &t.shape(), t.dtype()});
-  std::vector<Tensor> out;
-  for (const TensorType& t : ot) out.push_back(Tensor::zeros(t.shape, t.dtype));
-  for (Tensor& t : out) ov.push_back({t.raw(), &t.shape(), t.dtype()});
-  const auto& size = k.kernel->workspace ? k.kernel->workspace : def.workspace;
-  std::vector<double> ws((size ? size(it, ot, attrs) : 0) / sizeof(double) + 1);
-  KernelCtx c;
-  c.node = &node;
-  c.in = iv.data();
-  c.num_in = static_cast<int>(iv.size());
-  c.out = ov.data();
-  c.num_out = static_cast<int>(ov.size());
-  c.workspace = ws.data();
-  c.workspace_bytes = ws.size() * sizeof(double);
-  k.kernel->fn(c);
-  return out;
+  if (!k.kernel || k.widened)
+    throw std::runtime_error(op + " has no native kernel for " + dtype_name(in[0].dtype()));
+  return run_kernel(def, *k.kernel, attrs, in);
 }
 
 Tensor uniform(const Shape& s, DType t, uint64_t seed) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "op_harness.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/registry.h"
 
@@ -66,35 +67,6 @@ Tensor bf16_input(const Shape& s, uint64_t seed) {
   for (int64_t i = 0; i < t.numel(); ++i)
     t.data<bf16>()[i] = float_to_bf16(static_cast<float>(8.0 * r.uniform(static_cast<uint64_t>(i)) - 4.0));
   return t;
-}
-
-// Runs kernel `k` of `def` on `in` into fresh outputs of the given types, with the kernel's workspace.
-std::vector<Tensor> run_kernel(const OpDef& def, const KernelDef& k, const Attrs& attrs,
-                               const std::vector<Tensor>& in) {
-  std::vector<TensorType> it, ot;
-  for (const Tensor& t : in) it.push_back({t.shape(), t.dtype()});
-  ot = def.infer(it, attrs);
-  Node node;
-  node.op = def.name;
-  node.attrs = attrs;
-  std::vector<TensorView> iv, ov;
-  for (const Tensor& t : in) iv.push_back({t.raw(), &t.shape(), t.dtype()});
-  std::vector<Tensor> out;
-  for (const TensorType& t : ot) out.push_back(Tensor::zeros(t.shape, t.dtype));
-  for (Tensor& t : out) ov.push_back({t.raw(), &t.shape(), t.dtype()});
-  const auto& size = k.workspace ? k.workspace : def.workspace;
-  const size_t ws_bytes = size ? size(it, ot, attrs) : 0;
-  std::vector<double> ws(ws_bytes / sizeof(double) + 1);
-  KernelCtx c;
-  c.node = &node;
-  c.in = iv.data();
-  c.num_in = static_cast<int>(iv.size());
-  c.out = ov.data();
-  c.num_out = static_cast<int>(ov.size());
-  c.workspace = ws.data();
-  c.workspace_bytes = ws_bytes;
-  k.fn(c);
-  return out;
 }
 
 // The native bf16 kernel of `op` must equal its f32 kernel on the widened inputs, rounded once per bf16
