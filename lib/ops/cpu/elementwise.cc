@@ -219,15 +219,19 @@ inline __m512 backward(__m512 dy, __m512 x) {
 using simd16::load;
 using simd16::store;
 
+// out[i] = f(i, mask) for i in [s, e), 16 at a time, the last register masked.
+template <typename S, typename F>
+void map_range(int64_t s, int64_t e, S* out, F f) {
+  for (int64_t i = s; i < e; i += 16) {
+    const __mmask16 m = e - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (e - i)) - 1);
+    store(out + i, f(i, m), m);
+  }
+}
+
 // out[i] = f(in0[i] (, in1[i])) over n elements in parallel chunks, 16 at a time.
 template <typename S, typename F>
 void map(int64_t n, S* out, F f) {
-  parallel_for(n, kGrain, [&](int64_t s, int64_t e) {
-    for (int64_t i = s; i < e; i += 16) {
-      const __mmask16 m = e - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (e - i)) - 1);
-      store(out + i, f(i, m), m);
-    }
-  });
+  parallel_for(n, kGrain, [&](int64_t s, int64_t e) { map_range(s, e, out, f); });
 }
 
 // Whether the AVX-512 path serves this dtype (f32, bf16); f64 keeps the scalar-written loops.
@@ -241,13 +245,10 @@ void gelu(const TensorView& x, const TensorView& y) {
   map(y.numel(), y.as<S>(), [px](int64_t i, __mmask16 m) { return forward(load(px + i, m)); });
 }
 
-// dx[i] for i in [s, e), 16 at a time, the last register masked.
+// dx[i] for i in [s, e).
 template <typename S>
 void gelu_grad_range(const S* dy, const S* x, S* dx, int64_t s, int64_t e) {
-  for (int64_t i = s; i < e; i += 16) {
-    const __mmask16 m = e - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (e - i)) - 1);
-    store(dx + i, backward(load(dy + i, m), load(x + i, m)), m);
-  }
+  map_range(s, e, dx, [dy, x](int64_t i, __mmask16 m) { return backward(load(dy + i, m), load(x + i, m)); });
 }
 
 }  // namespace gelu16
