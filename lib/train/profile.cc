@@ -70,11 +70,12 @@ std::string ms(double seconds_per_step) {
   return buf;
 }
 
-// The `n` nodes that took longest, with the shapes and types they read and wrote: where to look first.
-std::string slowest_nodes(const Graph& g, const std::map<const Node*, double>& seconds,
-                          std::map<const Node*, double>& flops_of, int64_t n, double per) {
-  std::vector<std::pair<const Node*, double>> v(seconds.begin(), seconds.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+// The `n` nodes that took longest, with the shapes and types they read and wrote: where to look first. Each
+// node's rate counts all of its calls (a micro-step runs it once each under gradient accumulation).
+std::string slowest_nodes(const Graph& g, const std::map<const Node*, Bucket>& nodes, int64_t n, double per) {
+  std::vector<std::pair<const Node*, Bucket>> v(nodes.begin(), nodes.end());
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.second.total() > b.second.total(); });
   if (static_cast<int64_t>(v.size()) > n) v.resize(static_cast<size_t>(n));
   auto values = [&](const std::vector<ValueId>& ids) {
     std::string s;
@@ -89,9 +90,9 @@ std::string slowest_nodes(const Graph& g, const std::map<const Node*, double>& s
   std::snprintf(line, sizeof line, "\n%-44s %-16s %10s %10s  %s\n", "node", "op", "ms/step", "GFLOP/s",
                 "inputs -> outputs");
   os << line;
-  for (const auto& [node, s] : v) {
+  for (const auto& [node, b] : v) {
     std::snprintf(line, sizeof line, "%-44s %-16s %10.3f %10.1f  ", node->name.c_str(), node->op.c_str(),
-                  s * per * 1e3, s > 0 ? flops_of[node] / (s * per) * 1e-9 : 0.0);
+                  b.total() * per * 1e3, b.total() > 0 ? b.flops / b.total() * 1e-9 : 0.0);
     os << line << values(node->inputs) << " -> " << values(node->outputs) << "\n";
   }
   return os.str();
@@ -127,7 +128,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
 
   // Kernel-by-kernel: per layer and part, and per op type.
   std::map<std::string, Bucket> layers, ops;
-  std::map<const Node*, double> node_seconds;
+  std::map<const Node*, Bucket> nodes;  // the same, per node (--nodes)
   std::vector<std::string> layer_order;
   const Program& prog = ex.program();
   std::map<const Node*, double> flops_of;
@@ -141,7 +142,10 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     o.seconds[part] += s;
     o.flops += flops_of[&n];
     ++o.calls;
-    node_seconds[&n] += s;
+    Bucket& b = nodes[&n];
+    b.seconds[part] += s;
+    b.flops += flops_of[&n];
+    ++b.calls;
   };
   for (int64_t i = 0; i < opts.profile; ++i, ++step) run_step(step, &timer);
 
@@ -209,7 +213,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
                     b.total() > 0 ? b.flops / b.total() * 1e-9 : 0.0, 100.0 * b.total() / kernel_total);
       os << line;
     }
-    if (opts.nodes > 0) os << slowest_nodes(prog.graph, node_seconds, flops_of, opts.nodes, per);
+    if (opts.nodes > 0) os << slowest_nodes(prog.graph, nodes, opts.nodes, per);
     std::snprintf(line, sizeof line,
                   "\nkernels: %.3f ms per step of %.3f ms measured with per-kernel timing\n",
                   kernel_total * per * 1e3, r.median_ms);
