@@ -252,6 +252,30 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
   }
 }
 
+void fold_norm_casts(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const auto readers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  for (Node& c : g.nodes()) {
+    if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "bf16")) continue;
+    const Value& y = g.value(c.inputs[0]);
+    if (y.producer < 0 || y.dtype() != DType::f32 || readers[static_cast<size_t>(y.id)].size() != 1 ||
+        outputs.count(y.id))
+      continue;
+    Node& n = g.node(y.producer);
+    if (n.dead || (n.op != "layernorm" && n.op != "rmsnorm") || n.outputs[0] != y.id ||
+        n.attrs.has("out_dtype"))
+      continue;
+    n.attrs.set("out_dtype", std::string("bf16"));
+    g.value(y.id).producer = -1;
+    n.outputs[0] = c.outputs[0];
+    g.value(c.outputs[0]).producer = n.id;
+    g.value(c.outputs[0]).producer_slot = 0;
+    c.dead = true;
+  }
+}
+
 namespace {
 
 ValueId scalar_input(Graph& g, const std::string& name, DType t) {
@@ -548,9 +572,13 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   }
   if (opts.compute != DType::f32)
     p.push_back({"fold_f32_casts", [](Graph& g, const CompileOptions& o) { fold_f32_casts(g, o.device); }});
-  if (opts.fuse && !opts.eager)
+  if (opts.fuse && !opts.eager) {
     p.push_back(
         {"fuse_bias_gradients", [](Graph& g, const CompileOptions& o) { fuse_bias_gradients(g, o.device); }});
+    if (opts.compute != DType::f32)
+      p.push_back(
+          {"fold_norm_casts", [](Graph& g, const CompileOptions& o) { fold_norm_casts(g, o.device); }});
+  }
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});

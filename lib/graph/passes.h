@@ -100,6 +100,10 @@ void fuse_backward(Graph& g, DeviceKind device);
 // the reduce_sum read the whole gradient back from memory; the same bits (ops/cpu/reduce.h). The reduce_sum's
 // out_dtype (fold_f32_casts) carries over, hence the pass's place after that one.
 void fuse_bias_gradients(Graph& g, DeviceKind device);
+// On the CPU, in mixed precision: a cast to bf16 that alone reads an f32 layernorm's or rmsnorm's y (the
+// norm of the f32 residual stream, on its way into a bf16 GEMM) is folded into the norm, which rounds y to
+// bf16 as it writes it (attribute out_dtype: bf16): one pass over y fewer and half its bytes, the same bits.
+void fold_norm_casts(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

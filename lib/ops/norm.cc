@@ -74,6 +74,16 @@ DType row_norm_features(const std::string& op, const std::vector<TensorType>& in
   return stat;
 }
 
+// y of a row norm: x's type, or bf16 from an f32 x under attribute out_dtype: bf16 (graph/passes.cc
+// fold_norm_casts: y computed in f32 and rounded once, as a cast of it would).
+TensorType row_norm_output(const std::string& op, const TensorType& x, const Attrs& a) {
+  if (!a.has("out_dtype")) return x;
+  if (!a.is("out_dtype", "bf16") || x.dtype != DType::f32)
+    throw input_error(
+        cat(op, ": out_dtype ", a.s("out_dtype"), " on ", dtype_name(x.dtype), " x: only bf16, from f32"));
+  return {x.shape, DType::bf16};
+}
+
 // mean / rstd of a row norm: one per row, of dtype `stat` (f32 for an f16/bf16 x with f32 parameters).
 TensorType row_stat(const TensorType& x, DType stat) {
   return {Shape(x.shape.begin(), x.shape.end() - 1), stat};
@@ -264,13 +274,13 @@ void register_norm_ops(OpRegistry& r) {
   ln.name = "layernorm";
   ln.doc =
       "layer normalisation over the last dim: y = (x - mean) * rstd * gamma + beta, "
-      "rstd = 1/sqrt(biased var + eps); inputs (x (..., D), gamma (D), beta (D)), attr eps (1e-5); "
-      "outputs (y, mean (...), rstd (...))";
+      "rstd = 1/sqrt(biased var + eps); inputs (x (..., D), gamma (D), beta (D)), attr eps (1e-5), "
+      "out_dtype (bf16: y rounded to bf16 from an f32 x, CPU); outputs (y, mean (...), rstd (...))";
   ln.num_inputs = 3;
   ln.num_outputs = [](const Attrs&) { return 3; };
   ln.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const DType stat = row_norm_features("layernorm", in, 2, a, 1e-5);
-    return {in[0], row_stat(in[0], stat), row_stat(in[0], stat)};
+    return {row_norm_output("layernorm", in[0], a), row_stat(in[0], stat), row_stat(in[0], stat)};
   };
   ln.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("layernorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)});
@@ -311,12 +321,13 @@ void register_norm_ops(OpRegistry& r) {
   rms.name = "rmsnorm";
   rms.doc =
       "RMS normalisation over the last dim: y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps); "
-      "inputs (x (..., D), gamma (D)), attr eps (1e-6); outputs (y, rstd (...))";
+      "inputs (x (..., D), gamma (D)), attr eps (1e-6), out_dtype (bf16: y rounded to bf16 from an f32 x, "
+      "CPU); outputs (y, rstd (...))";
   rms.num_inputs = 2;
   rms.num_outputs = [](const Attrs&) { return 2; };
   rms.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     const DType stat = row_norm_features("rmsnorm", in, 1, a, 1e-6);
-    return {in[0], row_stat(in[0], stat)};
+    return {row_norm_output("rmsnorm", in[0], a), row_stat(in[0], stat)};
   };
   rms.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("rmsnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)});

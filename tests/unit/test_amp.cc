@@ -110,11 +110,13 @@ TEST(Amp, CastsOnlyOnBoundariesAndOncePerValue) {
     forward_casts += n.name.rfind("grad/", 0) != 0;
   }
   EXPECT_EQ(cast_params, (std::set<std::string>{"fc1.w", "fc1.b", "fc2.w", "fc2.b"}));
-  // ln -> bf16 for fc1, relu's bf16 -> f32 for the residual, the sum -> bf16 for fc2, logits -> f32 (which
-  // fc2 writes itself where its bf16 kernel is native: fold_f32_casts), and the four parameters: eight
-  // boundary edges.
+  // ln -> bf16 for fc1 (which ln writes itself on the CPU: fold_norm_casts), relu's bf16 -> f32 for the
+  // residual, the sum -> bf16 for fc2, logits -> f32 (which fc2 writes itself where its bf16 kernel is
+  // native: fold_f32_casts), and the four parameters: eight boundary edges.
   const bool folded = forward_node(p, "fc2").attrs.has("out_dtype");
-  EXPECT_EQ(forward_casts + folded, 8);
+  const bool norm_folded = forward_node(p, "ln").attrs.has("out_dtype");
+  EXPECT_TRUE(norm_folded);
+  EXPECT_EQ(forward_casts + folded + norm_folded, 8);
 }
 
 // fold_f32_casts: with native bf16 kernels, fc2 writes the f32 logits, and every parameter's f32 gradient is

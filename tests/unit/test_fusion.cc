@@ -1,6 +1,7 @@
 // graph/passes.cc fuse_bias_gradients: gelu_grad and the reduce_sum of a linear's bias gradient become one
 // gelu_bias_grad node, which computes reduce_sum's bits (the kernel on every dtype and shape class, and a
-// small MLP trained compiled against eager, in f32 and bf16).
+// small MLP trained compiled against eager, in f32 and bf16); fold_norm_casts: a layer norm writes the bf16
+// its GEMM reads.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -62,7 +63,24 @@ TEST(Fusion, GeluBiasGradIsGeluGradThenItsBiasSum) {
         }
 }
 
-// x (3, 100, 24) -> linear 40 -> gelu (tanh) -> linear 8 -> mse against target (3, 100, 8).
+// fold_norm_casts: a layernorm or rmsnorm of f32 x writing bf16 y is the f32 norm with its y rounded once,
+// bit for bit; the statistics are unchanged. Rows of 7 (a tail only), 24, and 260 (vectors and a tail).
+TEST(Fusion, NormWithBf16OutputIsTheF32NormRounded) {
+  for (const std::string op : {"layernorm", "rmsnorm"})
+    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}}) {
+      SCOPED_TRACE(op + " " + shape_str(s));
+      const int64_t d = s.back();
+      std::vector<Tensor> in = {uniform(s, DType::f32, 3), uniform({d}, DType::f32, 4)};
+      if (op == "layernorm") in.push_back(uniform({d}, DType::f32, 5));
+      const std::vector<Tensor> f32 = run(op, {}, in);
+      const std::vector<Tensor> low = run(op, {{"out_dtype", std::string("bf16")}}, in);
+      ASSERT_EQ(low.size(), f32.size());
+      EXPECT_TRUE(same_bytes(low[0], f32[0].to(DType::bf16)));
+      for (size_t i = 1; i < f32.size(); ++i) EXPECT_TRUE(same_bytes(low[i], f32[i]));
+    }
+}
+
+// x (3, 100, 24) -> layernorm -> linear 40 -> gelu (tanh) -> linear 8 -> mse against target (3, 100, 8).
 Program compile_mlp(DType compute, bool eager) {
   Graph g;
   GraphBuilder b(g);
@@ -70,8 +88,10 @@ Program compile_mlp(DType compute, bool eager) {
     return b.op1("linear", {v, b.param(name + "/weight", {out, in}), b.param(name + "/bias", {out})}, {},
                  name);
   };
-  const ValueId h = b.op1("gelu", {linear(b.input("x", {3, 100, 24}), 24, 40, "fc")},
-                          {{"approximate", std::string("tanh")}}, "gelu");
+  const ValueId x = b.input("x", {3, 100, 24});
+  const ValueId xn =
+      b.op("layernorm", {x, b.param("ln/weight", {24}), b.param("ln/bias", {24})}, {}, "ln")[0];
+  const ValueId h = b.op1("gelu", {linear(xn, 24, 40, "fc")}, {{"approximate", std::string("tanh")}}, "gelu");
   g.mark_output("loss", b.op1("mse_loss", {linear(h, 40, 8, "proj"), b.input("target", {3, 100, 8})}));
   CompileOptions opts;
   opts.optimizer = {.type = "sgd", .momentum = 0.9};
@@ -97,6 +117,16 @@ TEST(Fusion, GeluGradAndItsBiasSumTrainBitwiseAsEager) {
       EXPECT_EQ(fused.graph.value(node.outputs[1]).shape(), (Shape{1, 1, 40}));
     }
     EXPECT_EQ(n, 1);
+    // In bf16 the layernorm of the f32 input writes the bf16 that fc reads (fold_norm_casts).
+    int norms = 0;
+    for (NodeId id : fused.order) {
+      const Node& node = fused.graph.node(id);
+      if (node.op != "layernorm") continue;
+      ++norms;
+      EXPECT_EQ(fused.graph.value(node.outputs[0]).dtype(), t);
+      EXPECT_EQ(node.attrs.has("out_dtype"), t == DType::bf16);
+    }
+    EXPECT_EQ(norms, 1);
     const auto [eager_losses, eager] = train_sgd(compile_mlp(t, true), 3);
     const auto [fused_losses, trained] = train_sgd(compile_mlp(t, false), 3);
     EXPECT_EQ(eager_losses, fused_losses);

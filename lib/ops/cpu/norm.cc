@@ -81,20 +81,21 @@ Compute<S>* param_data(const TensorView& t) {
 
 // y = (x - mean) * rstd * gamma (+ beta); kCentered: layernorm, else rmsnorm (mean 0, no beta). Activations
 // stored as S (rounded once per output for bf16), arithmetic in T.
-template <typename S, bool kCentered, typename T = Compute<S>>
+// Y: y's storage, S's or (out_dtype) bf16 from f32.
+template <typename S, bool kCentered, typename Y = S, typename T = Compute<S>>
 void row_norm(const KernelCtx& c) {
   const int64_t d = c.in[0].dim(-1), rows = c.in[0].numel() / std::max<int64_t>(d, 1);
   const S* x = c.in[0].as<S>();
   const T* g = param_data<S>(c.in[1]);
   const T* b = kCentered ? param_data<S>(c.in[2]) : nullptr;
-  S* __restrict y = c.out[0].as<S>();
+  Y* __restrict y = c.out[0].as<Y>();
   T* __restrict mean = kCentered ? param_data<S>(c.out[1]) : nullptr;
   T* __restrict rstd = param_data<S>(c.out[kCentered ? 2 : 1]);
   const T eps = eps_of<T>(c, kCentered ? 1e-5 : 1e-6), inv_d = T(1) / static_cast<T>(d);
   parallel_for(rows, row_grain(d), [&](int64_t s, int64_t e) {
     for (int64_t r = s; r < e; ++r) {
       const S* xr = x + r * d;
-      S* __restrict yr = y + r * d;
+      Y* __restrict yr = y + r * d;
       T mu = T(0);
       if constexpr (kCentered) mu = lane_sum<T>(d, [xr](int64_t j) { return ld(xr[j]); }) * inv_d;
       // Variance of the centred values: no cancellation when |mean| >> std.
@@ -107,11 +108,11 @@ void row_norm(const KernelCtx& c) {
       const T rs = T(1) / std::sqrt(var + eps);
       if constexpr (kCentered) {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) yr[j] = st<S>((ld(xr[j]) - mu) * rs * g[j] + b[j]);
+        for (int64_t j = 0; j < d; ++j) yr[j] = st<Y>((ld(xr[j]) - mu) * rs * g[j] + b[j]);
         mean[r] = mu;
       } else {
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) yr[j] = st<S>(ld(xr[j]) * rs * g[j]);
+        for (int64_t j = 0; j < d; ++j) yr[j] = st<Y>(ld(xr[j]) * rs * g[j]);
       }
       rstd[r] = rs;
     }
@@ -554,17 +555,29 @@ void batchnorm_grad_kernel(const KernelCtx& c) {
   }
 }
 
+// A row norm on x's storage, or from f32 x to bf16 y under out_dtype.
+template <bool kCentered>
+void row_norm_of(const KernelCtx& c) {
+  if (c.out[0].dtype != c.in[0].dtype) {
+    FR_CHECK(c.in[0].dtype == DType::f32 && c.out[0].dtype == DType::bf16, "a row norm from ",
+             dtype_name(c.in[0].dtype), " to ", dtype_name(c.out[0].dtype));
+    return row_norm<float, kCentered, bf16>(c);
+  }
+  dispatch_storage(c.in[0].dtype,
+                   [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, kCentered>(c); });
+}
+
 }  // namespace
 
 void layernorm(const KernelCtx& c) {
-  dispatch_storage(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, true>(c); });
+  row_norm_of<true>(c);
 }
 void layernorm_grad(const KernelCtx& c) {
   dispatch_storage(c.in[1].dtype,
                    [&](auto* t) { row_norm_grad<std::remove_pointer_t<decltype(t)>, true>(c); });
 }
 void rmsnorm(const KernelCtx& c) {
-  dispatch_storage(c.in[0].dtype, [&](auto* t) { row_norm<std::remove_pointer_t<decltype(t)>, false>(c); });
+  row_norm_of<false>(c);
 }
 void rmsnorm_grad(const KernelCtx& c) {
   dispatch_storage(c.in[1].dtype,
