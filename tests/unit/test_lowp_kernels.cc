@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "op_harness.h"
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/simd16.h"
 #include "ops/registry.h"
 
 namespace flowrun::testing {
@@ -39,6 +40,26 @@ TEST(LowpConvert, Float32ToBfloat16MatchesScalar) {
   for (size_t i = 0; i < x.size(); ++i)
     ASSERT_EQ(y[i].bits, float_to_bf16(x[i]).bits) << std::hex << "input bits 0x" << f32_bits(x[i]);
 }
+
+#if defined(__AVX512F__)
+// The AVX-512 kernels' bf16 store (GELU, max pooling): vectors of one class each (all_classes holds 52
+// values per prefix) and mixed ones, so that with avx512_bf16 both vcvtneps2bf16 and the denormal path run;
+// a masked store leaves the lanes past the mask alone.
+TEST(LowpConvert, Simd16StoreMatchesScalar) {
+  std::vector<float> x = all_classes();
+  for (const size_t shift : {size_t{0}, size_t{7}}) {
+    SCOPED_TRACE(shift);
+    std::vector<bf16> y(x.size());
+    for (size_t i = shift; i + 16 <= x.size(); i += 16)
+      cpu::simd16::store(y.data() + i, cpu::simd16::load(x.data() + i));
+    for (size_t i = shift; i + 16 <= x.size(); ++i)
+      ASSERT_EQ(y[i].bits, float_to_bf16(x[i]).bits) << std::hex << "input bits 0x" << f32_bits(x[i]);
+  }
+  std::vector<bf16> y(16, bf16{0x1234});
+  cpu::simd16::store(y.data(), cpu::simd16::load(x.data()), 0x1f);
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(y[i].bits, i < 5 ? float_to_bf16(x[i]).bits : 0x1234) << i;
+}
+#endif
 
 TEST(LowpConvert, Float32ToFloat16MatchesScalar) {
   const std::vector<float> x = all_classes();
