@@ -31,6 +31,7 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
 
@@ -214,28 +215,42 @@ const uint16_t* padded_rows(int64_t rows, int64_t cols, const uint16_t* src, int
   return dst;
 }
 
+// The outputs' and tiles' rounding to bf16 (bf16_bits_of's bits) runs through simd16::bf16_words, 16 values
+// at a time, the last register masked.
+__mmask16 lane_mask(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// dst[j] = bf16 of src[j] * scale for j < n.
+void round_row(const float* src, uint16_t* dst, int64_t n, float scale = 1.0f) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = lane_mask(n - j);
+    _mm256_mask_storeu_epi16(dst + j, k,
+                             simd16::bf16_words(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + j), s)));
+  }
+}
+
 // Rounded rows of an f32 tile (ld kBK), row-major: dst[r][j] for j < even(n), the column past an odd n zero
 // (src holds zeros there: the callers clear each row past its last key).
 void round_tile(int64_t m, int64_t n, const float* src, uint16_t* dst) {
-  for (int64_t r = 0; r < m; ++r) {
-#pragma omp simd
-    for (int64_t j = 0; j < even(n); ++j) dst[r * kBK + j] = bf16_bits_of(src[r * kBK + j]);
-  }
+  for (int64_t r = 0; r < m; ++r) round_row(src + r * kBK, dst + r * kBK, even(n));
 }
 
 // Rounded f32 tile (ld kBK) in pair layout over its rows (ld kBK words): A^T for dv and dk.
 void round_tile_pairs(int64_t m, int64_t n, const float* src, uint32_t* dst) {
+  auto words = [](const float* row, __mmask16 k) {
+    return _mm512_maskz_cvtepu16_epi32(simd16::kAll, simd16::bf16_words(_mm512_maskz_loadu_ps(k, row)));
+  };
   for (int64_t p = 0; p < (m + 1) / 2; ++p) {
     const float* r0 = src + 2 * p * kBK;
     uint32_t* d = dst + p * kBK;
-    if (2 * p + 1 < m) {
-      const float* r1 = r0 + kBK;
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j)
-        d[j] = bf16_bits_of(r0[j]) | static_cast<uint32_t>(bf16_bits_of(r1[j])) << 16;
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) d[j] = bf16_bits_of(r0[j]);
+    const bool pair = 2 * p + 1 < m;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = lane_mask(n - j);
+      __m512i w = words(r0 + j, k);
+      if (pair) w = _mm512_or_si512(w, _mm512_maskz_slli_epi32(simd16::kAll, words(r0 + kBK + j, k), 16));
+      _mm512_mask_storeu_epi32(d + j, k, w);
     }
   }
 }
@@ -327,10 +342,7 @@ void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uin
   for (int64_t r = 0; r < m; ++r) {
     const bool none = lrow[r] == 0.0f;
     const float inv = none ? 0.0f : 1.0f / lrow[r];
-    float* orow = ob + r * dv;
-    uint16_t* dst = out + (i0 + r) * ldo;
-#pragma omp simd
-    for (int64_t j = 0; j < dv; ++j) dst[j] = bf16_bits_of(orow[j] * inv);
+    round_row(ob + r * dv, out + (i0 + r) * ldo, dv, inv);
     lse[i0 + r] = none ? 0.0f : mrow[r] + std::log(lrow[r]);
   }
 }
@@ -404,12 +416,7 @@ void backward_head(const Geometry& g, const BackwardScratch& at, char* ws, const
   // Rounded row by row, inline: a call to convert per 64-element row (its dispatch and a nested
   // parallel_for) took a tenth of the backward.
   auto store = [](const float* src, uint16_t* dst, int64_t rows, int64_t cols, int64_t ldd) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* sr = src + r * cols;
-      uint16_t* dr = dst + r * ldd;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) dr[j] = bf16_bits_of(sr[j]);
-    }
+    for (int64_t r = 0; r < rows; ++r) round_row(src + r * cols, dst + r * ldd, cols);
   };
   store(dqa, dq, g.t, d, ld.dq);
   store(dka, dk, g.s, d, ld.dk);

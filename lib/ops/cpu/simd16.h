@@ -24,23 +24,33 @@ inline __m512 load(const bf16* p, __mmask16 m = kAll) {
 inline void store(float* p, __m512 v, __mmask16 m = kAll) {
   _mm512_mask_storeu_ps(p, m, v);
 }
-inline void store(bf16* p, __m512 v, __mmask16 m = kAll) {
-#if defined(__AVX512BF16__)
-  // vcvtneps2bf16 rounds to nearest-even and quiets NaNs as bf16_bits_of does, in one instruction where the
-  // integer sequence below takes eight, but flushes denormals to zero: those (rare) vectors take the
-  // sequence.
-  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) [[likely]] {
-    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-    return;
-  }
-#endif
+// The 16 lanes rounded to bf16 bits (bf16_bits_of), in the 32-bit lanes' low halves.
+inline __m512i bf16_bits(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_maskz_srli_epi32(
+  const __m512i r = _mm512_maskz_srli_epi32(
       kAll, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_or_epi32(r, nan, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(0x40));
-  _mm512_mask_cvtepi32_storeu_epi16(p, m, r);
+  return _mm512_mask_or_epi32(r, nan, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(0x40));
+}
+
+#if defined(__AVX512BF16__)
+// The same bits packed into 16 words: vcvtneps2bf16 rounds to nearest-even and quiets NaNs as bf16_bits_of
+// does, in one instruction where the integer sequence takes eight, but flushes denormals to zero: those
+// (rare) vectors take the sequence.
+inline __m256i bf16_words(__m512 v) {
+  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) [[likely]]
+    return (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_maskz_cvtepi32_epi16(kAll, bf16_bits(v));
+}
+#endif
+
+inline void store(bf16* p, __m512 v, __mmask16 m = kAll) {
+#if defined(__AVX512BF16__)
+  _mm256_mask_storeu_epi16(p, m, bf16_words(v));
+#else
+  _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_bits(v));
+#endif
 }
 
 }  // namespace flowrun::cpu::simd16
