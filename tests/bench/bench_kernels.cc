@@ -107,6 +107,7 @@ void register_cases() {
         {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}},
         {{"padding", std::vector<int64_t>{1, 1}}},
         true}},
+      {"cast/f32_to_bf16_2048x256", {"cast", {{{2048, 256}, f32}}, {{"dtype", std::string("bf16")}}}},
       {"reduce_sum/bias_grad_2048x256",
        {"reduce_sum", {{{2048, 256}, f32}}, {{"axes", std::vector<int64_t>{0}}}}},
       {"reduce_sum/bias_grad_2048x1024",
