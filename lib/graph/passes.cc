@@ -278,6 +278,68 @@ void fold_norm_casts(Graph& g, DeviceKind device) {
 
 namespace {
 
+bool is_norm_grad(const Node& n) {
+  return !n.dead && (n.op == "layernorm_grad" || n.op == "rmsnorm_grad");
+}
+
+// Whether node `n` is among the producers that value v is computed from.
+bool depends_on(const Graph& g, ValueId v, NodeId n) {
+  std::vector<ValueId> todo = {v};
+  std::set<NodeId> seen;
+  while (!todo.empty()) {
+    const Value& x = g.value(todo.back());
+    todo.pop_back();
+    if (x.producer < 0 || !seen.insert(x.producer).second) continue;
+    if (x.producer == n) return true;
+    for (ValueId in : g.node(x.producer).inputs) todo.push_back(in);
+  }
+  return false;
+}
+
+}  // namespace
+
+void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const auto readers = g.consumers();
+  for (Node& a : g.nodes()) {
+    if (a.dead || a.op != "add" || a.inputs.size() != 2) continue;
+    for (const size_t side : {size_t{0}, size_t{1}}) {
+      const Value& dx = g.value(a.inputs[side]);
+      const Value& r = g.value(a.inputs[1 - side]);
+      if (dx.producer < 0 || dx.producer_slot != 0 || dx.dtype() != DType::f32 || r.dtype() != DType::f32 ||
+          r.shape() != dx.shape() || readers[static_cast<size_t>(dx.id)].size() != 1 || outputs.count(dx.id))
+        continue;
+      Node& n = g.node(dx.producer);
+      if (!is_norm_grad(n) || n.attrs.b("residual") || depends_on(g, r.id, n.id)) continue;
+      const ValueId sum = a.outputs[0], unused = dx.id, rid = r.id;
+      n.inputs.push_back(rid);
+      n.attrs.set("residual", true);
+      n.outputs[0] = sum;
+      g.value(sum).producer = n.id;
+      g.value(sum).producer_slot = 0;
+      g.value(unused).producer = -1;
+      a.dead = true;
+      break;
+    }
+  }
+  for (Node& c : g.nodes()) {
+    if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "bf16")) continue;
+    const Value& v = g.value(c.inputs[0]);
+    if (v.producer < 0 || v.producer_slot != 0 || v.dtype() != DType::f32) continue;
+    Node& n = g.node(v.producer);
+    if (!is_norm_grad(n) || n.attrs.b("dx_bf16")) continue;
+    n.attrs.set("dx_bf16", true);
+    n.outputs.push_back(c.outputs[0]);
+    g.value(c.outputs[0]).producer = n.id;
+    g.value(c.outputs[0]).producer_slot = static_cast<int>(n.outputs.size() - 1);
+    c.dead = true;
+  }
+}
+
+namespace {
+
 ValueId scalar_input(Graph& g, const std::string& name, DType t) {
   const ValueId v = g.find_value(name);
   return v != kNoValue ? v : g.add_input(name, {}, t);
@@ -578,6 +640,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
     if (opts.compute != DType::f32)
       p.push_back(
           {"fold_norm_casts", [](Graph& g, const CompileOptions& o) { fold_norm_casts(g, o.device); }});
+    p.push_back({"fuse_norm_grad_residual",
+                 [](Graph& g, const CompileOptions& o) { fuse_norm_grad_residual(g, o.device); }});
   }
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});

@@ -104,6 +104,13 @@ void fuse_bias_gradients(Graph& g, DeviceKind device);
 // norm of the f32 residual stream, on its way into a bf16 GEMM) is folded into the norm, which rounds y to
 // bf16 as it writes it (attribute out_dtype: bf16): one pass over y fewer and half its bytes, the same bits.
 void fold_norm_casts(Graph& g, DeviceKind device);
+// On the CPU, after autodiff: the add of a layernorm_grad's or rmsnorm_grad's f32 dx (read by nothing else)
+// and the residual stream's gradient r goes into the norm gradient (attr residual: r an extra input, dx + r
+// its output 0), and a cast of that output to bf16 becomes an extra output of it (attr dx_bf16): in a
+// pre-norm transformer's backward each block's norms thus make the residual gradient and the bf16 copy its
+// projections read, without an add and a cast reading the rows back. The same bits (the add's a + b and the
+// cast's rounding, on the row in L1).
+void fuse_norm_grad_residual(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

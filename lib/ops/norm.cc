@@ -84,6 +84,24 @@ TensorType row_norm_output(const std::string& op, const TensorType& x, const Att
   return {x.shape, DType::bf16};
 }
 
+// A row norm gradient's optional fused parts (graph/passes.cc fuse_norm_grad_residual): attr residual adds
+// an input r after the norm's own (num_inputs), returning dx + r as output 0; attr dx_bf16 appends an output,
+// that sum (or dx) rounded to bf16. Both only on an f32 x. Returns the extra output types.
+std::vector<TensorType> row_norm_grad_fused(const std::string& op, const std::vector<TensorType>& in,
+                                            size_t num_inputs, const Attrs& a) {
+  const bool residual = a.b("residual"), low = a.b("dx_bf16");
+  if (in.size() != num_inputs + (residual ? 1 : 0))
+    throw input_error(cat(op, ": ", num_inputs, residual ? " inputs and the residual" : " inputs",
+                          " expected, got ", in.size()));
+  if ((residual || low) && in[1].dtype != DType::f32)
+    throw input_error(cat(op, ": residual and dx_bf16 need an f32 x, got ", dtype_name(in[1].dtype)));
+  if (residual && (in.back().shape != in[1].shape || in.back().dtype != in[1].dtype))
+    throw input_error(cat(op, ": the residual ", shape_str(in.back().shape), " ", dtype_name(in.back().dtype),
+                          " does not match x"));
+  if (!low) return {};
+  return {{in[1].shape, DType::bf16}};
+}
+
 // mean / rstd of a row norm: one per row, of dtype `stat` (f32 for an f16/bf16 x with f32 parameters).
 TensorType row_stat(const TensorType& x, DType stat) {
   return {Shape(x.shape.begin(), x.shape.end() - 1), stat};
@@ -295,10 +313,15 @@ void register_norm_ops(OpRegistry& r) {
 
   OpDef lng;
   lng.name = "layernorm_grad";
-  lng.doc = "gradient of layernorm: inputs (dy, x, gamma, mean, rstd), outputs (dx, dgamma, dbeta)";
-  lng.num_inputs = 5;
-  lng.num_outputs = [](const Attrs&) { return 3; };
-  lng.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+  lng.doc =
+      "gradient of layernorm: inputs (dy, x, gamma, mean, rstd), outputs (dx, dgamma, dbeta); CPU fusions "
+      "(f32 "
+      "x): attr residual (a sixth input r: output 0 is dx + r), attr dx_bf16 (a fourth output: output 0 "
+      "rounded to bf16)";
+  lng.num_inputs = -1;
+  lng.num_outputs = [](const Attrs& a) { return a.b("dx_bf16") ? 4 : 3; };
+  lng.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const std::vector<TensorType> extra = row_norm_grad_fused("layernorm_grad", in, 5, a);
     const DType stat = check_param_dtypes("layernorm_grad", in, 2);
     if (in[0].shape != in[1].shape || in[1].shape.empty())
       throw input_error(
@@ -307,7 +330,9 @@ void register_norm_ops(OpRegistry& r) {
     const TensorType st = row_stat(in[1], stat);
     if (in[3].shape != st.shape || in[4].shape != st.shape)
       throw input_error(cat("layernorm_grad: mean/rstd should be ", shape_str(st.shape)));
-    return {in[1], in[2], in[2]};
+    std::vector<TensorType> out = {in[1], in[2], in[2]};
+    out.insert(out.end(), extra.begin(), extra.end());
+    return out;
   };
   lng.cost = row_norm_grad_cost;
   lng.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
@@ -342,10 +367,14 @@ void register_norm_ops(OpRegistry& r) {
 
   OpDef rmsg;
   rmsg.name = "rmsnorm_grad";
-  rmsg.doc = "gradient of rmsnorm: inputs (dy, x, gamma, rstd), outputs (dx, dgamma)";
-  rmsg.num_inputs = 4;
-  rmsg.num_outputs = [](const Attrs&) { return 2; };
-  rmsg.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+  rmsg.doc =
+      "gradient of rmsnorm: inputs (dy, x, gamma, rstd), outputs (dx, dgamma); CPU fusions (f32 x): attr "
+      "residual (a fifth input r: output 0 is dx + r), attr dx_bf16 (a third output: output 0 rounded to "
+      "bf16)";
+  rmsg.num_inputs = -1;
+  rmsg.num_outputs = [](const Attrs& a) { return a.b("dx_bf16") ? 3 : 2; };
+  rmsg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const std::vector<TensorType> extra = row_norm_grad_fused("rmsnorm_grad", in, 4, a);
     const DType stat = check_param_dtypes("rmsnorm_grad", in, 2);
     if (in[0].shape != in[1].shape || in[1].shape.empty())
       throw input_error(
@@ -353,7 +382,9 @@ void register_norm_ops(OpRegistry& r) {
     check_vector("rmsnorm_grad", "gamma", in[2].shape, in[1].shape.back());
     if (in[3].shape != row_stat(in[1], stat).shape)
       throw input_error(cat("rmsnorm_grad: rstd should be ", shape_str(row_stat(in[1], stat).shape)));
-    return {in[1], in[2]};
+    std::vector<TensorType> out = {in[1], in[2]};
+    out.insert(out.end(), extra.begin(), extra.end());
+    return out;
   };
   rmsg.cost = row_norm_grad_cost;
   rmsg.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {

@@ -1,7 +1,7 @@
 // graph/passes.cc fuse_bias_gradients: gelu_grad and the reduce_sum of a linear's bias gradient become one
 // gelu_bias_grad node, which computes reduce_sum's bits (the kernel on every dtype and shape class, and a
 // small MLP trained compiled against eager, in f32 and bf16); fold_norm_casts: a layer norm writes the bf16
-// its GEMM reads.
+// its GEMM reads; fuse_norm_grad_residual: its gradient adds the residual's and writes the bf16 copy.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -80,7 +80,37 @@ TEST(Fusion, NormWithBf16OutputIsTheF32NormRounded) {
     }
 }
 
-// x (3, 100, 24) -> layernorm -> linear 40 -> gelu (tanh) -> linear 8 -> mse against target (3, 100, 8).
+// fuse_norm_grad_residual: layernorm_grad and rmsnorm_grad with the residual add and the bf16 copy are the
+// norm gradient, then the add, then the cast, bit for bit. Rows of 7 (a tail only), 24, and 260.
+TEST(Fusion, NormGradWithResidualIsTheGradThenTheAddAndTheCast) {
+  for (const std::string op : {"layernorm", "rmsnorm"})
+    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}})
+      for (const bool low : {false, true}) {
+        SCOPED_TRACE(op + " " + shape_str(s) + (low ? " dx_bf16" : ""));
+        const int64_t d = s.back();
+        std::vector<Tensor> in = {uniform(s, DType::f32, 3), uniform({d}, DType::f32, 4)};
+        if (op == "layernorm") in.push_back(uniform({d}, DType::f32, 5));
+        const std::vector<Tensor> fwd = run(op, {}, in);
+        std::vector<Tensor> grad_in = {uniform(s, DType::f32, 6), in[0], in[1]};
+        for (size_t j = 1; j < fwd.size(); ++j) grad_in.push_back(fwd[j]);  // mean and rstd, or rstd
+        const std::vector<Tensor> plain = run(op + "_grad", {}, grad_in);
+        const Tensor r = uniform(s, DType::f32, 7);
+        const Tensor sum = run("add", {}, {plain[0], r})[0];
+        grad_in.push_back(r);
+        Attrs a{{"residual", true}};
+        if (low) a.set("dx_bf16", true);
+        const std::vector<Tensor> fused = run(op + "_grad", a, grad_in);
+        ASSERT_EQ(fused.size(), plain.size() + (low ? 1 : 0));
+        EXPECT_TRUE(same_bytes(fused[0], sum));
+        for (size_t j = 1; j < plain.size(); ++j) EXPECT_TRUE(same_bytes(fused[j], plain[j]));
+        if (low) {
+          EXPECT_TRUE(same_bytes(fused.back(), sum.to(DType::bf16)));
+        }
+      }
+}
+
+// x (3, 100, 24) -> linear 24 + x = h -> layernorm -> linear 40 -> gelu (tanh) -> linear 24 -> + h -> mse
+// against target (3, 100, 24): h's gradient is the layernorm gradient plus the residual's.
 Program compile_mlp(DType compute, bool eager) {
   Graph g;
   GraphBuilder b(g);
@@ -89,10 +119,13 @@ Program compile_mlp(DType compute, bool eager) {
                  name);
   };
   const ValueId x = b.input("x", {3, 100, 24});
+  // h is f32 in bf16 too (bf16 + f32 promotes), as a transformer's residual stream is.
+  const ValueId h0 = b.op1("add", {linear(x, 24, 24, "in"), x}, {}, "stream");
   const ValueId xn =
-      b.op("layernorm", {x, b.param("ln/weight", {24}), b.param("ln/bias", {24})}, {}, "ln")[0];
+      b.op("layernorm", {h0, b.param("ln/weight", {24}), b.param("ln/bias", {24})}, {}, "ln")[0];
   const ValueId h = b.op1("gelu", {linear(xn, 24, 40, "fc")}, {{"approximate", std::string("tanh")}}, "gelu");
-  g.mark_output("loss", b.op1("mse_loss", {linear(h, 40, 8, "proj"), b.input("target", {3, 100, 8})}));
+  const ValueId out = b.op1("add", {linear(h, 40, 24, "proj"), h0}, {}, "residual");
+  g.mark_output("loss", b.op1("mse_loss", {out, b.input("target", {3, 100, 24})}));
   CompileOptions opts;
   opts.optimizer = {.type = "sgd", .momentum = 0.9};
   opts.compute = compute;
@@ -100,7 +133,7 @@ Program compile_mlp(DType compute, bool eager) {
   return compile(std::move(g), opts);
 }
 
-TEST(Fusion, GeluGradAndItsBiasSumTrainBitwiseAsEager) {
+TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
   for (DType t : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(t));
     if (t == DType::bf16 && !select_kernel(OpRegistry::get().at("gelu_bias_grad"), DeviceKind::cpu, t).kernel)
@@ -117,16 +150,24 @@ TEST(Fusion, GeluGradAndItsBiasSumTrainBitwiseAsEager) {
       EXPECT_EQ(fused.graph.value(node.outputs[1]).shape(), (Shape{1, 1, 40}));
     }
     EXPECT_EQ(n, 1);
-    // In bf16 the layernorm of the f32 input writes the bf16 that fc reads (fold_norm_casts).
-    int norms = 0;
+    // In bf16 the layernorm of the f32 input writes the bf16 that fc reads (fold_norm_casts); its gradient
+    // adds the residual's and, in bf16, writes the copy that in's backward reads (fuse_norm_grad_residual).
+    int norms = 0, norm_grads = 0;
     for (NodeId id : fused.order) {
       const Node& node = fused.graph.node(id);
+      EXPECT_FALSE(node.op == "add" && node.name.rfind("grad/", 0) == 0) << node.name;
+      if (node.op == "layernorm_grad") {
+        ++norm_grads;
+        EXPECT_TRUE(node.attrs.b("residual"));
+        EXPECT_EQ(node.attrs.b("dx_bf16"), t == DType::bf16);
+      }
       if (node.op != "layernorm") continue;
       ++norms;
       EXPECT_EQ(fused.graph.value(node.outputs[0]).dtype(), t);
       EXPECT_EQ(node.attrs.has("out_dtype"), t == DType::bf16);
     }
     EXPECT_EQ(norms, 1);
+    EXPECT_EQ(norm_grads, 1);
     const auto [eager_losses, eager] = train_sgd(compile_mlp(t, true), 3);
     const auto [fused_losses, trained] = train_sgd(compile_mlp(t, false), 3);
     EXPECT_EQ(eager_losses, fused_losses);

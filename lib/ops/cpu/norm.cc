@@ -9,6 +9,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
 
@@ -119,6 +120,20 @@ void row_norm(const KernelCtx& c) {
   });
 }
 
+// dst[j] = src[j] rounded to bf16 (bf16_bits_of's bits), j < n.
+void round_row_to_bf16(const float* src, bf16* dst, int64_t n) {
+#if defined(__AVX512BF16__)
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    simd16::store(dst + j, simd16::load(src + j, m), m);
+  }
+#else
+  auto* bits = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) bits[j] = bf16_bits_of(src[j]);
+#endif
+}
+
 // dx = rstd * (g dy - mean(g dy) - xhat mean(g dy xhat)) (rmsnorm: without the mean(g dy) term);
 // dgamma = sum_rows dy xhat, dbeta = sum_rows dy, through per-block partials (see norm_row_blocks).
 template <typename S, bool kCentered, typename T = Compute<S>>
@@ -132,6 +147,11 @@ void row_norm_grad(const KernelCtx& c) {
   S* dx = c.out[0].as<S>();
   T* dgamma = param_data<S>(c.out[1]);
   T* dbeta = kCentered ? param_data<S>(c.out[2]) : nullptr;
+  const int own_inputs = kCentered ? 5 : 4, own_outputs = kCentered ? 3 : 2;
+  const float* res = c.num_in > own_inputs ? c.in[own_inputs].as<float>() : nullptr;
+  bf16* low = c.num_out > own_outputs ? c.out[own_outputs].as<bf16>() : nullptr;
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  FR_CHECK((!res && !low) || kF32, "a row norm gradient fuses its residual on f32 only");
   const int64_t blocks = norm_row_blocks(rows), parts = kCentered ? 2 : 1;
   T* ws = static_cast<T*>(c.workspace);
   // One block accumulates straight into the outputs; otherwise block k owns ws[(k * parts + p) * d, +d).
@@ -173,6 +193,16 @@ void row_norm_grad(const KernelCtx& c) {
           for (int64_t j = 0; j < d; ++j) {
             const T xh = (ld(xr[j]) - m) * q;
             dxr[j] = st<S>(q * (g[j] * ld(dyr[j]) - a - xh * bb));
+          }
+          if constexpr (std::is_same_v<S, float>) {
+            // The fused residual add and bf16 copy (fuse_norm_grad_residual), on the stored row while it is
+            // in L1: the add kernel's a + b and the cast's rounding, so the unfused program's bits.
+            if (res) {
+              const float* rr = res + r * d;
+#pragma omp simd
+              for (int64_t j = 0; j < d; ++j) dxr[j] = dxr[j] + rr[j];
+            }
+            if (low) round_row_to_bf16(dxr, low + r * d, d);
           }
         }
         // The group's parameter gradients, kCols columns at a time in registers, rows in order, so the
