@@ -338,6 +338,35 @@ void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
   }
 }
 
+void fuse_residual_norm(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const auto readers = g.consumers();
+  for (Node& a : g.nodes()) {
+    if (a.dead || a.op != "add" || a.inputs.size() != 2) continue;
+    const Value &sum = g.value(a.outputs[0]), &u = g.value(a.inputs[0]), &v = g.value(a.inputs[1]);
+    if (sum.dtype() != DType::f32 || u.dtype() != DType::f32 || v.dtype() != DType::f32 ||
+        u.shape() != sum.shape() || v.shape() != sum.shape())
+      continue;
+    Node* norm = nullptr;
+    for (NodeId r : readers[static_cast<size_t>(sum.id)]) {
+      Node& n = g.node(r);
+      if ((n.op == "layernorm" || n.op == "rmsnorm") && n.inputs[0] == sum.id && !n.attrs.b("residual")) {
+        norm = &n;
+        break;
+      }
+    }
+    if (!norm) continue;
+    const ValueId s = sum.id;
+    norm->inputs[0] = u.id;
+    norm->inputs.push_back(v.id);
+    norm->attrs.set("residual", true);
+    norm->outputs.push_back(s);
+    g.value(s).producer = norm->id;
+    g.value(s).producer_slot = static_cast<int>(norm->outputs.size() - 1);
+    a.dead = true;
+  }
+}
+
 namespace {
 
 ValueId scalar_input(Graph& g, const std::string& name, DType t) {
@@ -642,6 +671,8 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
           {"fold_norm_casts", [](Graph& g, const CompileOptions& o) { fold_norm_casts(g, o.device); }});
     p.push_back({"fuse_norm_grad_residual",
                  [](Graph& g, const CompileOptions& o) { fuse_norm_grad_residual(g, o.device); }});
+    p.push_back(
+        {"fuse_residual_norm", [](Graph& g, const CompileOptions& o) { fuse_residual_norm(g, o.device); }});
   }
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back({"blocked_layout", [](Graph& g, const CompileOptions&) { blocked_layout(g); }});

@@ -111,6 +111,11 @@ void fold_norm_casts(Graph& g, DeviceKind device);
 // projections read, without an add and a cast reading the rows back. The same bits (the add's a + b and the
 // cast's rounding, on the row in L1).
 void fuse_norm_grad_residual(Graph& g, DeviceKind device);
+// On the CPU: an f32 add of two same-shaped values (a residual stream's x + block output) whose sum a
+// layernorm or rmsnorm normalises goes into that norm (attr residual: the addends as inputs 0 and last, the
+// sum an extra output for its other readers), which adds each row and normalises it while it is in L1. The
+// same bits (the add kernel's a + b).
+void fuse_residual_norm(Graph& g, DeviceKind device);
 // Appends the backward graph and fills param_grads; `seed` is the loss gradient to start from (default 1;
 // the loss scale under fp16 loss scaling).
 void autodiff(Graph& g, ValueId loss, ValueId seed = kNoValue);

@@ -102,6 +102,22 @@ std::vector<TensorType> row_norm_grad_fused(const std::string& op, const std::ve
   return {{in[1].shape, DType::bf16}};
 }
 
+// A row norm's residual form (graph/passes.cc fuse_residual_norm, attr residual): x is the sum of input 0
+// and an input after the parameters, which the norm also writes as an extra, last output. f32 only.
+std::vector<TensorType> row_norm_residual(const std::string& op, const std::vector<TensorType>& in,
+                                          size_t num_inputs, const Attrs& a) {
+  const bool residual = a.b("residual");
+  if (in.size() != num_inputs + (residual ? 1 : 0))
+    throw input_error(cat(op, ": ", num_inputs, residual ? " inputs and the residual" : " inputs",
+                          " expected, got ", in.size()));
+  if (!residual) return {};
+  if (in[0].dtype != DType::f32 || in.back().shape != in[0].shape || in.back().dtype != in[0].dtype)
+    throw input_error(cat(op, ": the residual sum needs two f32 addends of one shape, got ",
+                          shape_str(in[0].shape), " ", dtype_name(in[0].dtype), " and ",
+                          shape_str(in.back().shape), " ", dtype_name(in.back().dtype)));
+  return {in[0]};
+}
+
 // mean / rstd of a row norm: one per row, of dtype `stat` (f32 for an f16/bf16 x with f32 parameters).
 TensorType row_stat(const TensorType& x, DType stat) {
   return {Shape(x.shape.begin(), x.shape.end() - 1), stat};
@@ -293,12 +309,18 @@ void register_norm_ops(OpRegistry& r) {
   ln.doc =
       "layer normalisation over the last dim: y = (x - mean) * rstd * gamma + beta, "
       "rstd = 1/sqrt(biased var + eps); inputs (x (..., D), gamma (D), beta (D)), attr eps (1e-5), "
-      "out_dtype (bf16: y rounded to bf16 from an f32 x, CPU); outputs (y, mean (...), rstd (...))";
-  ln.num_inputs = 3;
-  ln.num_outputs = [](const Attrs&) { return 3; };
+      "out_dtype (bf16: y rounded to bf16 from an f32 x, CPU), residual (CPU, f32: x is input 0 plus a "
+      "fourth "
+      "input, also written as a fourth output); outputs (y, mean (...), rstd (...))";
+  ln.num_inputs = -1;
+  ln.num_outputs = [](const Attrs& a) { return a.b("residual") ? 4 : 3; };
   ln.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const std::vector<TensorType> sum = row_norm_residual("layernorm", in, 3, a);
     const DType stat = row_norm_features("layernorm", in, 2, a, 1e-5);
-    return {row_norm_output("layernorm", in[0], a), row_stat(in[0], stat), row_stat(in[0], stat)};
+    std::vector<TensorType> out = {row_norm_output("layernorm", in[0], a), row_stat(in[0], stat),
+                                   row_stat(in[0], stat)};
+    out.insert(out.end(), sum.begin(), sum.end());
+    return out;
   };
   ln.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("layernorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)});
@@ -347,12 +369,17 @@ void register_norm_ops(OpRegistry& r) {
   rms.doc =
       "RMS normalisation over the last dim: y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps); "
       "inputs (x (..., D), gamma (D)), attr eps (1e-6), out_dtype (bf16: y rounded to bf16 from an f32 x, "
-      "CPU); outputs (y, rstd (...))";
-  rms.num_inputs = 2;
-  rms.num_outputs = [](const Attrs&) { return 2; };
+      "CPU), residual (CPU, f32: x is input 0 plus a third input, also written as a third output); outputs "
+      "(y, "
+      "rstd (...))";
+  rms.num_inputs = -1;
+  rms.num_outputs = [](const Attrs& a) { return a.b("residual") ? 3 : 2; };
   rms.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const std::vector<TensorType> sum = row_norm_residual("rmsnorm", in, 2, a);
     const DType stat = row_norm_features("rmsnorm", in, 1, a, 1e-6);
-    return {row_norm_output("rmsnorm", in[0], a), row_stat(in[0], stat)};
+    std::vector<TensorType> out = {row_norm_output("rmsnorm", in[0], a), row_stat(in[0], stat)};
+    out.insert(out.end(), sum.begin(), sum.end());
+    return out;
   };
   rms.grad = [](GradCtx& c) -> std::vector<ValueId> {
     const auto g = c.b.op("rmsnorm_grad", {c.dout(0), c.in(0), c.in(1), c.out(1)});

@@ -1,7 +1,8 @@
 // graph/passes.cc fuse_bias_gradients: gelu_grad and the reduce_sum of a linear's bias gradient become one
 // gelu_bias_grad node, which computes reduce_sum's bits (the kernel on every dtype and shape class, and a
 // small MLP trained compiled against eager, in f32 and bf16); fold_norm_casts: a layer norm writes the bf16
-// its GEMM reads; fuse_norm_grad_residual: its gradient adds the residual's and writes the bf16 copy.
+// its GEMM reads; fuse_residual_norm: it adds the residual stream's sum itself; fuse_norm_grad_residual: its
+// gradient adds the residual's and writes the bf16 copy.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -80,6 +81,33 @@ TEST(Fusion, NormWithBf16OutputIsTheF32NormRounded) {
     }
 }
 
+// fuse_residual_norm: a layernorm or rmsnorm of x + r is the add, then the norm, bit for bit, and writes that
+// sum; with y in bf16 too (fold_norm_casts).
+TEST(Fusion, NormOfResidualSumIsTheAddThenTheNorm) {
+  for (const std::string op : {"layernorm", "rmsnorm"})
+    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}})
+      for (const bool low : {false, true}) {
+        SCOPED_TRACE(op + " " + shape_str(s) + (low ? " out_dtype bf16" : ""));
+        const int64_t d = s.back();
+        const Tensor x = uniform(s, DType::f32, 3), r = uniform(s, DType::f32, 8);
+        std::vector<Tensor> params = {uniform({d}, DType::f32, 4)};
+        if (op == "layernorm") params.push_back(uniform({d}, DType::f32, 5));
+        Attrs a;
+        if (low) a.set("out_dtype", std::string("bf16"));
+        const Tensor sum = run("add", {}, {x, r})[0];
+        std::vector<Tensor> in = {sum};
+        in.insert(in.end(), params.begin(), params.end());
+        const std::vector<Tensor> plain = run(op, a, in);
+        in[0] = x;
+        in.push_back(r);
+        a.set("residual", true);
+        const std::vector<Tensor> fused = run(op, a, in);
+        ASSERT_EQ(fused.size(), plain.size() + 1);
+        for (size_t j = 0; j < plain.size(); ++j) EXPECT_TRUE(same_bytes(fused[j], plain[j])) << j;
+        EXPECT_TRUE(same_bytes(fused.back(), sum));
+      }
+}
+
 // fuse_norm_grad_residual: layernorm_grad and rmsnorm_grad with the residual add and the bf16 copy are the
 // norm gradient, then the add, then the cast, bit for bit. Rows of 7 (a tail only), 24, and 260.
 TEST(Fusion, NormGradWithResidualIsTheGradThenTheAddAndTheCast) {
@@ -155,7 +183,7 @@ TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
     int norms = 0, norm_grads = 0;
     for (NodeId id : fused.order) {
       const Node& node = fused.graph.node(id);
-      EXPECT_FALSE(node.op == "add" && node.name.rfind("grad/", 0) == 0) << node.name;
+      EXPECT_FALSE(node.op == "add" && node.name != "residual") << node.name;
       if (node.op == "layernorm_grad") {
         ++norm_grads;
         EXPECT_TRUE(node.attrs.b("residual"));
@@ -163,6 +191,7 @@ TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
       }
       if (node.op != "layernorm") continue;
       ++norms;
+      EXPECT_TRUE(node.attrs.b("residual"));  // the stream's add (fuse_residual_norm)
       EXPECT_EQ(fused.graph.value(node.outputs[0]).dtype(), t);
       EXPECT_EQ(node.attrs.has("out_dtype"), t == DType::bf16);
     }

@@ -92,10 +92,25 @@ void row_norm(const KernelCtx& c) {
   Y* __restrict y = c.out[0].as<Y>();
   T* __restrict mean = kCentered ? param_data<S>(c.out[1]) : nullptr;
   T* __restrict rstd = param_data<S>(c.out[kCentered ? 2 : 1]);
+  // Attr residual (fuse_residual_norm): x is in[0] + the last input, written as the last output.
+  const int own_inputs = kCentered ? 3 : 2, own_outputs = kCentered ? 3 : 2;
+  const S* add = c.num_in > own_inputs ? c.in[own_inputs].as<S>() : nullptr;
+  S* sum = c.num_out > own_outputs ? c.out[own_outputs].as<S>() : nullptr;
+  FR_CHECK(!add == !sum && (!add || std::is_same_v<S, float>), "a row norm's residual sum: f32 x and sum");
   const T eps = eps_of<T>(c, kCentered ? 1e-5 : 1e-6), inv_d = T(1) / static_cast<T>(d);
   parallel_for(rows, row_grain(d), [&](int64_t s, int64_t e) {
     for (int64_t r = s; r < e; ++r) {
       const S* xr = x + r * d;
+      if constexpr (std::is_same_v<S, float>) {
+        if (add) {
+          // The add kernel's a + b, stored, then normalised from the stored row while it is in L1.
+          const float* ar = add + r * d;
+          float* __restrict sr = sum + r * d;
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) sr[j] = xr[j] + ar[j];
+          xr = sr;
+        }
+      }
       Y* __restrict yr = y + r * d;
       T mu = T(0);
       if constexpr (kCentered) mu = lane_sum<T>(d, [xr](int64_t j) { return ld(xr[j]); }) * inv_d;
