@@ -310,8 +310,7 @@ void register_norm_ops(OpRegistry& r) {
       "layer normalisation over the last dim: y = (x - mean) * rstd * gamma + beta, "
       "rstd = 1/sqrt(biased var + eps); inputs (x (..., D), gamma (D), beta (D)), attr eps (1e-5), "
       "out_dtype (bf16: y rounded to bf16 from an f32 x, CPU), residual (CPU, f32: x is input 0 plus a "
-      "fourth "
-      "input, also written as a fourth output); outputs (y, mean (...), rstd (...))";
+      "fourth input, also written as a fourth output); outputs (y, mean (...), rstd (...))";
   ln.num_inputs = -1;
   ln.num_outputs = [](const Attrs& a) { return a.b("residual") ? 4 : 3; };
   ln.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
@@ -337,9 +336,8 @@ void register_norm_ops(OpRegistry& r) {
   lng.name = "layernorm_grad";
   lng.doc =
       "gradient of layernorm: inputs (dy, x, gamma, mean, rstd), outputs (dx, dgamma, dbeta); CPU fusions "
-      "(f32 "
-      "x): attr residual (a sixth input r: output 0 is dx + r), attr dx_bf16 (a fourth output: output 0 "
-      "rounded to bf16)";
+      "(f32 x): attr residual (a sixth input r: output 0 is dx + r), attr dx_bf16 (a fourth output: output "
+      "0 rounded to bf16)";
   lng.num_inputs = -1;
   lng.num_outputs = [](const Attrs& a) { return a.b("dx_bf16") ? 4 : 3; };
   lng.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
@@ -369,9 +367,8 @@ void register_norm_ops(OpRegistry& r) {
   rms.doc =
       "RMS normalisation over the last dim: y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps); "
       "inputs (x (..., D), gamma (D)), attr eps (1e-6), out_dtype (bf16: y rounded to bf16 from an f32 x, "
-      "CPU), residual (CPU, f32: x is input 0 plus a third input, also written as a third output); outputs "
-      "(y, "
-      "rstd (...))";
+      "CPU), residual (CPU, f32: x is input 0 plus a third input, also written as a third output); "
+      "outputs (y, rstd (...))";
   rms.num_inputs = -1;
   rms.num_outputs = [](const Attrs& a) { return a.b("residual") ? 3 : 2; };
   rms.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {

@@ -37,6 +37,17 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// The row norm fusions' cases: rows of 7 (a tail only), 24, and 260 (vectors and a tail).
+const std::vector<Shape> kRows = {{5, 7}, {3, 100, 24}, {4, 260}};
+
+// f32 inputs of layernorm (x of shape s, gamma, beta) or rmsnorm (x, gamma).
+std::vector<Tensor> norm_inputs(const std::string& op, const Shape& s) {
+  const int64_t d = s.back();
+  std::vector<Tensor> in = {uniform(s, DType::f32, 3), uniform({d}, DType::f32, 4)};
+  if (op == "layernorm") in.push_back(uniform({d}, DType::f32, 5));
+  return in;
+}
+
 // Both outputs bit for bit those of gelu_grad then reduce_sum (keepdims over the leading axes): one chunk of
 // rows (5), chunks of rows that do not divide them (300 = 3 x 100, 2 x 150), one and two column blocks, in
 // f32, f64 and bf16 (the sum rounded to bf16, or kept in f32 as fold_f32_casts asks), erf and tanh GELU.
@@ -65,14 +76,12 @@ TEST(Fusion, GeluBiasGradIsGeluGradThenItsBiasSum) {
 }
 
 // fold_norm_casts: a layernorm or rmsnorm of f32 x writing bf16 y is the f32 norm with its y rounded once,
-// bit for bit; the statistics are unchanged. Rows of 7 (a tail only), 24, and 260 (vectors and a tail).
+// bit for bit; the statistics are unchanged.
 TEST(Fusion, NormWithBf16OutputIsTheF32NormRounded) {
   for (const std::string op : {"layernorm", "rmsnorm"})
-    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}}) {
+    for (const Shape& s : kRows) {
       SCOPED_TRACE(op + " " + shape_str(s));
-      const int64_t d = s.back();
-      std::vector<Tensor> in = {uniform(s, DType::f32, 3), uniform({d}, DType::f32, 4)};
-      if (op == "layernorm") in.push_back(uniform({d}, DType::f32, 5));
+      const std::vector<Tensor> in = norm_inputs(op, s);
       const std::vector<Tensor> f32 = run(op, {}, in);
       const std::vector<Tensor> low = run(op, {{"out_dtype", std::string("bf16")}}, in);
       ASSERT_EQ(low.size(), f32.size());
@@ -85,18 +94,15 @@ TEST(Fusion, NormWithBf16OutputIsTheF32NormRounded) {
 // sum; with y in bf16 too (fold_norm_casts).
 TEST(Fusion, NormOfResidualSumIsTheAddThenTheNorm) {
   for (const std::string op : {"layernorm", "rmsnorm"})
-    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}})
+    for (const Shape& s : kRows)
       for (const bool low : {false, true}) {
         SCOPED_TRACE(op + " " + shape_str(s) + (low ? " out_dtype bf16" : ""));
-        const int64_t d = s.back();
-        const Tensor x = uniform(s, DType::f32, 3), r = uniform(s, DType::f32, 8);
-        std::vector<Tensor> params = {uniform({d}, DType::f32, 4)};
-        if (op == "layernorm") params.push_back(uniform({d}, DType::f32, 5));
+        std::vector<Tensor> in = norm_inputs(op, s);
+        const Tensor x = in[0], r = uniform(s, DType::f32, 8);
         Attrs a;
         if (low) a.set("out_dtype", std::string("bf16"));
         const Tensor sum = run("add", {}, {x, r})[0];
-        std::vector<Tensor> in = {sum};
-        in.insert(in.end(), params.begin(), params.end());
+        in[0] = sum;
         const std::vector<Tensor> plain = run(op, a, in);
         in[0] = x;
         in.push_back(r);
@@ -109,15 +115,13 @@ TEST(Fusion, NormOfResidualSumIsTheAddThenTheNorm) {
 }
 
 // fuse_norm_grad_residual: layernorm_grad and rmsnorm_grad with the residual add and the bf16 copy are the
-// norm gradient, then the add, then the cast, bit for bit. Rows of 7 (a tail only), 24, and 260.
+// norm gradient, then the add, then the cast, bit for bit.
 TEST(Fusion, NormGradWithResidualIsTheGradThenTheAddAndTheCast) {
   for (const std::string op : {"layernorm", "rmsnorm"})
-    for (const Shape& s : std::vector<Shape>{{5, 7}, {3, 100, 24}, {4, 260}})
+    for (const Shape& s : kRows)
       for (const bool low : {false, true}) {
         SCOPED_TRACE(op + " " + shape_str(s) + (low ? " dx_bf16" : ""));
-        const int64_t d = s.back();
-        std::vector<Tensor> in = {uniform(s, DType::f32, 3), uniform({d}, DType::f32, 4)};
-        if (op == "layernorm") in.push_back(uniform({d}, DType::f32, 5));
+        const std::vector<Tensor> in = norm_inputs(op, s);
         const std::vector<Tensor> fwd = run(op, {}, in);
         std::vector<Tensor> grad_in = {uniform(s, DType::f32, 6), in[0], in[1]};
         for (size_t j = 1; j < fwd.size(); ++j) grad_in.push_back(fwd[j]);  // mean and rstd, or rstd
