@@ -252,34 +252,26 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
   }
 }
 
-void fold_norm_casts(Graph& g, DeviceKind device) {
-  if (device != DeviceKind::cpu) return;
-  const auto readers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
-  for (Node& c : g.nodes()) {
-    if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "bf16")) continue;
-    const Value& y = g.value(c.inputs[0]);
-    if (y.producer < 0 || y.dtype() != DType::f32 || readers[static_cast<size_t>(y.id)].size() != 1 ||
-        outputs.count(y.id))
-      continue;
-    Node& n = g.node(y.producer);
-    if (n.dead || (n.op != "layernorm" && n.op != "rmsnorm") || n.outputs[0] != y.id ||
-        n.attrs.has("out_dtype"))
-      continue;
-    n.attrs.set("out_dtype", std::string("bf16"));
-    g.value(y.id).producer = -1;
-    n.outputs[0] = c.outputs[0];
-    g.value(c.outputs[0]).producer = n.id;
-    g.value(c.outputs[0]).producer_slot = 0;
-    c.dead = true;
-  }
-}
-
 namespace {
 
+bool is_row_norm(const Node& n) {
+  return !n.dead && (n.op == "layernorm" || n.op == "rmsnorm");
+}
 bool is_norm_grad(const Node& n) {
   return !n.dead && (n.op == "layernorm_grad" || n.op == "rmsnorm_grad");
+}
+
+// Makes v output `slot` of n (a new last output where slot is n's output count), the node that now writes it;
+// a value that n wrote there before is left without a producer.
+void set_output(Graph& g, Node& n, size_t slot, ValueId v) {
+  if (slot == n.outputs.size()) {
+    n.outputs.push_back(v);
+  } else {
+    g.value(n.outputs[slot]).producer = -1;
+    n.outputs[slot] = v;
+  }
+  g.value(v).producer = n.id;
+  g.value(v).producer_slot = static_cast<int>(slot);
 }
 
 // Whether node `n` is among the producers that value v is computed from.
@@ -298,6 +290,25 @@ bool depends_on(const Graph& g, ValueId v, NodeId n) {
 
 }  // namespace
 
+void fold_norm_casts(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const auto readers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  for (Node& c : g.nodes()) {
+    if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "bf16")) continue;
+    const Value& y = g.value(c.inputs[0]);
+    if (y.producer < 0 || y.dtype() != DType::f32 || readers[static_cast<size_t>(y.id)].size() != 1 ||
+        outputs.count(y.id))
+      continue;
+    Node& n = g.node(y.producer);
+    if (!is_row_norm(n) || n.outputs[0] != y.id || n.attrs.has("out_dtype")) continue;
+    n.attrs.set("out_dtype", std::string("bf16"));
+    set_output(g, n, 0, c.outputs[0]);
+    c.dead = true;
+  }
+}
+
 void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   std::set<ValueId> outputs;
@@ -313,13 +324,9 @@ void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
         continue;
       Node& n = g.node(dx.producer);
       if (!is_norm_grad(n) || n.attrs.b("residual") || depends_on(g, r.id, n.id)) continue;
-      const ValueId sum = a.outputs[0], unused = dx.id, rid = r.id;
-      n.inputs.push_back(rid);
+      n.inputs.push_back(r.id);
       n.attrs.set("residual", true);
-      n.outputs[0] = sum;
-      g.value(sum).producer = n.id;
-      g.value(sum).producer_slot = 0;
-      g.value(unused).producer = -1;
+      set_output(g, n, 0, a.outputs[0]);
       a.dead = true;
       break;
     }
@@ -331,9 +338,7 @@ void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
     Node& n = g.node(v.producer);
     if (!is_norm_grad(n) || n.attrs.b("dx_bf16")) continue;
     n.attrs.set("dx_bf16", true);
-    n.outputs.push_back(c.outputs[0]);
-    g.value(c.outputs[0]).producer = n.id;
-    g.value(c.outputs[0]).producer_slot = static_cast<int>(n.outputs.size() - 1);
+    set_output(g, n, n.outputs.size(), c.outputs[0]);
     c.dead = true;
   }
 }
@@ -350,19 +355,16 @@ void fuse_residual_norm(Graph& g, DeviceKind device) {
     Node* norm = nullptr;
     for (NodeId r : readers[static_cast<size_t>(sum.id)]) {
       Node& n = g.node(r);
-      if ((n.op == "layernorm" || n.op == "rmsnorm") && n.inputs[0] == sum.id && !n.attrs.b("residual")) {
+      if (is_row_norm(n) && n.inputs[0] == sum.id && !n.attrs.b("residual")) {
         norm = &n;
         break;
       }
     }
     if (!norm) continue;
-    const ValueId s = sum.id;
     norm->inputs[0] = u.id;
     norm->inputs.push_back(v.id);
     norm->attrs.set("residual", true);
-    norm->outputs.push_back(s);
-    g.value(s).producer = norm->id;
-    g.value(s).producer_slot = static_cast<int>(norm->outputs.size() - 1);
+    set_output(g, *norm, norm->outputs.size(), a.outputs[0]);
     a.dead = true;
   }
 }

@@ -148,8 +148,7 @@ constexpr __mmask16 kAll16 = 0xffff;
 constexpr __mmask8 kAll8 = 0xff;
 
 void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, uint32_t* dst, int64_t ldd) {
-  const auto cmask = static_cast<__mmask16>(nc < 16 ? (1u << nc) - 1 : 0xffffu);
-  const auto rmask = static_cast<__mmask16>(nr < 16 ? (1u << nr) - 1 : 0xffffu);
+  const __mmask16 cmask = simd16::lanes(nc), rmask = simd16::lanes(nr);
   const auto* s = static_cast<const uint32_t*>(src);
   __m512i r[16], t[16];
   for (int i = 0; i < 16; ++i)
@@ -215,20 +214,9 @@ const uint16_t* padded_rows(int64_t rows, int64_t cols, const uint16_t* src, int
   return dst;
 }
 
-// The outputs' and tiles' rounding to bf16 (bf16_bits_of's bits) runs through simd16::bf16_words, 16 values
-// at a time, the last register masked.
-__mmask16 lane_mask(int64_t n) {
-  return n >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << n) - 1);
-}
-
-// dst[j] = bf16 of src[j] * scale for j < n.
+// Rows of f32 rounded to bf16 bits (simd16::round_to_bf16), times `scale`.
 void round_row(const float* src, uint16_t* dst, int64_t n, float scale = 1.0f) {
-  const __m512 s = _mm512_set1_ps(scale);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = lane_mask(n - j);
-    _mm256_mask_storeu_epi16(dst + j, k,
-                             simd16::bf16_words(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + j), s)));
-  }
+  simd16::round_to_bf16(src, reinterpret_cast<bf16*>(dst), n, scale);
 }
 
 // Rounded rows of an f32 tile (ld kBK), row-major: dst[r][j] for j < even(n), the column past an odd n zero
@@ -247,7 +235,7 @@ void round_tile_pairs(int64_t m, int64_t n, const float* src, uint32_t* dst) {
     uint32_t* d = dst + p * kBK;
     const bool pair = 2 * p + 1 < m;
     for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = lane_mask(n - j);
+      const __mmask16 k = simd16::lanes(n - j);
       __m512i w = words(r0 + j, k);
       if (pair) w = _mm512_or_si512(w, _mm512_maskz_slli_epi32(simd16::kAll, words(r0 + kBK + j, k), 16));
       _mm512_mask_storeu_epi32(d + j, k, w);

@@ -137,11 +137,8 @@ void row_norm(const KernelCtx& c) {
 
 // dst[j] = src[j] rounded to bf16 (bf16_bits_of's bits), j < n.
 void round_row_to_bf16(const float* src, bf16* dst, int64_t n) {
-#if defined(__AVX512BF16__)
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    simd16::store(dst + j, simd16::load(src + j, m), m);
-  }
+#if defined(__AVX512F__)
+  simd16::round_to_bf16(src, dst, n);
 #else
   auto* bits = reinterpret_cast<uint16_t*>(dst);
 #pragma omp simd

@@ -6,6 +6,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "core/dtype.h"
 
 namespace flowrun::cpu::simd16 {
@@ -13,6 +15,11 @@ namespace flowrun::cpu::simd16 {
 // GCC 12's unmasked forms of some intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized
 // rejects; the zero-masked forms over all lanes are the same instructions.
 constexpr __mmask16 kAll = 0xffff;
+
+// The first min(n, 16) lanes: the mask of a loop's last, partial register.
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? kAll : static_cast<__mmask16>((1u << n) - 1);
+}
 
 inline __m512 load(const float* p, __mmask16 m = kAll) {
   return _mm512_maskz_loadu_ps(m, p);
@@ -51,6 +58,15 @@ inline void store(bf16* p, __m512 v, __mmask16 m = kAll) {
 #else
   _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_bits(v));
 #endif
+}
+
+// dst[j] = src[j] * scale rounded to bf16 (bf16_bits_of's bits), j < n, 16 at a time.
+inline void round_to_bf16(const float* src, bf16* dst, int64_t n, float scale = 1.0f) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes(n - j);
+    store(dst + j, _mm512_mul_ps(load(src + j, m), s), m);
+  }
 }
 
 }  // namespace flowrun::cpu::simd16
