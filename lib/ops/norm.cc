@@ -84,21 +84,31 @@ TensorType row_norm_output(const std::string& op, const TensorType& x, const Att
   return {x.shape, DType::bf16};
 }
 
-// A row norm gradient's optional fused parts (graph/passes.cc fuse_norm_grad_residual): attr residual adds
-// an input r after the norm's own (num_inputs), returning dx + r as output 0; attr dx_bf16 appends an output,
-// that sum (or dx) rounded to bf16. Both only on an f32 x. Returns the extra output types.
-std::vector<TensorType> row_norm_grad_fused(const std::string& op, const std::vector<TensorType>& in,
-                                            size_t num_inputs, const Attrs& a) {
-  const bool residual = a.b("residual"), low = a.b("dx_bf16");
+// Attr residual (graph/passes.cc): one input more than the op's own `num_inputs`, f32 and shaped as x
+// (input `xi`), which must be f32. Returns whether the node has it.
+bool residual_input(const std::string& op, const std::vector<TensorType>& in, size_t num_inputs, size_t xi,
+                    const Attrs& a) {
+  const bool residual = a.b("residual");
   if (in.size() != num_inputs + (residual ? 1 : 0))
     throw input_error(cat(op, ": ", num_inputs, residual ? " inputs and the residual" : " inputs",
                           " expected, got ", in.size()));
-  if ((residual || low) && in[1].dtype != DType::f32)
-    throw input_error(cat(op, ": residual and dx_bf16 need an f32 x, got ", dtype_name(in[1].dtype)));
-  if (residual && (in.back().shape != in[1].shape || in.back().dtype != in[1].dtype))
-    throw input_error(cat(op, ": the residual ", shape_str(in.back().shape), " ", dtype_name(in.back().dtype),
-                          " does not match x"));
-  if (!low) return {};
+  if (residual &&
+      (in[xi].dtype != DType::f32 || in.back().shape != in[xi].shape || in.back().dtype != DType::f32))
+    throw input_error(cat(op, ": the residual needs an f32 x and an f32 input of x's shape, got x ",
+                          shape_str(in[xi].shape), " ", dtype_name(in[xi].dtype), " and ",
+                          shape_str(in.back().shape), " ", dtype_name(in.back().dtype)));
+  return residual;
+}
+
+// A row norm gradient's optional fused parts (graph/passes.cc fuse_norm_grad_residual): attr residual adds
+// an input r after the norm's own, returning dx + r as output 0; attr dx_bf16 appends an output, that sum
+// (or dx) rounded to bf16. Both only on an f32 x. Returns the extra output types.
+std::vector<TensorType> row_norm_grad_fused(const std::string& op, const std::vector<TensorType>& in,
+                                            size_t num_inputs, const Attrs& a) {
+  residual_input(op, in, num_inputs, 1, a);
+  if (!a.b("dx_bf16")) return {};
+  if (in[1].dtype != DType::f32)
+    throw input_error(cat(op, ": dx_bf16 needs an f32 x, got ", dtype_name(in[1].dtype)));
   return {{in[1].shape, DType::bf16}};
 }
 
@@ -106,15 +116,7 @@ std::vector<TensorType> row_norm_grad_fused(const std::string& op, const std::ve
 // and an input after the parameters, which the norm also writes as an extra, last output. f32 only.
 std::vector<TensorType> row_norm_residual(const std::string& op, const std::vector<TensorType>& in,
                                           size_t num_inputs, const Attrs& a) {
-  const bool residual = a.b("residual");
-  if (in.size() != num_inputs + (residual ? 1 : 0))
-    throw input_error(cat(op, ": ", num_inputs, residual ? " inputs and the residual" : " inputs",
-                          " expected, got ", in.size()));
-  if (!residual) return {};
-  if (in[0].dtype != DType::f32 || in.back().shape != in[0].shape || in.back().dtype != in[0].dtype)
-    throw input_error(cat(op, ": the residual sum needs two f32 addends of one shape, got ",
-                          shape_str(in[0].shape), " ", dtype_name(in[0].dtype), " and ",
-                          shape_str(in.back().shape), " ", dtype_name(in.back().dtype)));
+  if (!residual_input(op, in, num_inputs, 0, a)) return {};
   return {in[0]};
 }
 
