@@ -429,12 +429,21 @@ void register_norm_ops(OpRegistry& r) {
       "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
       "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c "
       "(graph/layout.cc); attr relu (false): y = max(normalised, 0), a following relu fused by the CPU's "
-      "backward fusion (graph/passes.cc). With a bf16 x the per-channel inputs and outputs may be f32 "
-      "(mixed precision)";
-  bn.num_inputs = 5;
+      "backward fusion (graph/passes.cc); attr residual (false): a sixth input r of x's shape and dtype, "
+      "y = [max](normalised rounded to x's dtype + r), a ResNet block's add (and relu) fused likewise. With "
+      "a bf16 x the per-channel inputs and outputs may be f32 (mixed precision)";
+  bn.num_inputs = -1;
   bn.num_outputs = [](const Attrs&) { return 3; };
   bn.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
-    const DType stat_dtype = check_param_dtypes("batchnorm", in, 1);
+    const bool residual = a.b("residual");
+    if (in.size() != (residual ? 6u : 5u))
+      throw input_error(cat("batchnorm: ", residual ? "6 inputs (with the residual)" : "5 inputs",
+                            " expected, got ", in.size()));
+    if (residual && (in[5].shape != in[0].shape || in[5].dtype != in[0].dtype))
+      throw input_error(cat("batchnorm: the residual must be shaped and typed as x ", shape_str(in[0].shape),
+                            " ", dtype_name(in[0].dtype), ", got ", shape_str(in[5].shape), " ",
+                            dtype_name(in[5].dtype)));
+    const DType stat_dtype = check_param_dtypes("batchnorm", in, 1, 5);
     const Shape& x = in[0].shape;
     if (x.size() < 2) throw input_error(cat("batchnorm: x must be (N, C, ...), got ", shape_str(x)));
     const char* names[] = {"gamma", "beta", "running_mean", "running_var"};
@@ -450,6 +459,8 @@ void register_norm_ops(OpRegistry& r) {
     return {in[0], stat, stat};
   };
   bn.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    // The residual form is made after autodiff, from the forward of a graph already differentiated.
+    FR_CHECK(!c.attrs().b("residual"), "batchnorm: no gradient of the fused residual form");
     std::vector<ValueId> in = {c.dout(0), c.in(0), c.in(1), c.out(1), c.out(2)};
     if (c.attrs().b("relu")) in.push_back(c.out(0));  // the fused relu's mask
     const auto g = c.b.op("batchnorm_grad", in, Attrs{{"training", c.attrs().b("training", true)}});
@@ -457,13 +468,16 @@ void register_norm_ops(OpRegistry& r) {
   };
   bn.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
     const double n = count(in[0].shape), c = count(in[1].shape), e = sz(in[0].dtype);
-    // Training reads x three times (mean, variance, normalise).
-    return a.b("training", true) ? Cost{8 * n, (4 * n + 9 * c) * e} : Cost{4 * n, (2 * n + 6 * c) * e};
+    // Training reads x twice (the statistics, normalise); the residual once.
+    const double r = a.b("residual") ? n * e : 0;
+    return a.b("training", true) ? Cost{8 * n, (3 * n + 9 * c) * e + r}
+                                 : Cost{4 * n, (2 * n + 6 * c) * e + r};
   };
   bn.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                     const Attrs& a) -> size_t {
-    // The mean and variance passes reuse one buffer.
-    return a.b("training", true) ? batchnorm_workspace_bytes(in[0], in[1].dtype, 1) : 0;
+    // Per plane its sum and squared deviations (with spatial dims; without, the mean and variance passes
+    // share one sum per block of rows).
+    return a.b("training", true) ? batchnorm_workspace_bytes(in[0], in[1].dtype, 2) : 0;
   };
   bn.nondiff_inputs = {3, 4};
   bn.nondiff_outputs = {1, 2};

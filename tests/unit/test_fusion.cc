@@ -141,6 +141,39 @@ TEST(Fusion, NormGradWithResidualIsTheGradThenTheAddAndTheCast) {
       }
 }
 
+// fuse_backward's residual batchnorm: batchnorm with the residual (and relu) is batchnorm, then the add of
+// the shortcut, then relu, bit for bit: in f32 and bf16 (the normalised value rounded before the add, as
+// the add reads it), on planes in NCHW and nChw16c (AVX-512 there) and on (N, C) rows.
+TEST(Fusion, BatchnormWithResidualIsTheNormThenTheAddAndRelu) {
+  for (const DType t : {DType::f32, DType::bf16})
+    for (const Shape& s : std::vector<Shape>{{6, 32, 5, 3}, {12, 16}})
+      for (const bool blocked : {false, true})
+        for (const bool relu : {false, true}) {
+          if (blocked && s.size() == 2) continue;
+          SCOPED_TRACE(cat(dtype_name(t), " ", shape_str(s), blocked ? " nChw16c" : "", relu ? " relu" : ""));
+          const int64_t c = s[1];
+          // Fresh running statistics for each call: the kernel updates them in place.
+          auto inputs = [&] {
+            return std::vector<Tensor>{uniform(s, DType::f32, 11).to(t), uniform({c}, DType::f32, 12),
+                                       uniform({c}, DType::f32, 13), uniform({c}, DType::f32, 14),
+                                       uniform({c}, DType::f32, 15)};
+          };
+          const Tensor r = uniform(s, DType::f32, 16).to(t);
+          Attrs a{{"blocked", blocked}};
+          const std::vector<Tensor> bn = run("batchnorm", a, inputs());
+          Tensor want = run("add", {}, {bn[0], r})[0];
+          if (relu) want = run("relu", {}, {want})[0];
+          std::vector<Tensor> in = inputs();
+          in.push_back(r);
+          a.set("residual", true);
+          a.set("relu", relu);
+          const std::vector<Tensor> fused = run("batchnorm", a, in);
+          ASSERT_EQ(fused.size(), bn.size());
+          EXPECT_TRUE(same_bytes(fused[0], want));
+          for (size_t j = 1; j < bn.size(); ++j) EXPECT_TRUE(same_bytes(fused[j], bn[j])) << j;
+        }
+}
+
 // x (3, 100, 24) -> linear 24 + x = h -> layernorm -> linear 40 -> gelu (tanh) -> linear 24 -> + h -> mse
 // against target (3, 100, 24): h's gradient is the layernorm gradient plus the residual's.
 Program compile_mlp(DType compute, bool eager) {

@@ -339,41 +339,54 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   }
 }
 
-// channel_sums over an nChw16c tensor (the layout pass's, graph/layout.cc; C a multiple of 16, s > 1), whose
-// element (n, ch, i) is element ((n * C/16 + ch/16) * s + i) * 16 + ch % 16. Each plane's sum is the plain
-// path's, lane for lane: element i goes to lane i % L (lane_sum's and lane_sum2's L) of its channel, and the
-// lanes fold in fold()'s order, so a blocked step computes bitwise what a plain (eager) one does. The 16
-// channels of a block are summed side by side, a vector per lane.
+// The sums of f0(k, ch) (and f1) over one block of an nChw16c tensor (the layout pass's, graph/layout.cc; C a
+// multiple of 16, s > 1): 16 channels from c0, s elements each from element k0, where element (n, ch, i) is
+// element ((n * C/16 + ch/16) * s + i) * 16 + ch % 16, into out0[j] (out1[j]) for channel c0 + j. Each
+// plane's sum is the plain path's, lane for lane: element i goes to lane i % L (lane_sum's and lane_sum2's L)
+// of its channel, and the lanes fold in fold()'s order, so a blocked step computes bitwise what a plain
+// (eager) one does. The 16 channels are summed side by side, a vector per lane.
+template <typename T, typename F0, typename F1 = std::nullptr_t>
+void block_sums(int64_t s, int64_t k0, int64_t c0, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
+  constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
+  constexpr int L = (kTwo ? 2 : 4) * 64 / static_cast<int>(sizeof(T));
+  T a[L][16] = {}, b[kTwo ? L : 1][16] = {};
+  for (int64_t i = 0; i < s; ++i) {
+    T* __restrict ai = a[i % L];
+    T* __restrict bi = b[kTwo ? i % L : 0];
+#pragma omp simd
+    for (int64_t j = 0; j < 16; ++j) {
+      ai[j] += f0(k0 + i * 16 + j, c0 + j);
+      if constexpr (kTwo) bi[j] += f1(k0 + i * 16 + j, c0 + j);
+    }
+  }
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k)
+#pragma omp simd
+      for (int64_t j = 0; j < 16; ++j) {
+        a[k][j] += a[k + w][j];
+        if constexpr (kTwo) b[k][j] += b[k + w][j];
+      }
+  for (int64_t j = 0; j < 16; ++j) {
+    out0[j] = a[0][j];
+    if constexpr (kTwo) out1[j] = b[0][j];
+  }
+}
+
+// channel_sums over an nChw16c tensor: one block_sums per (n, channel block).
 template <typename T, typename F0, typename F1 = std::nullptr_t>
 void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
   constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
   constexpr int64_t kSums = kTwo ? 2 : 1;
-  constexpr int L = (kTwo ? 2 : 4) * 64 / static_cast<int>(sizeof(T));
   const int64_t cb = v.c / 16;
   parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
     for (int64_t p = s; p < e; ++p) {
-      T a[L][16] = {}, b[kTwo ? L : 1][16] = {};
-      const int64_t k0 = p * v.s * 16, c0 = (p % cb) * 16;
-      for (int64_t i = 0; i < v.s; ++i) {
-        T* __restrict ai = a[i % L];
-        T* __restrict bi = b[kTwo ? i % L : 0];
-#pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) {
-          ai[j] += f0(k0 + i * 16 + j, c0 + j);
-          if constexpr (kTwo) bi[j] += f1(k0 + i * 16 + j, c0 + j);
-        }
-      }
-      for (int w = L / 2; w > 0; w /= 2)
-        for (int k = 0; k < w; ++k)
-#pragma omp simd
-          for (int64_t j = 0; j < 16; ++j) {
-            a[k][j] += a[k + w][j];
-            if constexpr (kTwo) b[k][j] += b[k + w][j];
-          }
+      T s0[16], s1[16];
+      const int64_t c0 = (p % cb) * 16;
+      block_sums<T>(v.s, p * v.s * 16, c0, s0, f0, s1, f1);
       T* to = ws + ((p / cb) * v.c + c0) * kSums;
       for (int64_t j = 0; j < 16; ++j) {
-        to[j * kSums] = a[0][j];
-        if constexpr (kTwo) to[j * kSums + 1] = b[0][j];
+        to[j * kSums] = s0[j];
+        if constexpr (kTwo) to[j * kSums + 1] = s1[j];
       }
     }
   });
@@ -383,6 +396,61 @@ void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr
     for (int64_t n = 0; n < v.n; ++n)
       for (int64_t ch = 0; ch < v.c; ++ch) out[ch] += ws[(n * v.c + ch) * kSums + q];
   }
+}
+
+// Per-channel mean and sum of squared deviations from it (ss) of an activation with spatial dims (s > 1),
+// reading it from memory once: each (n, ch) plane's sum, then its squares about its own mean with the plane
+// still in cache, into ws; the planes merge over n in order (Chan, Golub and LeVeque's pairwise update):
+// ss = sum_n [M2_n + s (mean_n - mean)^2], without the cancellation of a sum of squares. A separate pass for
+// the squares about the batch mean took a third of ResNet-20's batchnorm time. Both layouts give the same
+// bits (block_sums).
+template <typename T, typename S>
+void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* ss) {
+  const T s = static_cast<T>(v.s);
+  if (blocked) {
+    const int64_t cb = v.c / 16;
+    parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        T sum[16], m2[16], mp[16];
+        const int64_t k0 = p * v.s * 16, c0 = (p % cb) * 16;
+        block_sums<T>(v.s, k0, c0, sum, [x](int64_t k, int64_t) { return ld(x[k]); });
+        for (int64_t j = 0; j < 16; ++j) mp[j] = sum[j] / s;
+        block_sums<T>(v.s, k0, c0, m2, [x, &mp, c0](int64_t k, int64_t ch) {
+          const T d = ld(x[k]) - mp[ch - c0];
+          return d * d;
+        });
+        T* to = ws + ((p / cb) * v.c + c0) * 2;
+        for (int64_t j = 0; j < 16; ++j) {
+          to[2 * j] = sum[j];
+          to[2 * j + 1] = m2[j];
+        }
+      }
+    });
+  } else {
+    parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        const S* xp = x + p * v.s;
+        const T sum = lane_sum<T>(v.s, [xp](int64_t i) { return ld(xp[i]); });
+        const T mp = sum / s;
+        ws[2 * p] = sum;
+        ws[2 * p + 1] = lane_sum<T>(v.s, [xp, mp](int64_t i) {
+          const T d = ld(xp[i]) - mp;
+          return d * d;
+        });
+      }
+    });
+  }
+  const T m = static_cast<T>(v.n) * s;
+  for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] = ss[ch] = T(0);
+  for (int64_t n = 0; n < v.n; ++n)
+    for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] += ws[(n * v.c + ch) * 2];
+  for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= m;
+  for (int64_t n = 0; n < v.n; ++n)
+    for (int64_t ch = 0; ch < v.c; ++ch) {
+      const T* w = ws + (n * v.c + ch) * 2;
+      const T d = w[0] / s - mean[ch];
+      ss[ch] += w[1] + s * d * d;
+    }
 }
 
 // Runs row(k0) for each row of an (N, C) tensor (the caller vectorises over its channels), or
@@ -418,17 +486,18 @@ bool blocked_planes(const KernelCtx& c, const NCS& v) {
   return v.s > 1;
 }
 
-// y = (x - mean) rstd gamma + beta, then with kRelu max(y, 0) as relu computes it (NaN to 0), before the one
-// rounding to S: the bits of relu applied to the rounded y, since rounding is monotonic and keeps 0 (a relu
-// fused by graph/passes.cc).
-template <typename S, bool kRelu, typename T = Compute<S>>
-void normalise(const NCS& v, bool blocked, const S* x, S* y, const T* g, const T* b, const T* mean,
-               const T* rstd) {
-  const auto act = [](T u) {
-    if constexpr (kRelu)
-      return u > T(0) ? u : T(0);
-    else
-      return u;
+// y = (x - mean) rstd gamma + beta, then with kRes + r (y rounded to S first, as the add of an unfused graph
+// reads it), then with kRelu max(y, 0) as relu computes it (NaN to 0), before the one rounding to S: the bits
+// of relu applied to the rounded sum, since rounding is monotonic and keeps 0 (an add and a relu fused by
+// graph/passes.cc). The multiply-add is an explicit fma in every path (the blocked AVX-512 one, the plain
+// one of an eager step), so that they agree whatever the compiler contracts.
+template <typename S, bool kRelu, bool kRes, typename T = Compute<S>>
+void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T* g, const T* b,
+               const T* mean, const T* rstd) {
+  const auto out = [r](T u, int64_t k) {
+    if constexpr (kRes) u = ld(st<S>(u)) + ld(r[k]);
+    if constexpr (kRelu) u = u > T(0) ? u : T(0);
+    return st<S>(u);
   };
   if (blocked) {
     for_each_blocked(v, [&](int64_t k0, int64_t c0) {
@@ -438,11 +507,28 @@ void normalise(const NCS& v, bool blocked, const S* x, S* y, const T* g, const T
         a[j] = rstd[c0 + j] * g[c0 + j];
         bb[j] = b[c0 + j];
       }
+#if defined(__AVX512F__)
+      // A pixel's 16 channels in one register: the generic loop's bf16 rounding and half-width vectors made
+      // the bf16 pass slower than the f32 one.
+      if constexpr (std::is_same_v<T, float>) {
+        const __m512 vm = _mm512_loadu_ps(mu), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(bb);
+        for (int64_t i = 0; i < v.s; ++i) {
+          const int64_t k = k0 + i * 16;
+          __m512 u = _mm512_fmadd_ps(_mm512_sub_ps(simd16::load(x + k), vm), va, vb);
+          if constexpr (kRes) u = _mm512_add_ps(simd16::rounded<S>(u), simd16::load(r + k));
+          // max returns its second operand for a NaN: 0, as relu does.
+          if constexpr (kRelu) u = _mm512_maskz_max_ps(simd16::kAll, u, _mm512_setzero_ps());
+          simd16::store(y + k, u);
+        }
+        return;
+      }
+#endif
       for (int64_t i = 0; i < v.s; ++i) {
-        const S* xp = x + k0 + i * 16;
-        S* __restrict yp = y + k0 + i * 16;
+        const int64_t k = k0 + i * 16;
+        const S* xp = x + k;
+        S* __restrict yp = y + k;
 #pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) yp[j] = st<S>(act((ld(xp[j]) - mu[j]) * a[j] + bb[j]));
+        for (int64_t j = 0; j < 16; ++j) yp[j] = out(std::fma(ld(xp[j]) - mu[j], a[j], bb[j]), k + j);
       }
     });
     return;
@@ -454,14 +540,14 @@ void normalise(const NCS& v, bool blocked, const S* x, S* y, const T* g, const T
         S* __restrict yr = y + k0;
 #pragma omp simd
         for (int64_t ch = 0; ch < v.c; ++ch)
-          yr[ch] = st<S>(act((ld(xr[ch]) - mean[ch]) * (rstd[ch] * g[ch]) + b[ch]));
+          yr[ch] = out(std::fma(ld(xr[ch]) - mean[ch], rstd[ch] * g[ch], b[ch]), k0 + ch);
       },
       [&](int64_t k0, int64_t ch) {
         const T mu = mean[ch], a = rstd[ch] * g[ch], bb = b[ch];
         const S* xp = x + k0;
         S* __restrict yp = y + k0;
 #pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) yp[i] = st<S>(act((ld(xp[i]) - mu) * a + bb));
+        for (int64_t i = 0; i < v.s; ++i) yp[i] = out(std::fma(ld(xp[i]) - mu, a, bb), k0 + i);
       });
 }
 
@@ -482,21 +568,17 @@ void batchnorm_kernel(const KernelCtx& c) {
   if (c.attrs().b("training", true)) {
     const int64_t m = v.n * v.s;
     T* ws = static_cast<T*>(c.workspace);
-    const auto value = [x](int64_t k, int64_t) { return ld(x[k]); };
-    if (blocked)
-      channel_sums_blocked<T>(v, ws, mean, value);
-    else
-      channel_sums<T>(v, ws, mean, value);
-    for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
-    // Sum of squared centred values (no cancellation), through rstd's buffer.
-    const auto square = [x, mean](int64_t k, int64_t ch) {
-      const T d = ld(x[k]) - mean[ch];
-      return d * d;
-    };
-    if (blocked)
-      channel_sums_blocked<T>(v, ws, rstd, square);
-    else
-      channel_sums<T>(v, ws, rstd, square);
+    // The sum of squared centred values (no cancellation) goes through rstd's buffer.
+    if (v.s > 1) {
+      channel_moments<T>(v, blocked, x, ws, mean, rstd);
+    } else {
+      channel_sums<T>(v, ws, mean, [x](int64_t k, int64_t) { return ld(x[k]); });
+      for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
+      channel_sums<T>(v, ws, rstd, [x, mean](int64_t k, int64_t ch) {
+        const T d = ld(x[k]) - mean[ch];
+        return d * d;
+      });
+    }
     for (int64_t ch = 0; ch < v.c; ++ch) {
       const T ss = rstd[ch];
       // PyTorch's update; the running variance is the unbiased estimate (infer rejects m == 1).
@@ -510,20 +592,25 @@ void batchnorm_kernel(const KernelCtx& c) {
       rstd[ch] = T(1) / std::sqrt(running_var[ch] + eps);
     }
   }
+  const S* r = c.attrs().b("residual") ? c.in[5].as<S>() : nullptr;
   if (c.attrs().b("relu"))
-    normalise<S, true>(v, blocked, x, y, g, b, mean, rstd);
+    r ? normalise<S, true, true>(v, blocked, x, r, y, g, b, mean, rstd)
+      : normalise<S, true, false>(v, blocked, x, r, y, g, b, mean, rstd);
   else
-    normalise<S, false>(v, blocked, x, y, g, b, mean, rstd);
+    r ? normalise<S, false, true>(v, blocked, x, r, y, g, b, mean, rstd)
+      : normalise<S, false, false>(v, blocked, x, r, y, g, b, mean, rstd);
 }
 
 // dgamma = sum dy xhat, dbeta = sum dy per channel; dx = g rstd (dy - dbeta/m - xhat dgamma/m) in training
 // (the batch statistics depend on x), g rstd dy in inference.
-// dyk(k) is element k's gradient: dy, or with a fused relu_grad's mask (graph/passes.cc) dy where mask > 0
-// and 0 elsewhere, exactly what relu_grad would have passed.
-template <typename S, typename D, typename T = Compute<S>>
-void batchnorm_grad_with(const KernelCtx& c, D dyk) {
+// With kMask (a fused relu_grad, graph/passes.cc) element k's gradient is dy where mask > 0 and 0 elsewhere,
+// exactly what relu_grad would have passed. The dx pass's fma is explicit, as in normalise.
+template <typename S, bool kMask, typename T = Compute<S>>
+void batchnorm_grad_with(const KernelCtx& c) {
   const NCS v = ncs_of(c.in[1]);
   const bool blocked = blocked_planes(c, v);
+  const S* dy = c.in[0].as<S>();
+  const S* mask = kMask ? c.in[5].as<S>() : nullptr;
   const S* x = c.in[1].as<S>();
   const T* g = param_data<S>(c.in[2]);
   const T* mean = param_data<S>(c.in[3]);
@@ -532,6 +619,14 @@ void batchnorm_grad_with(const KernelCtx& c, D dyk) {
   T* dgamma = param_data<S>(c.out[1]);
   T* dbeta = param_data<S>(c.out[2]);
   T* ws = static_cast<T*>(c.workspace);
+  // Both loads unconditional, so that the select vectorises.
+  const auto dyk = [dy, mask](int64_t k) {
+    const T d = ld(dy[k]);
+    if constexpr (kMask)
+      return ld(mask[k]) > T(0) ? d : T(0);
+    else
+      return d;
+  };
   const auto grad = [dyk](int64_t k, int64_t) { return dyk(k); };
   const auto grad_xc = [dyk, x, mean](int64_t k, int64_t ch) { return dyk(k) * (ld(x[k]) - mean[ch]); };
   if (blocked)
@@ -551,13 +646,28 @@ void batchnorm_grad_with(const KernelCtx& c, D dyk) {
         bt[j] = t * dbeta[ch];
         gt[j] = t * rstd[ch] * dgamma[ch];
       }
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        const __m512 vp = _mm512_loadu_ps(p), vm = _mm512_loadu_ps(mu), vbt = _mm512_loadu_ps(bt),
+                     vgt = _mm512_loadu_ps(gt), zero = _mm512_setzero_ps();
+        for (int64_t i = 0; i < v.s; ++i) {
+          const int64_t k = k0 + i * 16;
+          __m512 d = simd16::load(dy + k);
+          if constexpr (kMask)
+            d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), zero, _CMP_GT_OQ), d);
+          const __m512 xc = _mm512_sub_ps(simd16::load(x + k), vm);
+          simd16::store(dx + k, _mm512_mul_ps(vp, _mm512_fnmadd_ps(xc, vgt, _mm512_sub_ps(d, vbt))));
+        }
+        return;
+      }
+#endif
       for (int64_t i = 0; i < v.s; ++i) {
         const int64_t k = k0 + i * 16;
         const S* xp = x + k;
         S* __restrict dxp = dx + k;
 #pragma omp simd
         for (int64_t j = 0; j < 16; ++j)
-          dxp[j] = st<S>(p[j] * (dyk(k + j) - bt[j] - (ld(xp[j]) - mu[j]) * gt[j]));
+          dxp[j] = st<S>(p[j] * std::fma(-(ld(xp[j]) - mu[j]), gt[j], dyk(k + j) - bt[j]));
       }
     });
     return;
@@ -569,32 +679,26 @@ void batchnorm_grad_with(const KernelCtx& c, D dyk) {
         S* __restrict dxr = dx + k0;
 #pragma omp simd
         for (int64_t ch = 0; ch < v.c; ++ch)
-          dxr[ch] =
-              st<S>(g[ch] * rstd[ch] *
-                    (dyk(k0 + ch) - t * dbeta[ch] - (ld(xr[ch]) - mean[ch]) * (t * rstd[ch] * dgamma[ch])));
+          dxr[ch] = st<S>(
+              g[ch] * rstd[ch] *
+              std::fma(-(ld(xr[ch]) - mean[ch]), t * rstd[ch] * dgamma[ch], dyk(k0 + ch) - t * dbeta[ch]));
       },
       [&](int64_t k0, int64_t ch) {
         const T p = g[ch] * rstd[ch], mu = mean[ch], bt = t * dbeta[ch], gt = t * rstd[ch] * dgamma[ch];
         const S* xp = x + k0;
         S* __restrict dxp = dx + k0;
 #pragma omp simd
-        for (int64_t i = 0; i < v.s; ++i) dxp[i] = st<S>(p * (dyk(k0 + i) - bt - (ld(xp[i]) - mu) * gt));
+        for (int64_t i = 0; i < v.s; ++i)
+          dxp[i] = st<S>(p * std::fma(-(ld(xp[i]) - mu), gt, dyk(k0 + i) - bt));
       });
 }
 
-template <typename S, typename T = Compute<S>>
+template <typename S>
 void batchnorm_grad_kernel(const KernelCtx& c) {
-  const S* dy = c.in[0].as<S>();
-  if (c.num_in > 5) {
-    const S* mask = c.in[5].as<S>();
-    // Both loads unconditional, so that the select vectorises.
-    batchnorm_grad_with<S>(c, [dy, mask](int64_t k) {
-      const T d = ld(dy[k]), m = ld(mask[k]);
-      return m > T(0) ? d : T(0);
-    });
-  } else {
-    batchnorm_grad_with<S>(c, [dy](int64_t k) { return ld(dy[k]); });
-  }
+  if (c.num_in > 5)
+    batchnorm_grad_with<S, true>(c);
+  else
+    batchnorm_grad_with<S, false>(c);
 }
 
 // A row norm on x's storage, or from f32 x to bf16 y under out_dtype.

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -58,6 +59,21 @@ inline void store(bf16* p, __m512 v, __mmask16 m = kAll) {
 #else
   _mm512_mask_cvtepi32_storeu_epi16(p, m, bf16_bits(v));
 #endif
+}
+
+// v as storage S would hold it, widened back: rounded to bf16 (store's bits), or f32 unchanged.
+template <typename S>
+inline __m512 rounded(__m512 v) {
+  if constexpr (std::is_same_v<S, bf16>) {
+#if defined(__AVX512BF16__)
+    const __m512i bits = _mm512_maskz_cvtepu16_epi32(kAll, bf16_words(v));
+#else
+    const __m512i bits = bf16_bits(v);
+#endif
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, bits, 16));
+  } else {
+    return v;
+  }
 }
 
 // dst[j] = src[j] * scale rounded to bf16 (bf16_bits_of's bits), j < n, 16 at a time.
