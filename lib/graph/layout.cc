@@ -59,6 +59,10 @@ bool follow_inputs(const Graph& g, const Node& n, std::vector<size_t>& acts, siz
   }
   if (n.op == "batchnorm" || n.op == "relu" || n.op == "cast") {
     acts = {0};
+    if (n.op == "batchnorm" && n.inputs.size() == 6) {  // the fused residual leads too, as the add's did
+      acts.push_back(5);
+      lead = 2;
+    }
   } else if (n.op == "batchnorm_grad" || n.op == "relu_grad" || n.op == "add") {
     acts = {0, 1};
     if (n.op == "batchnorm_grad" && n.inputs.size() == 6) acts.push_back(5);  // the fused relu_grad's mask

@@ -161,6 +161,44 @@ void fuse_packed_attention(Graph& g) {
   }
 }
 
+namespace {
+
+bool is_row_norm(const Node& n) {
+  return !n.dead && (n.op == "layernorm" || n.op == "rmsnorm");
+}
+bool is_norm_grad(const Node& n) {
+  return !n.dead && (n.op == "layernorm_grad" || n.op == "rmsnorm_grad");
+}
+
+// Makes v output `slot` of n (a new last output where slot is n's output count), the node that now writes it;
+// a value that n wrote there before is left without a producer.
+void set_output(Graph& g, Node& n, size_t slot, ValueId v) {
+  if (slot == n.outputs.size()) {
+    n.outputs.push_back(v);
+  } else {
+    g.value(n.outputs[slot]).producer = -1;
+    n.outputs[slot] = v;
+  }
+  g.value(v).producer = n.id;
+  g.value(v).producer_slot = static_cast<int>(slot);
+}
+
+// Whether node `n` is among the producers that value v is computed from.
+bool depends_on(const Graph& g, ValueId v, NodeId n) {
+  std::vector<ValueId> todo = {v};
+  std::set<NodeId> seen;
+  while (!todo.empty()) {
+    const Value& x = g.value(todo.back());
+    todo.pop_back();
+    if (x.producer < 0 || !seen.insert(x.producer).second) continue;
+    if (x.producer == n) return true;
+    for (ValueId in : g.node(x.producer).inputs) todo.push_back(in);
+  }
+  return false;
+}
+
+}  // namespace
+
 void fuse_backward(Graph& g, DeviceKind device) {
   // The mask input exists in the CPU kernels only. A conv -> relu -> maxpool gradient otherwise writes the
   // pooled gradient over the whole activation and reads it back at once to mask it (the bench CNN's largest
@@ -207,6 +245,42 @@ void fuse_backward(Graph& g, DeviceKind device) {
     r.dead = true;
     replace_uses(g, r.outputs[0], y.id);
   }
+  // A ResNet block's bn -> add (the shortcut) -> relu: the add and the relu join batchnorm (attr residual,
+  // the shortcut its last input, and attr relu), which writes the block's output; two passes over the
+  // activation fewer, the same bits (the sum of the rounded normalised value, as the add read it).
+  const auto now = g.consumers();
+  const auto only_reader = [&](ValueId v) -> Node* {
+    const auto& users = now[static_cast<size_t>(v)];
+    return users.size() == 1 && !outputs.count(v) ? &g.node(users[0]) : nullptr;
+  };
+  for (Node& a : g.nodes()) {
+    if (a.dead || a.op != "add" || a.inputs.size() != 2) continue;
+    const Value& sum = g.value(a.outputs[0]);
+    for (const size_t side : {size_t{0}, size_t{1}}) {
+      const Value &y = g.value(a.inputs[side]), &r = g.value(a.inputs[1 - side]);
+      if (y.producer < 0 || y.producer_slot != 0 || only_reader(y.id) != &a || r.shape() != y.shape() ||
+          r.dtype() != y.dtype() || sum.dtype() != y.dtype())
+        continue;
+      Node& bn = g.node(y.producer);
+      if (bn.dead || bn.op != "batchnorm" || bn.attrs.b("relu") || bn.attrs.b("residual") ||
+          depends_on(g, r.id, bn.id))
+        continue;
+      bn.inputs.push_back(r.id);
+      bn.attrs.set("residual", true);
+      bn.name += "+add";
+      ValueId out = sum.id;
+      Node* relu = only_reader(sum.id);
+      if (relu && relu->op == "relu") {
+        bn.attrs.set("relu", true);
+        bn.name += "+relu";
+        relu->dead = true;
+        out = relu->outputs[0];
+      }
+      set_output(g, bn, 0, out);
+      a.dead = true;
+      break;
+    }
+  }
 }
 
 void fuse_bias_gradients(Graph& g, DeviceKind device) {
@@ -251,44 +325,6 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
     g.node(sum_id).dead = true;
   }
 }
-
-namespace {
-
-bool is_row_norm(const Node& n) {
-  return !n.dead && (n.op == "layernorm" || n.op == "rmsnorm");
-}
-bool is_norm_grad(const Node& n) {
-  return !n.dead && (n.op == "layernorm_grad" || n.op == "rmsnorm_grad");
-}
-
-// Makes v output `slot` of n (a new last output where slot is n's output count), the node that now writes it;
-// a value that n wrote there before is left without a producer.
-void set_output(Graph& g, Node& n, size_t slot, ValueId v) {
-  if (slot == n.outputs.size()) {
-    n.outputs.push_back(v);
-  } else {
-    g.value(n.outputs[slot]).producer = -1;
-    n.outputs[slot] = v;
-  }
-  g.value(v).producer = n.id;
-  g.value(v).producer_slot = static_cast<int>(slot);
-}
-
-// Whether node `n` is among the producers that value v is computed from.
-bool depends_on(const Graph& g, ValueId v, NodeId n) {
-  std::vector<ValueId> todo = {v};
-  std::set<NodeId> seen;
-  while (!todo.empty()) {
-    const Value& x = g.value(todo.back());
-    todo.pop_back();
-    if (x.producer < 0 || !seen.insert(x.producer).second) continue;
-    if (x.producer == n) return true;
-    for (ValueId in : g.node(x.producer).inputs) todo.push_back(in);
-  }
-  return false;
-}
-
-}  // namespace
 
 void fold_norm_casts(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;

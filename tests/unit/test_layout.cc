@@ -90,25 +90,32 @@ TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
 }
 
 // fuse_backward (graph/passes.cc): stem_bn's and bn1's relus join their batchnorms (nothing else reads the
-// batchnorm outputs); bn1's relu_grad joins its batchnorm_grad as the mask, and the stem's joins the max
-// pool's gradient; the relus after the residual sum and c3 stay. The fused, blocked program trains to the
-// bits of the eager one (unfused, plain).
+// batchnorm outputs), and bn2 takes the residual sum with the shortcut and its relu (the shortcut, blocked,
+// read where it lies); bn1's relu_grad joins its batchnorm_grad as the mask, and the stem's joins the max
+// pool's gradient; c3's relu stays. The fused, blocked program trains to the bits of the eager one (unfused,
+// plain).
 TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   const Program fused = compile_cnn(true);
   std::map<std::string, int> ops;
-  int relu_bns = 0, masked_bn_grads = 0;
+  int relu_bns = 0, residual_bns = 0, masked_bn_grads = 0;
   for (NodeId id : fused.order) {
     const Node& n = fused.graph.node(id);
     ++ops[n.op];
     relu_bns += n.op == "batchnorm" && n.attrs.b("relu");
+    if (n.op == "batchnorm" && n.attrs.b("residual")) {
+      ++residual_bns;
+      EXPECT_EQ(fused.graph.value(n.inputs[5]).layout, Layout::nchw16c) << n.name;
+    }
     masked_bn_grads += n.op == "batchnorm_grad" && n.inputs.size() == 6;
     if (n.op == "batchnorm_grad" && n.inputs.size() == 6) {
       EXPECT_EQ(fused.graph.value(n.inputs[5]).layout, fused.graph.value(n.inputs[0]).layout) << n.name;
     }
   }
-  EXPECT_EQ(relu_bns, 2);
+  EXPECT_EQ(relu_bns, 3);
+  EXPECT_EQ(residual_bns, 1);
   EXPECT_EQ(masked_bn_grads, 1);
-  EXPECT_EQ(ops["relu"], 2);
+  EXPECT_EQ(ops["relu"], 1);
+  EXPECT_EQ(ops["add"], 3);  // r + t, and the gradient sums of x1 and r
   EXPECT_EQ(ops["relu_grad"], 2);
   const auto [eager_losses, eager] = train_sgd(compile_cnn(false, /*eager=*/true), 3);
   const auto [fused_losses, trained] = train_sgd(compile_cnn(true), 3);
