@@ -66,6 +66,10 @@ bool follow_inputs(const Graph& g, const Node& n, std::vector<size_t>& acts, siz
   } else if (n.op == "batchnorm_grad" || n.op == "relu_grad" || n.op == "add") {
     acts = {0, 1};
     if (n.op == "batchnorm_grad" && n.inputs.size() == 6) acts.push_back(5);  // the fused relu_grad's mask
+    if (n.op == "relu_grad" && n.inputs.size() == 3) {  // the fused sum's second gradient leads with dy
+      acts = {0, 2, 1};
+      lead = 2;
+    }
   } else {
     return false;
   }

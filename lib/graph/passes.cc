@@ -281,6 +281,24 @@ void fuse_backward(Graph& g, DeviceKind device) {
       break;
     }
   }
+  // The other end in the backward pass: a block's input gradient, the sum of its shortcut's and its first
+  // convolution's, read only by the previous block's relu_grad, is added by that relu_grad (a third input):
+  // two passes over the gradient fewer, the same bits.
+  const auto then = g.consumers();
+  for (Node& rg : g.nodes()) {
+    if (rg.dead || rg.op != "relu_grad" || rg.inputs.size() != 2) continue;
+    const Value& dy = g.value(rg.inputs[0]);
+    if (dy.producer < 0 || then[static_cast<size_t>(dy.id)].size() != 1 || outputs.count(dy.id)) continue;
+    Node& a = g.node(dy.producer);
+    if (a.dead || a.op != "add" || a.inputs.size() != 2) continue;
+    const Value &u = g.value(a.inputs[0]), &v = g.value(a.inputs[1]);
+    if (u.shape() != dy.shape() || v.shape() != dy.shape() || u.dtype() != dy.dtype() ||
+        v.dtype() != dy.dtype())
+      continue;
+    rg.inputs = {u.id, rg.inputs[1], v.id};
+    rg.name += "+add";
+    a.dead = true;
+  }
 }
 
 void fuse_bias_gradients(Graph& g, DeviceKind device) {

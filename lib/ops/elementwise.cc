@@ -121,6 +121,21 @@ void activation(OpRegistry& r, const std::string& name, const std::string& doc, 
   g.doc = "gradient of " + name + ": dy * f'(" + (grad_uses_output ? "y" : "x") + ")";
   g.num_inputs = 2;
   g.infer = same_as_input0;
+  if (name == "relu") {
+    // relu_grad alone may take the sum that feeds it (graph/passes.cc fuse_backward: a ResNet block's input
+    // gradient, its shortcut's plus its first convolution's).
+    g.doc +=
+        "; with a third input dy2 of dy's shape and dtype: (dy + dy2, rounded as add rounds it) where y > 0";
+    g.num_inputs = -1;
+    g.infer = [](const std::vector<TensorType>& in, const Attrs&) -> std::vector<TensorType> {
+      if (in.size() != 2 && in.size() != 3)
+        throw input_error(cat("relu_grad: 2 or 3 inputs expected, got ", in.size()));
+      if (in.size() == 3 && (in[2].shape != in[0].shape || in[2].dtype != in[0].dtype))
+        throw input_error(cat("relu_grad: dy2 is ", shape_str(in[2].shape), " ", dtype_name(in[2].dtype),
+                              ", dy ", shape_str(in[0].shape), " ", dtype_name(in[0].dtype)));
+      return {in[0]};
+    };
+  }
   g.cost = elementwise_cost;
   g.inplace_input = 0;
   g.kernels = {{DeviceKind::cpu, kF, bwd}};

@@ -159,6 +159,12 @@ void register_cases() {
        {"batchnorm",
         {{{64, 16, 32, 32}, bf16}, {{16}, f32}, {{16}, f32}, {{16}, f32}, {{16}, f32}},
         {{"training", true}}}},
+      // A ResNet-20 block's input gradient: the add of its two parts and the previous relu's mask, unfused
+      // and fused (relu_grad with the sum's second part as a third input).
+      {"add/bf16_64x16x32x32", {"add", {{{64, 16, 32, 32}, bf16}, {{64, 16, 32, 32}, bf16}}, {}}},
+      {"relu_grad/bf16_64x16x32x32", {"relu_grad", {{{64, 16, 32, 32}, bf16}, {{64, 16, 32, 32}, bf16}}, {}}},
+      {"relu_grad/sum_bf16_64x16x32x32",
+       {"relu_grad", {{{64, 16, 32, 32}, bf16}, {{64, 16, 32, 32}, bf16}, {{64, 16, 32, 32}, bf16}}, {}}},
       {"batchnorm/bf16_nChw16c_64x16x32x32",
        {"batchnorm",
         {{{64, 16, 32, 32}, bf16}, {{16}, f32}, {{16}, f32}, {{16}, f32}, {{16}, f32}},

@@ -174,6 +174,23 @@ TEST(Fusion, BatchnormWithResidualIsTheNormThenTheAddAndRelu) {
         }
 }
 
+// The backward end of the same fusion: relu_grad with a third input is the add of the two gradients, then
+// relu_grad, bit for bit (masks above, at and below 0; f32 and bf16).
+TEST(Fusion, ReluGradOfASumIsTheAddThenTheReluGrad) {
+  for (const DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Shape s = {5, 37};
+    const Tensor a = uniform(s, DType::f32, 21).to(t), b = uniform(s, DType::f32, 22).to(t);
+    Tensor y = uniform(s, DType::f32, 23);
+    float* py = y.data<float>();
+    py[0] = 0.0f;
+    py[1] = -0.0f;
+    const Tensor mask = y.to(t);
+    const Tensor want = run("relu_grad", {}, {run("add", {}, {a, b})[0], mask})[0];
+    EXPECT_TRUE(same_bytes(run("relu_grad", {}, {a, mask, b})[0], want));
+  }
+}
+
 // x (3, 100, 24) -> linear 24 + x = h -> layernorm -> linear 40 -> gelu (tanh) -> linear 24 -> + h -> mse
 // against target (3, 100, 24): h's gradient is the layernorm gradient plus the residual's.
 Program compile_mlp(DType compute, bool eager) {

@@ -92,8 +92,8 @@ TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
 // fuse_backward (graph/passes.cc): stem_bn's and bn1's relus join their batchnorms (nothing else reads the
 // batchnorm outputs), and bn2 takes the residual sum with the shortcut and its relu (the shortcut, blocked,
 // read where it lies); bn1's relu_grad joins its batchnorm_grad as the mask, and the stem's joins the max
-// pool's gradient; c3's relu stays. The fused, blocked program trains to the bits of the eager one (unfused,
-// plain).
+// pool's gradient; r's relu_grad adds r's two gradients itself; c3's relu stays. The fused, blocked program
+// trains to the bits of the eager one (unfused, plain).
 TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   const Program fused = compile_cnn(true);
   std::map<std::string, int> ops;
@@ -115,7 +115,7 @@ TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   EXPECT_EQ(residual_bns, 1);
   EXPECT_EQ(masked_bn_grads, 1);
   EXPECT_EQ(ops["relu"], 1);
-  EXPECT_EQ(ops["add"], 3);  // r + t, and the gradient sums of x1 and r
+  EXPECT_EQ(ops["add"], 2);  // r + t, and x1's gradient sum (r's joins its relu_grad)
   EXPECT_EQ(ops["relu_grad"], 2);
   const auto [eager_losses, eager] = train_sgd(compile_cnn(false, /*eager=*/true), 3);
   const auto [fused_losses, trained] = train_sgd(compile_cnn(true), 3);
