@@ -147,33 +147,43 @@ TEST(MaxPool, TwoByTwoChoosesAsTheRowMajorScan) {
   }
 }
 
-// The buffers oneDNN's convolutions keep outside the arena are what KernelDef::host_buffers (which `flowrun
-// plan` adds up) says: after a forward and both backward ops of one convolution, the shared pools hold
-// exactly its need. In a process of its own (the threadsafe death-test style runs this test alone in a fresh
-// one): the pools keep what earlier tests' convolutions grew them to, and a scratchpad's size is not
-// monotone in the convolution's.
+// The buffers the convolutions keep outside the arena (oneDNN's, and wgrad3x3_bf16's repacks) are what
+// KernelDef::host_buffers (which `flowrun plan` adds up) says: after a forward and both backward ops of one
+// convolution, the shared pools hold exactly its need. In a process of its own (the threadsafe death-test
+// style runs the test alone in a fresh one): the pools keep what earlier tests' convolutions grew them to,
+// and a scratchpad's size is not monotone in the convolution's.
+bool held_is_predicted(DType t) {
+  const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
+  const auto ops = three_ops(x, w);
+  std::map<std::string, size_t> pools;
+  for (const auto& [op, spec] : ops) {
+    single_op(op, spec.first, spec.second, t)->run();
+    const OpDef& def = OpRegistry::get().at(op);
+    std::vector<TensorType> in;
+    for (const Arg& arg : spec.first) in.push_back({arg.shape, t});
+    const std::vector<TensorType> out = def.infer(in, spec.second);
+    for (const auto& [pool, bytes] :
+         host_buffers(select_kernel(def, DeviceKind::cpu, t), in, out, spec.second))
+      pools[pool] = std::max(pools[pool], bytes);
+  }
+  size_t predicted = 0;
+  for (const auto& [pool, bytes] : pools) predicted += bytes;
+  std::fprintf(stderr, "held %zu bytes, predicted %zu\n", cpu::dnnl_conv2d_held_bytes(), predicted);
+  return predicted > 0 && cpu::dnnl_conv2d_held_bytes() == predicted;
+}
+
 TEST(ConvF32, HostBuffersPredictWhatTheKernelsHold) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
-  const auto held_is_predicted = [&] {
-    const auto ops = three_ops(x, w);
-    std::map<std::string, size_t> pools;
-    for (const auto& [op, spec] : ops) {
-      single_op(op, spec.first, spec.second, DType::f32)->run();
-      const OpDef& def = OpRegistry::get().at(op);
-      std::vector<TensorType> in;
-      for (const Arg& arg : spec.first) in.push_back({arg.shape, DType::f32});
-      const std::vector<TensorType> out = def.infer(in, spec.second);
-      for (const auto& [pool, bytes] :
-           host_buffers(select_kernel(def, DeviceKind::cpu, DType::f32), in, out, spec.second))
-        pools[pool] = std::max(pools[pool], bytes);
-    }
-    size_t predicted = 0;
-    for (const auto& [pool, bytes] : pools) predicted += bytes;
-    std::fprintf(stderr, "held %zu bytes, predicted %zu\n", cpu::dnnl_conv2d_held_bytes(), predicted);
-    return predicted > 0 && cpu::dnnl_conv2d_held_bytes() == predicted;
-  };
-  EXPECT_EXIT(std::exit(held_is_predicted() ? 0 : 1), ::testing::ExitedWithCode(0), "held [0-9]+ bytes");
+  EXPECT_EXIT(std::exit(held_is_predicted(DType::f32) ? 0 : 1), ::testing::ExitedWithCode(0),
+              "held [0-9]+ bytes");
+}
+
+TEST(ConvBf16, HostBuffersPredictWhatTheKernelsHold) {
+  const KernelChoice k = select_kernel(OpRegistry::get().at("conv2d"), DeviceKind::cpu, DType::bf16);
+  if (!k.kernel || k.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(held_is_predicted(DType::bf16) ? 0 : 1), ::testing::ExitedWithCode(0),
+              "held [0-9]+ bytes");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "op_harness.h"
+#include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/simd16.h"
 #include "ops/registry.h"
@@ -381,6 +382,73 @@ TEST(LowpKernels, AttentionMatchesWidenedFloat32WithinBfloat16Rounding) {
     SCOPED_TRACE(::testing::Message() << "T " << ac.t << " S " << ac.s << " D " << ac.d << " Dv " << ac.dv
                                       << (ac.causal ? " causal" : "") << (ac.padded ? " padded" : ""));
     expect_native_attention_close(ac);
+  }
+}
+
+// conv2d_grad_weight in bf16 against f64 on the same (widened) inputs: within the output's bf16 rounding plus
+// the f32 sums' error (1e-4 of the sum of the terms' magnitudes; a wrong tap, shift or pair is off by the
+// order of that sum). The 3x3 stride-1 kernel (wgrad3x3_bf16) must also give the same bits from NCHW and
+// nChw16c inputs and at any thread count. Batches of one and of two partials, an odd channel count, widths
+// whose column pairs end mid-register (9, 17 pairs) and a row of 34 (two and a bit 16-pixel tiles); an odd
+// width and a stride of 2 run through oneDNN.
+Tensor nchw16c(const Tensor& t) {
+  const Shape& s = t.shape();
+  Tensor b = Tensor::empty(s, DType::bf16);
+  const int64_t hw = s[2] * s[3];
+  for (int64_t n = 0; n < s[0]; ++n)
+    for (int64_t c = 0; c < s[1]; ++c)
+      for (int64_t i = 0; i < hw; ++i)
+        b.data<bf16>()[((n * (s[1] / 16) + c / 16) * hw + i) * 16 + c % 16] =
+            t.data<bf16>()[(n * s[1] + c) * hw + i];
+  return b;
+}
+
+TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
+  struct Case {
+    Shape x;
+    int64_t o, stride;
+  };
+  const OpDef& def = OpRegistry::get().at("conv2d_grad_weight");
+  const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
+  if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  const KernelDef& f64 = *def.kernel(DeviceKind::cpu, DType::f64);
+  for (const Case& k :
+       {Case{{8, 16, 8, 10}, 16, 1}, Case{{17, 3, 6, 6}, 16, 1}, Case{{16, 32, 5, 18}, 32, 1},
+        Case{{8, 16, 4, 34}, 16, 1}, Case{{8, 16, 7, 7}, 16, 1}, Case{{8, 16, 8, 8}, 32, 2}}) {
+    SCOPED_TRACE(::testing::Message() << shape_str(k.x) << " -> " << k.o << " stride " << k.stride);
+    const Shape ws = {k.o, k.x[1], 3, 3};
+    Attrs a{{"padding", Shape{1, 1}}, {"stride", Shape{k.stride, k.stride}}, {"w_shape", ws}};
+    const Shape ys = OpRegistry::get().at("conv2d").infer({{k.x, DType::f32}, {ws, DType::f32}}, a)[0].shape;
+    const Tensor dy = bf16_input(ys, 31), x = bf16_input(k.x, 32);
+    const Tensor got = run_kernel(def, *native.kernel, a, {dy, x})[0];
+    const Tensor want = run_kernel(def, f64, a, {dy.to(DType::f64), x.to(DType::f64)})[0];
+    Tensor ady = dy.to(DType::f64), ax = x.to(DType::f64);
+    for (Tensor* t : {&ady, &ax})
+      for (int64_t e = 0; e < t->numel(); ++e) t->data<double>()[e] = std::abs(t->data<double>()[e]);
+    const Tensor magnitude = run_kernel(def, f64, a, {ady, ax})[0];
+    for (int64_t e = 0; e < want.numel(); ++e) {
+      const double w = want.data<double>()[e], g = bf16_to_float(got.data<bf16>()[e]);
+      ASSERT_LE(std::abs(g - w), std::ldexp(std::abs(w), -8) + 1e-4 * magnitude.data<double>()[e])
+          << "[" << e << "] of " << w;
+    }
+    cpu::ConvGeom g = cpu::conv_geom(k.x, ws, a);
+    if (!cpu::wgrad3x3_bf16_serves(g)) continue;
+    auto expect_same = [&](const Tensor& other, const std::string& what) {
+      EXPECT_EQ(std::memcmp(other.raw(), got.raw(), got.nbytes()), 0) << what;
+    };
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(3);
+    expect_same(run_kernel(def, *native.kernel, a, {dy, x})[0], "3 threads");
+    omp_set_num_threads(threads);
+    if (k.o % 16 == 0) {
+      Attrs b = a;
+      b.set("y_blocked", true);
+      expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), x})[0], "dy blocked");
+      if (k.x[1] % 16 == 0) {
+        b.set("x_blocked", true);
+        expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), nchw16c(x)})[0], "dy and x blocked");
+      }
+    }
   }
 }
 

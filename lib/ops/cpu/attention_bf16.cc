@@ -138,46 +138,6 @@ void pack_rows(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uin
   }
 }
 
-// The block of up to 16 x 16 32-bit words at src (row stride lds) transposed into dst (row stride ldd):
-// `nr` rows and `nc` columns are read, the rest of the 16 x 16 registers is zero; nc rows of nr words are
-// written. Four rounds of unpacks and 128-bit lane shuffles, where element-wise copies would take 256 loads
-// and stores.
-// GCC 12's plain unpack and shuffle intrinsics start from _mm512_undefined_epi32(), which
-// -Werror=uninitialized rejects; the zero-masked forms with every lane kept are the same instructions.
-constexpr __mmask16 kAll16 = 0xffff;
-constexpr __mmask8 kAll8 = 0xff;
-
-void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, uint32_t* dst, int64_t ldd) {
-  const __mmask16 cmask = simd16::lanes(nc), rmask = simd16::lanes(nr);
-  const auto* s = static_cast<const uint32_t*>(src);
-  __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i)
-    r[i] = i < nr ? _mm512_maskz_loadu_epi32(cmask, s + i * lds) : _mm512_setzero_si512();
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_maskz_unpacklo_epi32(kAll16, r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(kAll16, r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_maskz_shuffle_i32x4(kAll16, r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_maskz_shuffle_i32x4(kAll16, r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_maskz_shuffle_i32x4(kAll16, r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_maskz_shuffle_i32x4(kAll16, r[i + 8], r[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_maskz_shuffle_i32x4(kAll16, t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_maskz_shuffle_i32x4(kAll16, t[i], t[i + 8], 0xdd);
-    r[i + 4] = _mm512_maskz_shuffle_i32x4(kAll16, t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_maskz_shuffle_i32x4(kAll16, t[i + 4], t[i + 12], 0xdd);
-  }
-  for (int i = 0; i < nc; ++i) _mm512_mask_storeu_epi32(dst + i * ldd, rmask, r[i]);
-}
-
 // Pair layout over columns (the source's transpose, its rows `lds` apart): word (p, j) = (src[j][2p],
 // src[j][2p+1]), the column past an odd count zero. With an even count and stride a source row is cols / 2
 // whole words, so this is a transpose of 32-bit words, done in 16 x 16 blocks.
@@ -186,8 +146,8 @@ void pack_cols(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uin
   if (cols % 2 == 0 && lds % 2 == 0) {
     for (int64_t j0 = 0; j0 < rows; j0 += 16)
       for (int64_t p0 = 0; p0 < np; p0 += 16)
-        transpose16(src + j0 * lds + 2 * p0, lds / 2, std::min<int64_t>(16, rows - j0),
-                    std::min<int64_t>(16, np - p0), dst + p0 * rows + j0, rows);
+        simd16::transpose16(src + j0 * lds + 2 * p0, lds / 2, std::min<int64_t>(16, rows - j0),
+                            std::min<int64_t>(16, np - p0), dst + p0 * rows + j0, rows);
     return;
   }
   for (int64_t p = 0; p < np; ++p)

@@ -661,32 +661,6 @@ void global_avgpool(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 
-#if defined(__AVX512F__)
-// dst[k * ds + r] = src[r * ss + k] for r < rows, k < cols (at most 16 each), 4-byte values: a 16 x 16 tile
-// transposed in registers in four butterfly stages, stage d swapping bit d of the row and column indices.
-void transpose16(const uint32_t* src, int64_t ss, int rows, int cols, uint32_t* dst, int64_t ds) {
-  const auto mask = [](int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1); };
-  __m512i r[16];
-  for (int i = 0; i < 16; ++i)
-    r[i] = i < rows ? _mm512_maskz_loadu_epi32(mask(cols), src + i * ss) : _mm512_setzero_si512();
-  for (int d = 1; d < 16; d *= 2) {
-    alignas(64) int32_t keep_low[16], keep_high[16];  // the rows without and with bit d
-    for (int j = 0; j < 16; ++j) {
-      keep_low[j] = (j & d) ? 16 + (j ^ d) : j;
-      keep_high[j] = (j & d) ? 16 + j : (j ^ d);
-    }
-    const __m512i lo = _mm512_load_si512(keep_low), hi = _mm512_load_si512(keep_high);
-    for (int a = 0; a < 16; ++a) {
-      if (a & d) continue;
-      const __m512i x = r[a], y = r[a | d];
-      r[a] = _mm512_permutex2var_epi32(x, lo, y);
-      r[a | d] = _mm512_permutex2var_epi32(x, hi, y);
-    }
-  }
-  for (int k = 0; k < cols; ++k) _mm512_mask_storeu_epi32(dst + k * ds, mask(rows), r[k]);
-}
-#endif
-
 // Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
 template <typename T>
 void reorder_t(const KernelCtx& c) {
@@ -704,9 +678,9 @@ void reorder_t(const KernelCtx& c) {
         for (int64_t i = 0; i < hw; i += 16) {
           const int n = static_cast<int>(std::min<int64_t>(16, hw - i));
           if (to_blocked)
-            transpose16(src + i, hw, 16, n, dst + i * 16, 16);
+            simd16::transpose16(src + i, hw, 16, n, dst + i * 16, 16);
           else
-            transpose16(src + i * 16, 16, n, 16, dst + i, hw);
+            simd16::transpose16(src + i * 16, 16, n, 16, dst + i, hw);
         }
         continue;
       }

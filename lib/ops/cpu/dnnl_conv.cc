@@ -20,6 +20,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
@@ -255,6 +256,7 @@ void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<Gro
 struct Slot {
   std::array<GrowBuffer, 4> port_buf;
   GrowBuffer scratch_buf;
+  GrowBuffer repack;  // wgrad3x3_bf16's image repacks
   std::map<Key, Entry> cache;
   dnnl::stream stream{engine()};
 };
@@ -339,9 +341,28 @@ int weight_team(const Blocks& b) {
   return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));
 }
 
+// grad_weight through wgrad3x3_bf16 (its caller holds s.mu): the same blocks, each thread's in its slot's
+// repack buffer, the partials added in block order.
+void grad_weight_3x3_bf16(Shared& s, const ConvGeom& g, const void* dy, const void* x, void* dw) {
+  const Blocks bl = blocks_of(g);
+  const int team = weight_team(bl);
+  while (s.slots.size() < static_cast<size_t>(team)) s.slots.push_back(std::make_unique<Slot>());
+  const int64_t pelems = wgrad3x3_bf16_partial_elems(g);
+  float* partials = static_cast<float*>(s.partials.reserve(static_cast<size_t>(bl.count * pelems) * 4));
+  const size_t scratch = wgrad3x3_bf16_scratch_bytes(g);
+  for (int slot = 0; slot < team; ++slot) s.slots[static_cast<size_t>(slot)]->repack.reserve(scratch);
+#pragma omp parallel for schedule(static) num_threads(team)
+  for (int64_t b = 0; b < bl.count; ++b)
+    wgrad3x3_bf16(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), static_cast<const bf16*>(dy),
+                  static_cast<const bf16*>(x), partials + b * pelems,
+                  s.slots[static_cast<size_t>(omp_get_thread_num())]->repack.reserve(scratch));
+  wgrad3x3_bf16_finish(g, partials, bl.count, pelems, static_cast<bf16*>(dw));
+}
+
 void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
+  if (t == dt::bf16 && wgrad3x3_bf16_serves(g)) return grad_weight_3x3_bf16(s, g, dy, x, dw);
   const Blocks bl = blocks_of(g);
   const int team = weight_team(bl);
   const int64_t welems = g.o * g.kdim(), esize = t == dt::f32 ? 4 : 2;
@@ -430,12 +451,16 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     // A slot's pools per thread of the team, and the partials; a slot grows to the largest block.
     const Blocks bl = blocks_of(g);
     const size_t team = static_cast<size_t>(weight_team(bl));
+    if (t == DType::bf16 && wgrad3x3_bf16_serves(g))
+      return {{"convolution weight-gradient partials",
+               static_cast<size_t>(bl.count * wgrad3x3_bf16_partial_elems(g)) * 4},
+              {"bf16 3x3 weight-gradient image repacks", team * wgrad3x3_bf16_scratch_bytes(g)}};
     const OneThread one;
     const Entry e = build(Kind::bwd_weights, dnnl_type(t), with_batch(g, bl.largest), false);
     const size_t plain = t == DType::f32 ? 0 : static_cast<size_t>(g.o * g.kdim()) * 4;
     std::vector<std::pair<std::string, size_t>> out = {
         {"oneDNN convolution weight-gradient scratchpads", team * e.scratch_bytes},
-        {"oneDNN convolution weight-gradient partials",
+        {"convolution weight-gradient partials",
          static_cast<size_t>(bl.count) * e.ports[2].inner_bytes + plain}};
     for (size_t i = 0; i < e.ports.size(); ++i)
       if (e.ports[i].reordered)
@@ -459,7 +484,7 @@ size_t dnnl_conv2d_held_bytes() {
   size_t n = s.scratch_buf.size() + s.partials.size();
   for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
-    n += slot->scratch_buf.size();
+    n += slot->scratch_buf.size() + slot->repack.size();
     for (const GrowBuffer& b : slot->port_buf) n += b.size();
   }
   return n;

@@ -16,6 +16,7 @@ namespace flowrun::cpu::simd16 {
 // GCC 12's unmasked forms of some intrinsics start from _mm512_undefined_*, which -Wmaybe-uninitialized
 // rejects; the zero-masked forms over all lanes are the same instructions.
 constexpr __mmask16 kAll = 0xffff;
+constexpr __mmask8 kAll8 = 0xff;
 
 // The first min(n, 16) lanes: the mask of a loop's last, partial register.
 inline __mmask16 lanes(int64_t n) {
@@ -83,6 +84,41 @@ inline void round_to_bf16(const float* src, bf16* dst, int64_t n, float scale = 
     const __mmask16 m = lanes(n - j);
     store(dst + j, _mm512_mul_ps(load(src + j, m), s), m);
   }
+}
+
+// The block of up to 16 x 16 32-bit words at src (row stride lds) transposed into dst (row stride ldd):
+// `nr` rows and `nc` columns are read, the rest of the 16 x 16 registers is zero; nc rows of nr words are
+// written. Four rounds of unpacks and 128-bit lane shuffles, where element-wise copies would take 256 loads
+// and stores.
+inline void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, uint32_t* dst, int64_t ldd) {
+  const __mmask16 cmask = lanes(nc), rmask = lanes(nr);
+  const auto* s = static_cast<const uint32_t*>(src);
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < nr ? _mm512_maskz_loadu_epi32(cmask, s + i * lds) : _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(kAll, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(kAll, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_i32x4(kAll, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_i32x4(kAll, r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_maskz_shuffle_i32x4(kAll, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_i32x4(kAll, r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_maskz_shuffle_i32x4(kAll, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_maskz_shuffle_i32x4(kAll, t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_maskz_shuffle_i32x4(kAll, t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_maskz_shuffle_i32x4(kAll, t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < nc; ++i) _mm512_mask_storeu_epi32(dst + i * ldd, rmask, r[i]);
 }
 
 }  // namespace flowrun::cpu::simd16
