@@ -151,7 +151,12 @@ void register_reduce_ops(OpRegistry& r) {
   bt.kernels = {{DeviceKind::cpu, kF, cpu::broadcast_to}};
   bt.samples = [] {
     std::vector<OpSample> s;
-    for (auto [x, t] : std::vector<std::pair<Shape, Shape>>{{{5}, {3, 5}}, {{3, 1}, {3, 4}}, {{2, 1, 3}, {4, 2, 5, 3}}}) {
+    // Copy runs, fill runs (one axis, two merged: a pooled gradient's planes, all of y) and strided rows.
+    for (auto [x, t] : std::vector<std::pair<Shape, Shape>>{{{5}, {3, 5}},
+                                                            {{3, 1}, {3, 4}},
+                                                            {{2, 1, 3}, {4, 2, 5, 3}},
+                                                            {{2, 3, 1, 1}, {2, 3, 2, 4}},
+                                                            {{1}, {2, 3}}}) {
       OpSample o;
       o.label = shape_str(x) + "->" + shape_str(t);
       o.inputs = {{x, DType::f64}};

@@ -253,13 +253,14 @@ std::array<int64_t, 8> broadcast_strides(const Shape& small, const Shape& big) {
   return st;
 }
 
-// Calls f(i, j) for every element i of `big` with j = sum(idx * st), its source index in a smaller tensor.
+// Calls f(i, j) for every element i of `big` with j = sum(idx * st), its source index in a smaller tensor;
+// `grain` elements of big at least per task.
 template <typename F>
-void for_each_broadcast(const std::array<int64_t, 8>& st, const Shape& big, F f) {
+void for_each_broadcast(const std::array<int64_t, 8>& st, const Shape& big, F f, int64_t grain = 1 << 14) {
   FR_CHECK(big.size() <= 8, "rank ", big.size(), " is not supported");
   const int64_t n = numel(big);
   const size_t r = big.size();
-  parallel_for(n, 1 << 14, [&](int64_t s, int64_t e) {
+  parallel_for(n, grain, [&](int64_t s, int64_t e) {
     std::array<int64_t, 8> idx{};
     int64_t rem = s, j = 0;
     for (size_t k = r; k-- > 0;) {
@@ -325,12 +326,30 @@ void reduce_max_grad(const KernelCtx& c) {
   });
 }
 
+// The trailing axes of y merge into runs, all broadcast (a fill: a pooled gradient's planes) or all
+// contiguous (a copy: a bias's rows), and the odometer steps once per run: element by element, the
+// gradient of ResNet-20's global average pool (64 x 64 planes of 8 x 8) took 0.3 ms.
 void broadcast_to(const KernelCtx& c) {
+  const Shape& big = *c.out[0].shape;
+  const std::array<int64_t, 8> st = broadcast_strides(*c.in[0].shape, big);
+  size_t k = big.size();  // y's axes [k, rank) form one run of `run` elements
+  int64_t run = 1;
+  const bool fill = k > 0 && st[k - 1] == 0;
+  while (k > 0 && st[k - 1] == (fill ? 0 : run)) run *= big[--k];
+  const Shape rows(big.begin(), big.begin() + static_cast<std::ptrdiff_t>(k));
   dispatch_storage(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = c.in[0].as<T>();
     T* y = c.out[0].as<T>();
-    for_each_broadcast(broadcast_strides(*c.in[0].shape, *c.out[0].shape), *c.out[0].shape, [&](int64_t i, int64_t j) { y[i] = x[j]; });
+    for_each_broadcast(
+        st, rows,
+        [&](int64_t i, int64_t j) {
+          if (fill)
+            std::fill_n(y + i * run, run, x[j]);
+          else
+            std::copy_n(x + j, run, y + i * run);
+        },
+        std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(run, 1)));
   });
 }
 
