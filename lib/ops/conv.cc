@@ -611,7 +611,7 @@ void register_conv_ops(OpRegistry& r) {
   ro.samples = [] {
     std::vector<OpSample> s;
     for (const char* to : {"nchw16c", "nchw"})
-      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}}) {
+      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}, {2, 32, 6, 7}}) {
         OpSample o;
         o.label = cat(to, " ", shape_str(x));
         o.inputs = {{x, DType::f64}};
