@@ -661,16 +661,6 @@ void global_avgpool(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 
-#if defined(__AVX512BW__)
-// 16-bit lane permutes between a word vector (word j = channel j of pixels 2p and 2p + 1) and two pixels'
-// channel vectors (pixel 2p's 16 channels, then pixel 2p + 1's).
-alignas(64) constexpr uint16_t kSplitPairs[32] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
-                                                  1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-alignas(64) constexpr uint16_t kJoinPairs[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                 21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-#endif
-
 // Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
 template <typename T>
 void reorder_t(const KernelCtx& c) {
@@ -695,38 +685,33 @@ void reorder_t(const KernelCtx& c) {
         continue;
       }
 #endif
+      int64_t done = 0;  // elements moved by the vector paths
 #if defined(__AVX512BW__)
       // 2-byte values (bf16) as words of two pixels: 16 pixels of the 16 channel rows transposed as 8 x 16
       // words, each word's halves then split into (or joined from) the two pixels' channel vectors by one
       // permute. Element by element, ResNet-20's four bf16 reorders took 0.3 ms a step.
-      int64_t done = 0;
       if constexpr (sizeof(T) == 2) {
         if (hw % 2 == 0) {
           alignas(64) uint32_t tile[8 * 16];
-          const __m512i split = _mm512_load_si512(kSplitPairs), join = _mm512_load_si512(kJoinPairs);
           const auto* words = reinterpret_cast<const uint32_t*>(src);
           auto* dwords = reinterpret_cast<uint32_t*>(dst);
           for (; done + 16 <= hw; done += 16) {
             if (to_blocked) {
               simd16::transpose16(words + done / 2, hw / 2, 16, 8, tile, 16);
               for (int p = 0; p < 8; ++p)
-                _mm512_storeu_si512(
-                    dst + (done + 2 * p) * 16,
-                    _mm512_maskz_permutexvar_epi16(~__mmask32{0}, split, _mm512_load_si512(tile + 16 * p)));
+                _mm512_storeu_si512(dst + (done + 2 * p) * 16,
+                                    simd16::split_pairs(_mm512_load_si512(tile + 16 * p)));
             } else {
               for (int p = 0; p < 8; ++p)
                 _mm512_store_si512(tile + 16 * p,
-                                   _mm512_maskz_permutexvar_epi16(
-                                       ~__mmask32{0}, join, _mm512_loadu_si512(src + (done + 2 * p) * 16)));
+                                   simd16::join_pairs(_mm512_loadu_si512(src + (done + 2 * p) * 16)));
               simd16::transpose16(tile, 16, 8, 16, dwords + done / 2, hw / 2);
             }
           }
         }
       }
-      for (int64_t i = done; i < hw; ++i)
-#else
-      for (int64_t i = 0; i < hw; ++i)
 #endif
+      for (int64_t i = done; i < hw; ++i)
         for (int64_t j = 0; j < 16; ++j) {
           if (to_blocked)
             dst[i * 16 + j] = src[j * hw + i];

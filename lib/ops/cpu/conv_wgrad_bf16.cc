@@ -75,15 +75,6 @@ void zero_borders(const ConvGeom& g, const Layout& l, char* xt) {
   }
 }
 
-// Two adjacent pixels of a channel block (32 values) interleaved: word c = (pixel 0's c, pixel 1's c).
-alignas(64) constexpr uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                  21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
-inline __m512i interleaved(__m512i two_pixels) {
-  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, _mm512_load_si512(kInterleave), two_pixels);
-}
-
 // Image x (C, H, W), NCHW or nChw16c, into xt's interior.
 void repack_x(const ConvGeom& g, const Layout& l, const uint16_t* x, char* xt) {
   if (l.col == 2) {
@@ -101,7 +92,8 @@ void repack_x(const ConvGeom& g, const Layout& l, const uint16_t* x, char* xt) {
       char* dst = xt + l.channel(cb * 16) + (h + 1) * l.row;
       for (int64_t q = 0; q <= g.w; ++q) {
         const __mmask32 m = q == 0 ? 0xffff0000u : q == g.w ? 0x0000ffffu : ~__mmask32{0};
-        _mm512_store_si512(dst + q * l.col, interleaved(_mm512_maskz_loadu_epi16(m, px + (q - 1) * 16)));
+        _mm512_store_si512(dst + q * l.col,
+                           simd16::join_pairs(_mm512_maskz_loadu_epi16(m, px + (q - 1) * 16)));
       }
     }
 }
@@ -112,7 +104,7 @@ void repack_dy(const ConvGeom& g, const uint16_t* dy, bool blocked, uint32_t* dy
   if (blocked) {
     const int64_t n = g.o / 16 * g.h * pairs;
     for (int64_t i = 0; i < n; ++i)
-      _mm512_store_si512(dyp + 16 * i, interleaved(_mm512_loadu_si512(dy + 32 * i)));
+      _mm512_store_si512(dyp + 16 * i, simd16::join_pairs(_mm512_loadu_si512(dy + 32 * i)));
     return;
   }
   // Each channel's row is `pairs` words; 16 channels' rows transposed, 16 pairs at a time.

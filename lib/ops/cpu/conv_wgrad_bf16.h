@@ -1,7 +1,7 @@
 // The bf16 weight gradient of a 3x3, stride-1, padding-1 convolution as vdpbf16ps dot products
 // (conv_wgrad_bf16.cc), in place of oneDNN 2.6's kernel for those layers (ResNet's). On this Zen 4 host
 // oneDNN ran ResNet-20's blocks of 8 images at 171-175 GFLOP/s per thread (ONEDNN_VERBOSE: 0.21-0.23 ms a
-// block); this kernel's loop runs them at 190-198 (0.19 ms), of a 228 GFLOP/s ceiling.
+// block); this kernel's loop runs them at 190-198 (0.19 ms).
 #pragma once
 
 #include <cstddef>

@@ -350,7 +350,6 @@ void grad_weight_3x3_bf16(Shared& s, const ConvGeom& g, const void* dy, const vo
   const int64_t pelems = wgrad3x3_bf16_partial_elems(g);
   float* partials = static_cast<float*>(s.partials.reserve(static_cast<size_t>(bl.count * pelems) * 4));
   const size_t scratch = wgrad3x3_bf16_scratch_bytes(g);
-  for (int slot = 0; slot < team; ++slot) s.slots[static_cast<size_t>(slot)]->repack.reserve(scratch);
 #pragma omp parallel for schedule(static) num_threads(team)
   for (int64_t b = 0; b < bl.count; ++b)
     wgrad3x3_bf16(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), static_cast<const bf16*>(dy),

@@ -121,5 +121,23 @@ inline void transpose16(const void* src, int64_t lds, int64_t nr, int64_t nc, ui
   for (int i = 0; i < nc; ++i) _mm512_mask_storeu_epi32(dst + i * ldd, rmask, r[i]);
 }
 
+#if defined(__AVX512BW__)
+// The two 16-lane halves of 32 16-bit values (two pixels' 16 channels of bf16) interleaved into 16 32-bit
+// words, word j = (lane j, lane 16 + j): the pair layout vdpbf16ps multiplies. split_pairs is its inverse.
+alignas(64) inline constexpr uint16_t kJoinPairs[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                        21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                        11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+alignas(64) inline constexpr uint16_t kSplitPairs[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                         22, 24, 26, 28, 30, 1,  3,  5,  7,  9,  11,
+                                                         13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+
+inline __m512i join_pairs(__m512i halves) {
+  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, _mm512_load_si512(kJoinPairs), halves);
+}
+inline __m512i split_pairs(__m512i words) {
+  return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, _mm512_load_si512(kSplitPairs), words);
+}
+#endif
+
 }  // namespace flowrun::cpu::simd16
 #endif  // __AVX512F__
