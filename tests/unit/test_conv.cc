@@ -61,9 +61,8 @@ void expect_close(const std::vector<double>& ref, const std::vector<double>& got
 }
 
 // A padded 3x3 convolution of x (n, c, h, w) by w (o, c, 3, 3) as its three ops: (op, (inputs, attrs)).
-std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> three_ops(const Shape& x,
-                                                                                  const Shape& w) {
-  const Attrs a = {{"padding", Shape{1, 1}}};
+std::vector<std::pair<std::string, std::pair<std::vector<Arg>, Attrs>>> three_ops(
+    const Shape& x, const Shape& w, const Attrs& a = {{"padding", Shape{1, 1}}}) {
   const Shape y = conv_out(x, w, a);
   return {
       {"conv2d", {{{"x", x}, {"w", w}}, a}},
@@ -147,14 +146,18 @@ TEST(MaxPool, TwoByTwoChoosesAsTheRowMajorScan) {
   }
 }
 
-// The buffers the convolutions keep outside the arena (oneDNN's, and wgrad3x3_bf16's repacks) are what
-// KernelDef::host_buffers (which `flowrun plan` adds up) says: after a forward and both backward ops of one
-// convolution, the shared pools hold exactly its need. In a process of its own (the threadsafe death-test
-// style runs the test alone in a fresh one): the pools keep what earlier tests' convolutions grew them to,
-// and a scratchpad's size is not monotone in the convolution's.
+// The buffers the convolutions keep outside the arena (oneDNN's, wgrad3x3_bf16's repacks, wino3x3_bf16's
+// weights and tiles) are what KernelDef::host_buffers (which `flowrun plan` adds up) says: after a forward
+// and both backward ops of one convolution, the shared pools hold exactly its need. bf16 runs it in NCHW
+// (oneDNN's forward and input gradient) and in nChw16c (Winograd's). In a process of its own (the
+// threadsafe death-test style runs the test alone in a fresh one): the pools keep what earlier tests'
+// convolutions grew them to, and a scratchpad's size is not monotone in the convolution's.
 bool held_is_predicted(DType t) {
   const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
-  const auto ops = three_ops(x, w);
+  auto ops = three_ops(x, w);
+  if (t == DType::bf16)
+    for (auto& op : three_ops(x, w, {{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}}))
+      ops.push_back(op);
   std::map<std::string, size_t> pools;
   for (const auto& [op, spec] : ops) {
     single_op(op, spec.first, spec.second, t)->run();

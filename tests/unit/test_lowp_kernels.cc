@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "op_harness.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
+#include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/simd16.h"
 #include "ops/registry.h"
@@ -449,6 +450,142 @@ TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
         expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), nchw16c(x)})[0], "dy and x blocked");
       }
     }
+  }
+}
+
+// nchw16c's inverse.
+Tensor nchw_of(const Tensor& b) {
+  const Shape& s = b.shape();
+  Tensor t = Tensor::empty(s, DType::bf16);
+  const int64_t hw = s[2] * s[3];
+  for (int64_t n = 0; n < s[0]; ++n)
+    for (int64_t c = 0; c < s[1]; ++c)
+      for (int64_t i = 0; i < hw; ++i)
+        t.data<bf16>()[(n * s[1] + c) * hw + i] =
+            b.data<bf16>()[((n * (s[1] / 16) + c / 16) * hw + i) * 16 + c % 16];
+  return t;
+}
+
+// Integers in [-2, 2] (`small`) or the bf16 grid in [-4, 4].
+Tensor bf16_values(const Shape& s, uint64_t seed, bool small) {
+  if (!small) return bf16_input(s, seed);
+  Tensor t = Tensor::empty(s, DType::bf16);
+  const RngStream r{seed, 7};
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<bf16>()[i] =
+        float_to_bf16(static_cast<float>(std::floor(5.0 * r.uniform(static_cast<uint64_t>(i))) - 2.0));
+  return t;
+}
+
+// Per output of the 3x3, padding-1 convolution of x (n, ci, h, w) with filters f (co, ci, 3, 3), both
+// float64: sum over ci and the 16 positions p of |A|_p (|B^T| |d| |B|)_p (|G| |f| |G^T|)_p, which bounds the
+// transformed values whose bf16 rounding F(2x2, 3x3)'s output carries.
+std::vector<double> winograd_magnitudes(const Tensor& x, const Tensor& f) {
+  const Shape& xs = x.shape();
+  const int64_t n = xs[0], ci = xs[1], h = xs[2], w = xs[3], co = f.shape()[0];
+  const double bt[4][4] = {{1, 0, 1, 0}, {0, 1, 1, 0}, {0, 1, 1, 0}, {0, 1, 0, 1}};
+  const double gm[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, .5, .5}, {0, 0, 1}};
+  const double at[2][4] = {{1, 1, 1, 0}, {0, 1, 1, 1}};
+  const double* xd = x.data<double>();
+  const double* fd = f.data<double>();
+  std::vector<double> out(static_cast<size_t>(n * co * h * w), 0.0);
+  std::vector<double> v(static_cast<size_t>(co * ci * 16));
+  for (int64_t o = 0; o < co; ++o)
+    for (int64_t c = 0; c < ci; ++c)
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b) {
+          double s = 0;
+          for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j)
+              s += gm[a][i] * std::abs(fd[((o * ci + c) * 3 + i) * 3 + j]) * gm[b][j];
+          v[static_cast<size_t>((o * ci + c) * 16 + a * 4 + b)] = s;
+        }
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ty = 0; ty < h / 2; ++ty)
+      for (int64_t tx = 0; tx < w / 2; ++tx)
+        for (int64_t c = 0; c < ci; ++c) {
+          double d[4][4], u[16];
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) {
+              const int64_t yy = 2 * ty - 1 + i, xx = 2 * tx - 1 + j;
+              d[i][j] =
+                  yy < 0 || yy >= h || xx < 0 || xx >= w ? 0 : std::abs(xd[((b * ci + c) * h + yy) * w + xx]);
+            }
+          for (int a = 0; a < 4; ++a)
+            for (int e = 0; e < 4; ++e) {
+              double s = 0;
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) s += bt[a][i] * d[i][j] * bt[e][j];
+              u[a * 4 + e] = s;
+            }
+          for (int64_t o = 0; o < co; ++o)
+            for (int i = 0; i < 2; ++i)
+              for (int j = 0; j < 2; ++j) {
+                double s = 0;
+                for (int p = 0; p < 16; ++p)
+                  s += at[i][p / 4] * at[j][p % 4] * u[p] * v[static_cast<size_t>((o * ci + c) * 16 + p)];
+                out[static_cast<size_t>(((b * co + o) * h + 2 * ty + i) * w + 2 * tx + j)] += s;
+              }
+        }
+  return out;
+}
+
+// The bf16 3x3 convolution and its input gradient in nChw16c, where wino3x3_bf16 serves them (Winograd's
+// F(2x2, 3x3) on vdpbf16ps products), against the float64 kernels on the same inputs:
+//  - on integers in [-2, 2] every transformed value is exact in bf16 (halves and quarters of small
+//    integers), so the result must be the float64 one rounded once: a wrong tap, tile or channel is caught;
+//  - on the bf16 grid in [-4, 4], within the output's rounding plus 2^-8 (the transformed input's and
+//    filter's roundings, 2^-9 each) of winograd_magnitudes.
+// And the same bits at 3 threads. Channels in and out unequal, planes of one tile, tile rows that do not
+// divide the items' 16 tiles, a last item part full, and 48 channels (three channel blocks).
+TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
+  struct Case {
+    Shape x;
+    int64_t o;
+  };
+  const KernelChoice native = select_kernel(OpRegistry::get().at("conv2d"), DeviceKind::cpu, DType::bf16);
+  if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  for (const Case& k : {Case{{2, 16, 8, 8}, 32}, Case{{3, 32, 6, 10}, 16}, Case{{1, 16, 2, 2}, 16},
+                        Case{{2, 48, 4, 34}, 16}, Case{{2, 16, 16, 16}, 64}}) {
+    const Shape ws = {k.o, k.x[1], 3, 3}, ys = {k.x[0], k.o, k.x[2], k.x[3]};
+    Attrs a{{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}};
+    ASSERT_TRUE(cpu::wino3x3_bf16_serves(cpu::conv_geom(k.x, ws, a)));
+    for (const bool grad : {false, true})
+      for (const bool small : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << shape_str(k.x) << " -> " << k.o << (grad ? " input gradient" : " forward")
+                     << (small ? ", integers" : ", bf16 grid"));
+        const OpDef& def = OpRegistry::get().at(grad ? "conv2d_grad_input" : "conv2d");
+        const KernelDef& kern = *select_kernel(def, DeviceKind::cpu, DType::bf16).kernel;
+        const KernelDef& f64 = *def.kernel(DeviceKind::cpu, DType::f64);
+        Attrs b = a;
+        if (grad) b.set("in_shape", k.x);
+        const Tensor in = bf16_values(grad ? ys : k.x, 41, small), w = bf16_values(ws, 42, small);
+        const Tensor got = nchw_of(run_kernel(def, kern, b, {nchw16c(in), w})[0]);
+        const Tensor want = run_kernel(def, f64, b, {in.to(DType::f64), w.to(DType::f64)})[0];
+        // The filters the input gradient convolves dy with: w's flipped and transposed.
+        Tensor f = w.to(DType::f64);
+        if (grad) {
+          f = Tensor::empty({k.x[1], k.o, 3, 3}, DType::f64);
+          for (int64_t o = 0; o < k.o; ++o)
+            for (int64_t c = 0; c < k.x[1]; ++c)
+              for (int t = 0; t < 9; ++t)
+                f.data<double>()[(c * k.o + o) * 9 + t] =
+                    bf16_to_float(w.data<bf16>()[(o * k.x[1] + c) * 9 + 8 - t]);
+        }
+        const std::vector<double> mag = winograd_magnitudes(in.to(DType::f64), f);
+        for (int64_t e = 0; e < want.numel(); ++e) {
+          const double x = want.data<double>()[e], g = bf16_to_float(got.data<bf16>()[e]);
+          const double tol = std::ldexp(std::abs(x), -8) +
+                             (small ? 0.0 : std::ldexp(mag[static_cast<size_t>(e)], -8) * 1.01);
+          ASSERT_LE(std::abs(g - x), tol) << "[" << e << "] of " << x;
+        }
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(3);
+        const Tensor again = run_kernel(def, kern, b, {nchw16c(in), w})[0];
+        omp_set_num_threads(threads);
+        EXPECT_EQ(std::memcmp(again.raw(), nchw16c(got).raw(), got.nbytes()), 0) << "3 threads";
+      }
   }
 }
 

@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
+#include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
@@ -257,6 +258,7 @@ struct Slot {
   std::array<GrowBuffer, 4> port_buf;
   GrowBuffer scratch_buf;
   GrowBuffer repack;  // wgrad3x3_bf16's image repacks
+  GrowBuffer tiles;   // wino3x3_bf16's tile buffers
   std::map<Key, Entry> cache;
   dnnl::stream stream{engine()};
 };
@@ -269,6 +271,7 @@ struct Shared {
   GrowBuffer scratch_buf;
   std::vector<std::unique_ptr<Slot>> slots;
   GrowBuffer partials;
+  GrowBuffer wino_weights;  // wino3x3_bf16's transformed weights
   // grad_weight's reorder of the summed partials from oneDNN's layout to f32 OIHW, per geometry.
   struct ToPlain {
     dnnl::memory from, to;
@@ -287,6 +290,31 @@ Shared& shared() {
 dnnl::stream& main_stream() {
   static dnnl::stream s(engine());
   return s;
+}
+
+int wino_team(const ConvGeom& g) {
+  return static_cast<int>(
+      std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), wino3x3_bf16_items(g)));
+}
+
+// The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
+// over the threads, each with its slot's tile buffers.
+void run_wino(const ConvGeom& g, bool grad_input, const void* in, const void* w, void* out) {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  void* v = s.wino_weights.reserve(wino3x3_bf16_weight_bytes(g));
+  wino3x3_bf16_weights(g, grad_input, static_cast<const bf16*>(w), v);
+  const int team = wino_team(g);
+  while (s.slots.size() < static_cast<size_t>(team)) s.slots.push_back(std::make_unique<Slot>());
+  const int64_t items = wino3x3_bf16_items(g);
+  const size_t scratch = wino3x3_bf16_scratch_bytes(g);
+#pragma omp parallel num_threads(team)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    void* own = s.slots[static_cast<size_t>(t)]->tiles.reserve(scratch);
+    wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<bf16*>(out), t * items / nt,
+                 (t + 1) * items / nt, own);
+  }
 }
 
 // Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
@@ -467,6 +495,10 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
                          team * e.ports[i].inner_bytes);
     return out;
   }
+  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g))
+    return {
+        {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
+        {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
   const Kind k = pass == ConvPass::grad_input ? Kind::bwd_data : bias ? Kind::fwd_bias : Kind::fwd;
   const Entry e = build(k, dnnl_type(t), g, false);
   // The pools are run()'s shared buffers: port_buf[i] and scratch_buf.
@@ -480,16 +512,17 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
 size_t dnnl_conv2d_held_bytes() {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  size_t n = s.scratch_buf.size() + s.partials.size();
+  size_t n = s.scratch_buf.size() + s.partials.size() + s.wino_weights.size();
   for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
-    n += slot->scratch_buf.size() + slot->repack.size();
+    n += slot->scratch_buf.size() + slot->repack.size() + slot->tiles.size();
     for (const GrowBuffer& b : slot->port_buf) n += b.size();
   }
   return n;
 }
 
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
+  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g)) return run_wino(g, false, x, w, y);
   if (bias)
     run(Kind::fwd_bias, dnnl_type(t), g, {x, w, y, bias});
   else
@@ -497,6 +530,7 @@ void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const
 }
 
 void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx) {
+  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, true, dy, w, dx);
   run(Kind::bwd_data, dnnl_type(t), g, {dy, w, dx});
 }
 

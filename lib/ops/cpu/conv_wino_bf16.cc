@@ -1,0 +1,281 @@
+// bf16 3x3 convolutions, stride 1, padding 1, through Winograd's F(2x2, 3x3) (Lavin and Gray, 2016):
+//   Y = A^T [ (G g G^T) . (B^T d B) ] A
+// for each 2x2 output tile, d the tile's 4x4 input window (zero outside the image), g a 3x3 filter, with
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1].
+// Summed over the input channels, the elementwise product is 16 matrix products, one per position p of the
+// 4x4 transformed tile: M_p[tile][o] = sum over c of U_p[tile][c] V_p[c][o]. They run as vdpbf16ps dot
+// products on pairs of channels, so U and V are rounded to bf16; the transforms and M are f32. The input
+// gradient is the same convolution of dy with the filters flipped and transposed.
+//
+// An item is one image's block of 16 tiles (kTiles): its input transform fills U (16 positions x 16 tiles x
+// C bf16, each (p, tile) 16 channels at a time from one nChw16c pixel vector), then per block of 16 output
+// channels the 16 products accumulate 16 tiles' registers (one V pair vector and 16 broadcast U pairs per
+// step) into M, which the output transform turns into 2x2 pixels. U and M stay in the L1/L2 cache.
+//
+// Rounding: U and V are rounded once from f32 (to nearest-even), the products are exact in f32 and summed
+// pair by pair in channel order, and each output is computed by one item: the bits depend on neither the
+// thread count nor the item split. The error is bf16's relative 2^-9 on the transformed values, which can be
+// larger than the convolution's own terms (sums of up to four inputs and nine weights); the test bounds it
+// by the transformed magnitudes (tests/unit/test_lowp_kernels.cc). oneDNN's int8 Winograd and cuDNN's fp16
+// one use the same F(2x2, 3x3) for that reason: its transforms have coefficients 0, +-1 and 1/2.
+#include "ops/cpu/conv_wino_bf16.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cpu/parallel.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include "ops/cpu/attention.h"
+#include "ops/cpu/simd16.h"
+#endif
+
+namespace flowrun::cpu {
+
+#if defined(__AVX512BF16__)
+
+namespace {
+
+constexpr int kTiles = 16;  // tiles per item: 16 accumulators and a V register per step
+
+// f32 to bf16 to nearest-even in one vcvtneps2bf16, which flushes denormals to zero as oneDNN's bf16 kernels
+// do (simd16::bf16_words checks every register for them, which cost a tenth of the input transform).
+inline __m256i to_bf16(__m512 v) {
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+// A pass as a convolution of `ci` input channels into `co` output channels on an h x w plane.
+struct Dims {
+  int64_t ci, co, h, w, tw, tiles, blocks;
+  Dims(const ConvGeom& g, bool grad_input)
+      : ci(grad_input ? g.o : g.c),
+        co(grad_input ? g.c : g.o),
+        h(g.h),
+        w(g.w),
+        tw(g.w / 2),
+        tiles(g.h / 2 * (g.w / 2)),
+        blocks((tiles + kTiles - 1) / kTiles) {}
+};
+
+// One thread's scratch: U [16 positions][channels / 16][kTiles][16] bf16, M [16 positions][kTiles][16] f32,
+// then a zero row (W pixels of 16 channels) for the windows' rows above and below the image.
+size_t u_bytes(const ConvGeom& g) {
+  return static_cast<size_t>(16 * kTiles * std::max(g.c, g.o) * 2);
+}
+constexpr size_t kMBytes = 16 * kTiles * 16 * 4;
+
+// B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U; U's tiles past nt are zero. Along a
+// tile row, B^T's combination of the window's 4 rows is made once per column, and each tile takes the
+// columns (2 tx - 1 .. 2 tx + 2) it shares with its neighbours; rows outside the image read `zeros`.
+void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, const bf16* zeros, bf16* u) {
+  const int64_t stride = kTiles * d.ci;  // between U's positions
+  for (int64_t t = nt; t < kTiles; ++t)
+    for (int p = 0; p < 16; ++p)
+      for (int64_t cb = 0; cb < d.ci / 16; ++cb)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * kTiles + t) * 16),
+                           _mm256_setzero_si256());
+  for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
+    const bf16* plane = img + cb * d.h * d.w * 16;
+    for (int64_t t = 0; t < nt;) {
+      const int64_t ty = (t0 + t) / d.tw, tx0 = (t0 + t) % d.tw;
+      const int64_t run = std::min(nt - t, d.tw - tx0);  // tiles of this item in tile row ty
+      const bf16* rows[4];
+      for (int r = 0; r < 4; ++r) {
+        const int64_t yy = 2 * ty - 1 + r;
+        rows[r] = yy >= 0 && yy < d.h ? plane + yy * d.w * 16 : zeros;
+      }
+      // B^T's rows of column xx: (d0 - d2, d1 + d2, d2 - d1, d1 - d3).
+      auto column = [&](int64_t xx, __m512 e[4]) {
+        if (xx < 0 || xx >= d.w) {
+          for (int r = 0; r < 4; ++r) e[r] = _mm512_setzero_ps();
+          return;
+        }
+        const __m512 d0 = simd16::load(rows[0] + xx * 16), d1 = simd16::load(rows[1] + xx * 16),
+                     d2 = simd16::load(rows[2] + xx * 16), d3 = simd16::load(rows[3] + xx * 16);
+        e[0] = _mm512_sub_ps(d0, d2);
+        e[1] = _mm512_add_ps(d1, d2);
+        e[2] = _mm512_sub_ps(d2, d1);
+        e[3] = _mm512_sub_ps(d1, d3);
+      };
+      __m512 c0[4], c1[4], c2[4], c3[4];
+      column(2 * tx0 - 1, c0);
+      column(2 * tx0, c1);
+      for (int64_t i = 0; i < run; ++i, ++t) {
+        column(2 * (tx0 + i) + 1, c2);
+        column(2 * (tx0 + i) + 2, c3);
+        bf16* ut = u + (cb * kTiles + t) * 16;
+        for (int r = 0; r < 4; ++r) {
+          const __m512 v[4] = {_mm512_sub_ps(c0[r], c2[r]), _mm512_add_ps(c1[r], c2[r]),
+                               _mm512_sub_ps(c2[r], c1[r]), _mm512_sub_ps(c1[r], c3[r])};
+          for (int c = 0; c < 4; ++c)
+            _mm256_store_si256(reinterpret_cast<__m256i*>(ut + (r * 4 + c) * stride), to_bf16(v[c]));
+          c0[r] = c2[r];
+          c1[r] = c3[r];
+        }
+      }
+    }
+  }
+}
+
+// M_p = U_p V_p for output block ob, every position p: a register per tile, one pair of channels a step.
+// U's blocks of 16 channels keep the 16 tiles' broadcasts at fixed offsets from one pointer (with a
+// pointer per tile, GCC ran out of registers and spilled them).
+void multiply(const Dims& d, const uint32_t* u, const uint32_t* v, int64_t ob, float* m) {
+  const int64_t cbs = d.ci / 16, pairs = d.ci / 2;
+  for (int p = 0; p < 16; ++p) {
+    __m512 acc[kTiles];
+    for (int t = 0; t < kTiles; ++t) acc[t] = _mm512_setzero_ps();
+    const uint32_t* vp = v + (p * (d.co / 16) + ob) * pairs * 16;
+    for (int64_t cb = 0; cb < cbs; ++cb) {
+      const uint32_t* uc = u + (p * cbs + cb) * kTiles * 8;
+      for (int k = 0; k < 8; ++k) {
+        const __m512bh b = (__m512bh)_mm512_load_si512(vp + (cb * 8 + k) * 16);
+        for (int t = 0; t < kTiles; ++t)
+          acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)_mm512_set1_epi32(static_cast<int>(uc[t * 8 + k])), b);
+      }
+    }
+    for (int t = 0; t < kTiles; ++t) _mm512_store_ps(m + (p * kTiles + t) * 16, acc[t]);
+  }
+}
+
+// A^T M A of tiles [t0, t0 + nt) into output block ob of one image (nChw16c), rounded to bf16.
+void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int64_t ob, bf16* img) {
+  bf16* plane = img + ob * d.h * d.w * 16;
+  for (int64_t t = 0; t < nt; ++t) {
+    __m512 q[16];
+    for (int p = 0; p < 16; ++p) q[p] = _mm512_load_ps(m + (p * kTiles + t) * 16);
+    __m512 s[2][4];
+    for (int j = 0; j < 4; ++j) {
+      s[0][j] = _mm512_add_ps(_mm512_add_ps(q[j], q[4 + j]), q[8 + j]);
+      s[1][j] = _mm512_sub_ps(_mm512_sub_ps(q[4 + j], q[8 + j]), q[12 + j]);
+    }
+    const int64_t y0 = (t0 + t) / d.tw * 2, x0 = (t0 + t) % d.tw * 2;
+    for (int i = 0; i < 2; ++i) {
+      const __m512 a = _mm512_add_ps(_mm512_add_ps(s[i][0], s[i][1]), s[i][2]);
+      const __m512 b = _mm512_sub_ps(_mm512_sub_ps(s[i][1], s[i][2]), s[i][3]);
+      auto* row = reinterpret_cast<__m256i*>(plane + ((y0 + i) * d.w + x0) * 16);
+      _mm256_storeu_si256(row, to_bf16(a));
+      _mm256_storeu_si256(row + 1, to_bf16(b));
+    }
+  }
+}
+
+}  // namespace
+
+bool wino3x3_bf16_serves(const ConvGeom& g) {
+  return has_avx512_bf16() && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.ph == 1 && g.pw == 1 &&
+         g.dh == 1 && g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.h % 2 == 0 &&
+         g.w % 2 == 0 && g.oh == g.h && g.ow == g.w && g.x_blocked && g.y_blocked;
+}
+
+size_t wino3x3_bf16_weight_bytes(const ConvGeom& g) {
+  return static_cast<size_t>(16 * g.o * g.c * 2);
+}
+
+size_t wino3x3_bf16_scratch_bytes(const ConvGeom& g) {
+  return u_bytes(g) + kMBytes + static_cast<size_t>(g.w * 16 * 2);
+}
+
+int64_t wino3x3_bf16_items(const ConvGeom& g) {
+  return g.n * Dims(g, false).blocks;
+}
+
+// V_p = (G g G^T)_p for every (co, ci), as [16 positions][co / 16][ci / 2][16 lanes of co][2 of ci] bf16.
+// A task is 16 output channels (lanes) by 16 input channels: their filters are first widened into
+// f[ci][tap][lane] by contiguous reads (a gather per value took 6 cycles an element), then transformed 16
+// lanes a register.
+void wino3x3_bf16_weights(const ConvGeom& g, bool grad_input, const bf16* w, void* v) {
+  FR_CHECK(wino3x3_bf16_serves(g), "wino3x3_bf16: unsupported geometry");
+  const Dims d(g, grad_input);
+  const int64_t pairs = d.ci / 2, obs = d.co / 16, cbs = d.ci / 16;
+  auto* out = static_cast<uint32_t*>(v);
+  parallel_for(obs * cbs, 1, [&](int64_t begin, int64_t end) {
+    const __m512 half = _mm512_set1_ps(0.5f);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t ob = i / cbs, cb = i % cbs;
+      alignas(64) float f[16][9][16];
+      for (int64_t a = 0; a < 16; ++a)
+        for (int64_t b = 0; b < 16; ++b) {
+          // Forward: w[co][ci], co = ob * 16 + a (lane a), ci = cb * 16 + b. Input gradient: filter (co, ci)
+          // is w[ci][co] flipped, so the run of 9 taps read is w[o = cb * 16 + a][c = ob * 16 + b] reversed.
+          const int64_t lane = grad_input ? b : a, c = grad_input ? a : b;
+          const bf16* src = grad_input ? w + ((cb * 16 + a) * g.c + ob * 16 + b) * 9
+                                       : w + ((ob * 16 + a) * g.c + cb * 16 + b) * 9;
+          for (int tap = 0; tap < 9; ++tap) f[c][grad_input ? 8 - tap : tap][lane] = bf16_to_float(src[tap]);
+        }
+      for (int64_t k = 0; k < 8; ++k) {
+        alignas(64) uint16_t words[16][32];  // per position: ci = 2k's 16 lanes, then 2k + 1's
+        for (int h = 0; h < 2; ++h) {
+          const float(*fc)[16] = f[2 * k + h];
+          __m512 a[4][3];
+          for (int j = 0; j < 3; ++j) {
+            const __m512 g0 = _mm512_load_ps(fc[j]), g1 = _mm512_load_ps(fc[3 + j]),
+                         g2 = _mm512_load_ps(fc[6 + j]);
+            a[0][j] = g0;
+            a[1][j] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(g0, g1), g2), half);
+            a[2][j] = _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(g0, g1), g2), half);
+            a[3][j] = g2;
+          }
+          for (int r = 0; r < 4; ++r) {
+            const __m512 b[4] = {
+                a[r][0], _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), a[r][2]), half),
+                _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(a[r][0], a[r][1]), a[r][2]), half), a[r][2]};
+            for (int c = 0; c < 4; ++c)
+              _mm256_store_si256(reinterpret_cast<__m256i*>(words[r * 4 + c] + 16 * h), to_bf16(b[c]));
+          }
+        }
+        for (int p = 0; p < 16; ++p)
+          _mm512_store_si512(out + ((p * obs + ob) * pairs + cb * 8 + k) * 16,
+                             simd16::join_pairs(_mm512_load_si512(words[p])));
+      }
+    }
+  });
+}
+
+void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, bf16* out, int64_t i0,
+                  int64_t i1, void* scratch) {
+  FR_CHECK(wino3x3_bf16_serves(g), "wino3x3_bf16: unsupported geometry");
+  const Dims d(g, grad_input);
+  auto* u = static_cast<bf16*>(scratch);
+  auto* m = reinterpret_cast<float*>(static_cast<char*>(scratch) + u_bytes(g));
+  auto* zeros = reinterpret_cast<bf16*>(static_cast<char*>(scratch) + u_bytes(g) + kMBytes);
+  std::fill_n(reinterpret_cast<uint16_t*>(zeros), d.w * 16, uint16_t{0});
+  const int64_t in_img = d.ci * d.h * d.w, out_img = d.co * d.h * d.w;
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t n = item / d.blocks, t0 = item % d.blocks * kTiles,
+                  nt = std::min<int64_t>(kTiles, d.tiles - t0);
+    transform_input(d, in + n * in_img, t0, nt, zeros, u);
+    for (int64_t ob = 0; ob < d.co / 16; ++ob) {
+      multiply(d, reinterpret_cast<const uint32_t*>(u), static_cast<const uint32_t*>(v), ob, m);
+      transform_output(d, m, t0, nt, ob, out + n * out_img);
+    }
+  }
+}
+
+#else  // no avx512_bf16 in this build: oneDNN computes every bf16 convolution
+
+bool wino3x3_bf16_serves(const ConvGeom&) {
+  return false;
+}
+size_t wino3x3_bf16_weight_bytes(const ConvGeom&) {
+  return 0;
+}
+size_t wino3x3_bf16_scratch_bytes(const ConvGeom&) {
+  return 0;
+}
+int64_t wino3x3_bf16_items(const ConvGeom&) {
+  return 0;
+}
+void wino3x3_bf16_weights(const ConvGeom&, bool, const bf16*, void*) {
+  FR_CHECK(false, "wino3x3_bf16: not built (needs avx512_bf16)");
+}
+void wino3x3_bf16(const ConvGeom&, bool, const bf16*, const void*, bf16*, int64_t, int64_t, void*) {
+  FR_CHECK(false, "wino3x3_bf16: not built (needs avx512_bf16)");
+}
+
+#endif
+
+}  // namespace flowrun::cpu

@@ -1,0 +1,37 @@
+// bf16 3x3 convolutions (stride 1, padding 1) and their input gradients through Winograd's F(2x2, 3x3) with
+// vdpbf16ps products (conv_wino_bf16.cc), in place of oneDNN 2.6's direct bf16 kernels, which ran ResNet-20's
+// layers at 420-490 GFLOP/s on 2 threads here, near the machine's bf16 dot-product rate: the transformed
+// domain does 16 multiplies per 2x2 output tile where the direct sum does 36. oneDNN has no bf16 Winograd,
+// and its f32 one (F(4x4, 3x3)) made the f32 step nearly as fast as the bf16 one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/cpu/conv.h"
+
+namespace flowrun::cpu {
+
+// Whether wino3x3_bf16 computes this geometry's forward pass and input gradient: 3x3, stride 1, padding 1,
+// no dilation, one group, C and O multiples of 16, even H and W, both activations in nChw16c, and a build
+// and CPU with avx512_bf16.
+bool wino3x3_bf16_serves(const ConvGeom& g);
+
+// Bytes of the transformed weights, and of one thread's tile buffers.
+size_t wino3x3_bf16_weight_bytes(const ConvGeom& g);
+size_t wino3x3_bf16_scratch_bytes(const ConvGeom& g);
+
+// The weights (O, C, 3, 3) transformed into `v` (wino3x3_bf16_weight_bytes, 64-byte aligned): for the
+// forward pass, or flipped and transposed for the input gradient.
+void wino3x3_bf16_weights(const ConvGeom& g, bool grad_input, const bf16* w, void* v);
+
+// Work items (an image's block of 16 tiles each) and the outputs of items [i0, i1): y from x (forward), or
+// dx from dy (grad_input), with the weights `v` transformed for that pass. `scratch` holds at least
+// wino3x3_bf16_scratch_bytes, 64-byte aligned. Each output is computed by one item in a fixed order, so the
+// bits depend on no thread count.
+int64_t wino3x3_bf16_items(const ConvGeom& g);
+void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, bf16* out, int64_t i0,
+                  int64_t i1, void* scratch);
+
+}  // namespace flowrun::cpu
