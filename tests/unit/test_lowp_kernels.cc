@@ -389,9 +389,9 @@ TEST(LowpKernels, AttentionMatchesWidenedFloat32WithinBfloat16Rounding) {
 // conv2d_grad_weight in bf16 against f64 on the same (widened) inputs: within the output's bf16 rounding plus
 // the f32 sums' error (1e-4 of the sum of the terms' magnitudes; a wrong tap, shift or pair is off by the
 // order of that sum). The 3x3 stride-1 kernel (wgrad3x3_bf16) must also give the same bits from NCHW and
-// nChw16c inputs and at any thread count. Batches of one and of two partials, an odd channel count, widths
-// whose column pairs end mid-register (9, 17 pairs) and a row of 34 (two and a bit 16-pixel tiles); an odd
-// width and a stride of 2 run through oneDNN.
+// nChw16c inputs (where Winograd's does not serve) and at any thread count. Batches of one and of two
+// partials, an odd channel count, widths whose column pairs end mid-register (9, 17 pairs) and a row of 34
+// (two and a bit 16-pixel tiles); an odd width and a stride of 2 run through oneDNN.
 Tensor nchw16c(const Tensor& t) {
   const Shape& s = t.shape();
   Tensor b = Tensor::empty(s, DType::bf16);
@@ -445,8 +445,9 @@ TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
       Attrs b = a;
       b.set("y_blocked", true);
       expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), x})[0], "dy blocked");
-      if (k.x[1] % 16 == 0) {
-        b.set("x_blocked", true);
+      b.set("x_blocked", true);
+      // Where both are blocked and the plane is even, Winograd's kernel serves (below).
+      if (k.x[1] % 16 == 0 && !cpu::wino3x3_bf16_serves(cpu::conv_geom(k.x, ws, b))) {
         expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), nchw16c(x)})[0], "dy and x blocked");
       }
     }
@@ -530,14 +531,68 @@ std::vector<double> winograd_magnitudes(const Tensor& x, const Tensor& f) {
   return out;
 }
 
-// The bf16 3x3 convolution and its input gradient in nChw16c, where wino3x3_bf16 serves them (Winograd's
-// F(2x2, 3x3) on vdpbf16ps products), against the float64 kernels on the same inputs:
-//  - on integers in [-2, 2] every transformed value is exact in bf16 (halves and quarters of small
-//    integers), so the result must be the float64 one rounded once: a wrong tap, tile or channel is caught;
-//  - on the bf16 grid in [-4, 4], within the output's rounding plus 2^-8 (the transformed input's and
-//    filter's roundings, 2^-9 each) of winograd_magnitudes.
-// And the same bits at 3 threads. Channels in and out unequal, planes of one tile, tile rows that do not
-// divide the items' 16 tiles, a last item part full, and 48 channels (three channel blocks).
+// Per weight (o, c, kh, kw) of the 3x3, padding-1 convolution's weight gradient from x (n, c, h, w) and dy
+// (n, o, h, w), float64: sum over images, 2x2 tiles and the 16 positions p of |G^T|_p (|B^T| |x| |B|)_p
+// (|A| |dy| |A^T|)_p, which bounds the transformed values whose bf16 rounding the Winograd gradient carries.
+std::vector<double> winograd_weight_magnitudes(const Tensor& x, const Tensor& dy) {
+  const Shape& xs = x.shape();
+  const int64_t n = xs[0], ci = xs[1], h = xs[2], w = xs[3], co = dy.shape()[1];
+  const double bt[4][4] = {{1, 0, 1, 0}, {0, 1, 1, 0}, {0, 1, 1, 0}, {0, 1, 0, 1}};
+  const double am[4][2] = {{1, 0}, {1, 1}, {1, 1}, {0, 1}};
+  const double gt[3][4] = {{1, .5, .5, 0}, {0, .5, .5, 0}, {0, .5, .5, 1}};
+  const double* xd = x.data<double>();
+  const double* yd = dy.data<double>();
+  std::vector<double> out(static_cast<size_t>(co * ci * 9), 0.0), u(static_cast<size_t>(ci * 16)),
+      v(static_cast<size_t>(co * 16));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ty = 0; ty < h / 2; ++ty)
+      for (int64_t tx = 0; tx < w / 2; ++tx) {
+        for (int64_t c = 0; c < ci; ++c)
+          for (int a = 0; a < 4; ++a)
+            for (int e = 0; e < 4; ++e) {
+              double sum = 0;
+              for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) {
+                  const int64_t yy = 2 * ty - 1 + i, xx = 2 * tx - 1 + j;
+                  if (yy >= 0 && yy < h && xx >= 0 && xx < w)
+                    sum += bt[a][i] * std::abs(xd[((b * ci + c) * h + yy) * w + xx]) * bt[e][j];
+                }
+              u[static_cast<size_t>(c * 16 + a * 4 + e)] = sum;
+            }
+        for (int64_t o = 0; o < co; ++o)
+          for (int a = 0; a < 4; ++a)
+            for (int e = 0; e < 4; ++e) {
+              double sum = 0;
+              for (int i = 0; i < 2; ++i)
+                for (int j = 0; j < 2; ++j)
+                  sum += am[a][i] * std::abs(yd[((b * co + o) * h + 2 * ty + i) * w + 2 * tx + j]) * am[e][j];
+              v[static_cast<size_t>(o * 16 + a * 4 + e)] = sum;
+            }
+        for (int64_t o = 0; o < co; ++o)
+          for (int64_t c = 0; c < ci; ++c)
+            for (int k = 0; k < 3; ++k)
+              for (int l = 0; l < 3; ++l) {
+                double sum = 0;
+                for (int p = 0; p < 16; ++p)
+                  sum += gt[k][p / 4] * gt[l][p % 4] * u[static_cast<size_t>(c * 16 + p)] *
+                         v[static_cast<size_t>(o * 16 + p)];
+                out[static_cast<size_t>(((o * ci + c) * 3 + k) * 3 + l)] += sum;
+              }
+      }
+  return out;
+}
+
+// The bf16 3x3 convolution, its input gradient and its weight gradient in nChw16c, where wino3x3_bf16 serves
+// them (Winograd's F(2x2, 3x3), and F(3x3, 2x2) for the weights, on vdpbf16ps products), against the float64
+// kernels on the same inputs:
+//  - on integers in [-2, 2] every transformed value is exact in bf16 (sums of a few small integers, halves
+//    and quarters of them), so the result must be the float64 one rounded once: a wrong tap, tile or
+//    channel is caught;
+//  - on the bf16 grid in [-4, 4], within the output's rounding plus 2^-8 (the two transformed operands'
+//    roundings, 2^-9 each) of winograd_magnitudes or winograd_weight_magnitudes.
+// And the same bits at 3 threads. Channels in and out unequal, planes of one tile, odd tile counts, tile
+// rows that do not divide the items' 16 tiles, a last item part full, 48 channels (three channel blocks),
+// and a batch of 17 (two weight-gradient partials).
 TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
   struct Case {
     Shape x;
@@ -546,34 +601,48 @@ TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
   const KernelChoice native = select_kernel(OpRegistry::get().at("conv2d"), DeviceKind::cpu, DType::bf16);
   if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
   for (const Case& k : {Case{{2, 16, 8, 8}, 32}, Case{{3, 32, 6, 10}, 16}, Case{{1, 16, 2, 2}, 16},
-                        Case{{2, 48, 4, 34}, 16}, Case{{2, 16, 16, 16}, 64}}) {
+                        Case{{2, 48, 4, 34}, 16}, Case{{2, 16, 16, 16}, 64}, Case{{17, 16, 4, 6}, 16}}) {
     const Shape ws = {k.o, k.x[1], 3, 3}, ys = {k.x[0], k.o, k.x[2], k.x[3]};
-    Attrs a{{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}};
+    const Attrs a{{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}};
     ASSERT_TRUE(cpu::wino3x3_bf16_serves(cpu::conv_geom(k.x, ws, a)));
-    for (const bool grad : {false, true})
+    for (const char* op : {"conv2d", "conv2d_grad_input", "conv2d_grad_weight"})
       for (const bool small : {true, false}) {
-        SCOPED_TRACE(::testing::Message()
-                     << shape_str(k.x) << " -> " << k.o << (grad ? " input gradient" : " forward")
-                     << (small ? ", integers" : ", bf16 grid"));
-        const OpDef& def = OpRegistry::get().at(grad ? "conv2d_grad_input" : "conv2d");
+        SCOPED_TRACE(::testing::Message() << shape_str(k.x) << " -> " << k.o << " " << op
+                                          << (small ? ", integers" : ", bf16 grid"));
+        const std::string name = op;
+        const OpDef& def = OpRegistry::get().at(name);
         const KernelDef& kern = *select_kernel(def, DeviceKind::cpu, DType::bf16).kernel;
         const KernelDef& f64 = *def.kernel(DeviceKind::cpu, DType::f64);
         Attrs b = a;
-        if (grad) b.set("in_shape", k.x);
-        const Tensor in = bf16_values(grad ? ys : k.x, 41, small), w = bf16_values(ws, 42, small);
-        const Tensor got = nchw_of(run_kernel(def, kern, b, {nchw16c(in), w})[0]);
-        const Tensor want = run_kernel(def, f64, b, {in.to(DType::f64), w.to(DType::f64)})[0];
-        // The filters the input gradient convolves dy with: w's flipped and transposed.
-        Tensor f = w.to(DType::f64);
-        if (grad) {
-          f = Tensor::empty({k.x[1], k.o, 3, 3}, DType::f64);
-          for (int64_t o = 0; o < k.o; ++o)
-            for (int64_t c = 0; c < k.x[1]; ++c)
-              for (int t = 0; t < 9; ++t)
-                f.data<double>()[(c * k.o + o) * 9 + t] =
-                    bf16_to_float(w.data<bf16>()[(o * k.x[1] + c) * 9 + 8 - t]);
+        // Inputs in NCHW (the float64 kernel's) and the blocked ones the bf16 kernel reads; its output
+        // back in NCHW.
+        std::vector<Tensor> in, blocked;
+        std::vector<double> mag;
+        if (name == "conv2d_grad_weight") {
+          b.set("w_shape", ws);
+          in = {bf16_values(ys, 41, small), bf16_values(k.x, 42, small)};
+          blocked = {nchw16c(in[0]), nchw16c(in[1])};
+          mag = winograd_weight_magnitudes(in[1].to(DType::f64), in[0].to(DType::f64));
+        } else {
+          const bool grad = name == "conv2d_grad_input";
+          if (grad) b.set("in_shape", k.x);
+          in = {bf16_values(grad ? ys : k.x, 41, small), bf16_values(ws, 42, small)};
+          blocked = {nchw16c(in[0]), in[1]};
+          // The filters the input gradient convolves dy with: w's flipped and transposed.
+          Tensor f = in[1].to(DType::f64);
+          if (grad) {
+            f = Tensor::empty({k.x[1], k.o, 3, 3}, DType::f64);
+            for (int64_t o = 0; o < k.o; ++o)
+              for (int64_t c = 0; c < k.x[1]; ++c)
+                for (int t = 0; t < 9; ++t)
+                  f.data<double>()[(c * k.o + o) * 9 + t] =
+                      bf16_to_float(in[1].data<bf16>()[(o * k.x[1] + c) * 9 + 8 - t]);
+          }
+          mag = winograd_magnitudes(in[0].to(DType::f64), f);
         }
-        const std::vector<double> mag = winograd_magnitudes(in.to(DType::f64), f);
+        const Tensor raw = run_kernel(def, kern, b, blocked)[0];
+        const Tensor got = name == "conv2d_grad_weight" ? raw : nchw_of(raw);
+        const Tensor want = run_kernel(def, f64, b, {in[0].to(DType::f64), in[1].to(DType::f64)})[0];
         for (int64_t e = 0; e < want.numel(); ++e) {
           const double x = want.data<double>()[e], g = bf16_to_float(got.data<bf16>()[e]);
           const double tol = std::ldexp(std::abs(x), -8) +
@@ -582,9 +651,9 @@ TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
         }
         const int threads = omp_get_max_threads();
         omp_set_num_threads(3);
-        const Tensor again = run_kernel(def, kern, b, {nchw16c(in), w})[0];
+        const Tensor again = run_kernel(def, kern, b, blocked)[0];
         omp_set_num_threads(threads);
-        EXPECT_EQ(std::memcmp(again.raw(), nchw16c(got).raw(), got.nbytes()), 0) << "3 threads";
+        EXPECT_EQ(std::memcmp(again.raw(), raw.raw(), raw.nbytes()), 0) << "3 threads";
       }
   }
 }

@@ -60,22 +60,31 @@ struct Dims {
         blocks((tiles + kTiles - 1) / kTiles) {}
 };
 
-// One thread's scratch: U [16 positions][channels / 16][kTiles][16] bf16, M [16 positions][kTiles][16] f32,
-// then a zero row (W pixels of 16 channels) for the windows' rows above and below the image.
+// Elements between U's (channels) or W's positions of T tiles: a cache line more than their tiles, since
+// positions a multiple of 4 KiB apart share L1 sets, and the transforms, which store to all 16, ran at two
+// thirds of the rate with the weight gradient's 8 KiB (a whole 32 x 32 image's 256 tiles of 16 channels).
+int64_t position_stride(int64_t channels, int64_t T) {
+  return channels * T + 32;
+}
+
+// One thread's scratch: U [16 positions, position_stride apart][channels / 16][kTiles][16] bf16, M [16
+// positions][kTiles][16] f32, then a zero row (W pixels of 16 channels) for the windows' rows above and below
+// the image.
 size_t u_bytes(const ConvGeom& g) {
-  return static_cast<size_t>(16 * kTiles * std::max(g.c, g.o) * 2);
+  return static_cast<size_t>(16 * position_stride(std::max(g.c, g.o), kTiles) * 2);
 }
 constexpr size_t kMBytes = 16 * kTiles * 16 * 4;
 
-// B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U; U's tiles past nt are zero. Along a
-// tile row, B^T's combination of the window's 4 rows is made once per column, and each tile takes the
-// columns (2 tx - 1 .. 2 tx + 2) it shares with its neighbours; rows outside the image read `zeros`.
-void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, const bf16* zeros, bf16* u) {
-  const int64_t stride = kTiles * d.ci;  // between U's positions
-  for (int64_t t = nt; t < kTiles; ++t)
+// B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U [16 positions, `stride` elements
+// apart][ci / 16][T tiles][16]; U's tiles nt..fill-1 are zero. Along a tile row, B^T's combination of the
+// window's 4 rows is made once per column, and each tile takes the columns (2 tx - 1 .. 2 tx + 2) it shares
+// with its neighbours; rows outside the image read `zeros`.
+void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, int64_t fill, int64_t T,
+                     int64_t stride, const bf16* zeros, bf16* u) {
+  for (int64_t t = nt; t < fill; ++t)
     for (int p = 0; p < 16; ++p)
       for (int64_t cb = 0; cb < d.ci / 16; ++cb)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * kTiles + t) * 16),
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * T + t) * 16),
                            _mm256_setzero_si256());
   for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
     const bf16* plane = img + cb * d.h * d.w * 16;
@@ -106,7 +115,7 @@ void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, con
       for (int64_t i = 0; i < run; ++i, ++t) {
         column(2 * (tx0 + i) + 1, c2);
         column(2 * (tx0 + i) + 2, c3);
-        bf16* ut = u + (cb * kTiles + t) * 16;
+        bf16* ut = u + (cb * T + t) * 16;
         for (int r = 0; r < 4; ++r) {
           const __m512 v[4] = {_mm512_sub_ps(c0[r], c2[r]), _mm512_add_ps(c1[r], c2[r]),
                                _mm512_sub_ps(c2[r], c1[r]), _mm512_sub_ps(c1[r], c3[r])};
@@ -130,7 +139,7 @@ void multiply(const Dims& d, const uint32_t* u, const uint32_t* v, int64_t ob, f
     for (int t = 0; t < kTiles; ++t) acc[t] = _mm512_setzero_ps();
     const uint32_t* vp = v + (p * (d.co / 16) + ob) * pairs * 16;
     for (int64_t cb = 0; cb < cbs; ++cb) {
-      const uint32_t* uc = u + (p * cbs + cb) * kTiles * 8;
+      const uint32_t* uc = u + p * position_stride(d.ci, kTiles) / 2 + cb * kTiles * 8;
       for (int k = 0; k < 8; ++k) {
         const __m512bh b = (__m512bh)_mm512_load_si512(vp + (cb * 8 + k) * 16);
         for (int t = 0; t < kTiles; ++t)
@@ -161,6 +170,93 @@ void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int
       _mm256_storeu_si256(row + 1, to_bf16(b));
     }
   }
+}
+
+// ---- weight gradient: dW = G^T [ (B^T x B) . (A dy A^T) ] G summed over every tile, the transposed form
+// (F(3x3, 2x2)) of the forward pass's F(2x2, 3x3), with A = (A^T)^T. Per image, U = B^T x B and W = A dy A^T
+// of all its tiles (T: the tile count rounded up to even, the last tile zero when odd), each 64-byte run of
+// two tiles interleaved into pair words, so that vdpbf16ps sums over pairs of tiles: M_p[c][o] += U_p W_p.
+
+int64_t even_tiles(const Dims& d) {
+  return (d.tiles + 1) / 2 * 2;
+}
+
+// Images transformed together before their products: as many as keep U and W within a 32 x 32 image's 16
+// channels in and out (256 KiB, in L2), at least one. More tiles per accumulator load and store: with one
+// 8 x 8 image (16 tiles) at a time, 64 channels ran at three quarters of the products' rate.
+int64_t images_per_chunk(const ConvGeom& g) {
+  const int64_t T = even_tiles(Dims(g, false));
+  return std::max<int64_t>(1, 8192 / (g.c + g.o) / T);
+}
+
+// The 64-byte runs of two tiles' 16 lanes (bf16) of each of U's or W's positions interleaved into 16 pair
+// words, in place.
+void join_tile_pairs(bf16* p, int64_t channels, int64_t T) {
+  const int64_t stride = position_stride(channels, T);
+  for (int pos = 0; pos < 16; ++pos)
+    for (int64_t i = 0; i < channels * T / 32; ++i) {
+      auto* q = reinterpret_cast<__m512i*>(p + pos * stride + i * 32);
+      _mm512_store_si512(q, simd16::join_pairs(_mm512_load_si512(q)));
+    }
+}
+
+// A dy A^T of every 2x2 tile of one image's dy (nChw16c), into W [16 positions][O / 16][T tiles][16]; W's
+// tiles past the image's, up to `fill`, are zero.
+void transform_grad(const ConvGeom& g, const Dims& d, const bf16* img, int64_t fill, int64_t T, bf16* w) {
+  const int64_t obs = g.o / 16, stride = position_stride(g.o, T);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t ob = 0; ob < obs; ++ob) {
+    const bf16* plane = img + ob * d.h * d.w * 16;
+    for (int64_t t = 0; t < fill; ++t) {
+      bf16* wt = w + (ob * T + t) * 16;
+      if (t >= d.tiles) {
+        for (int p = 0; p < 16; ++p)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(wt + p * stride), _mm256_setzero_si256());
+        continue;
+      }
+      const bf16* r0 = plane + (t / d.tw * 2 * d.w + t % d.tw * 2) * 16;
+      const bf16* r1 = r0 + d.w * 16;
+      // A's rows on each row of the tile (x0, x0 + x1, x0 - x1, -x1), then on each column.
+      __m512 c[2][4];
+      for (int i = 0; i < 2; ++i) {
+        const __m512 a = simd16::load(i ? r1 : r0), b = simd16::load((i ? r1 : r0) + 16);
+        c[i][0] = a;
+        c[i][1] = _mm512_add_ps(a, b);
+        c[i][2] = _mm512_sub_ps(a, b);
+        c[i][3] = _mm512_sub_ps(zero, b);
+      }
+      for (int j = 0; j < 4; ++j) {
+        const __m512 v[4] = {c[0][j], _mm512_add_ps(c[0][j], c[1][j]), _mm512_sub_ps(c[0][j], c[1][j]),
+                             _mm512_sub_ps(zero, c[1][j])};
+        for (int r = 0; r < 4; ++r)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(wt + (r * 4 + j) * stride), to_bf16(v[r]));
+      }
+    }
+  }
+}
+
+// M_p[c][o] += U_p W_p over the image's tile pairs, M [16 positions][O / 16][C][16 lanes of o]: 16 input
+// channels' registers, one W pair vector and 16 broadcast U pairs a step.
+void accumulate_grad(const ConvGeom& g, const uint32_t* u, const uint32_t* w, int64_t T, float* m) {
+  const int64_t cbs = g.c / 16, obs = g.o / 16, pairs = T / 2;
+  const int64_t ustride = position_stride(g.c, T) / 2, wstride = position_stride(g.o, T) / 2;  // words
+  for (int p = 0; p < 16; ++p)
+    for (int64_t ob = 0; ob < obs; ++ob) {
+      const uint32_t* wp = w + p * wstride + ob * pairs * 16;
+      for (int64_t cb = 0; cb < cbs; ++cb) {
+        float* mp = m + ((p * obs + ob) * g.c + cb * 16) * 16;
+        const uint32_t* up = u + p * ustride + cb * pairs * 16;
+        __m512 acc[16];
+        for (int c = 0; c < 16; ++c) acc[c] = _mm512_load_ps(mp + c * 16);
+        for (int64_t k = 0; k < pairs; ++k) {
+          const __m512bh b = (__m512bh)_mm512_load_si512(wp + k * 16);
+          for (int c = 0; c < 16; ++c)
+            acc[c] =
+                _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_set1_epi32(static_cast<int>(up[k * 16 + c])), b);
+        }
+        for (int c = 0; c < 16; ++c) _mm512_store_ps(mp + c * 16, acc[c]);
+      }
+    }
 }
 
 }  // namespace
@@ -247,12 +343,83 @@ void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void
   for (int64_t item = i0; item < i1; ++item) {
     const int64_t n = item / d.blocks, t0 = item % d.blocks * kTiles,
                   nt = std::min<int64_t>(kTiles, d.tiles - t0);
-    transform_input(d, in + n * in_img, t0, nt, zeros, u);
+    transform_input(d, in + n * in_img, t0, nt, kTiles, kTiles, position_stride(d.ci, kTiles), zeros, u);
     for (int64_t ob = 0; ob < d.co / 16; ++ob) {
       multiply(d, reinterpret_cast<const uint32_t*>(u), static_cast<const uint32_t*>(v), ob, m);
       transform_output(d, m, t0, nt, ob, out + n * out_img);
     }
   }
+}
+
+size_t wino3x3_bf16_wgrad_scratch_bytes(const ConvGeom& g) {
+  const int64_t T = even_tiles(Dims(g, false)) * images_per_chunk(g);
+  return static_cast<size_t>(16 * (position_stride(g.c, T) + position_stride(g.o, T)) * 2 + g.w * 16 * 2);
+}
+
+int64_t wino3x3_bf16_wgrad_partial_elems(const ConvGeom& g) {
+  return 16 * g.c * g.o;
+}
+
+void wino3x3_bf16_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const bf16* dy, const bf16* x,
+                        float* partial, void* scratch) {
+  FR_CHECK(wino3x3_bf16_serves(g), "wino3x3_bf16_wgrad: unsupported geometry");
+  const Dims d(g, false);
+  const int64_t per = images_per_chunk(g), T1 = even_tiles(d);
+  auto* u = static_cast<bf16*>(scratch);
+  bf16* w = u + 16 * position_stride(g.c, T1 * per);
+  bf16* zeros = w + 16 * position_stride(g.o, T1 * per);
+  std::fill_n(reinterpret_cast<uint16_t*>(zeros), g.w * 16, uint16_t{0});
+  std::fill_n(partial, wino3x3_bf16_wgrad_partial_elems(g), 0.0f);
+  const int64_t ximg = g.c * g.h * g.w, yimg = g.o * g.h * g.w;
+  for (int64_t n = n0; n < n1; n += per) {
+    const int64_t count = std::min(per, n1 - n), T = T1 * count;
+    for (int64_t i = 0; i < count; ++i) {
+      transform_input(d, x + (n + i) * ximg, 0, d.tiles, T1, T, position_stride(g.c, T), zeros,
+                      u + i * T1 * 16);
+      transform_grad(g, d, dy + (n + i) * yimg, T1, T, w + i * T1 * 16);
+    }
+    join_tile_pairs(u, g.c, T);
+    join_tile_pairs(w, g.o, T);
+    accumulate_grad(g, reinterpret_cast<const uint32_t*>(u), reinterpret_cast<const uint32_t*>(w), T,
+                    partial);
+  }
+}
+
+// The partials added in order, then G^T M G per (c, o), 16 output channels a register.
+void wino3x3_bf16_wgrad_finish(const ConvGeom& g, const float* partials, int64_t count, int64_t stride,
+                               bf16* dw) {
+  const int64_t obs = g.o / 16;
+  parallel_for(obs * g.c, 16, [&](int64_t begin, int64_t end) {
+    const __m512 half = _mm512_set1_ps(0.5f);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t ob = i / g.c, c = i % g.c;
+      __m512 m[16];
+      for (int p = 0; p < 16; ++p) {
+        const int64_t at = ((p * obs + ob) * g.c + c) * 16;
+        m[p] = _mm512_load_ps(partials + at);
+        for (int64_t b = 1; b < count; ++b)
+          m[p] = _mm512_add_ps(m[p], _mm512_load_ps(partials + b * stride + at));
+      }
+      // G^T's rows (m0 + (m1 + m2) / 2, (m1 - m2) / 2, (m1 + m2) / 2 + m3) down the columns, then along rows.
+      __m512 s[3][4];
+      for (int j = 0; j < 4; ++j) {
+        const __m512 sum = _mm512_mul_ps(_mm512_add_ps(m[4 + j], m[8 + j]), half);
+        s[0][j] = _mm512_add_ps(m[j], sum);
+        s[1][j] = _mm512_mul_ps(_mm512_sub_ps(m[4 + j], m[8 + j]), half);
+        s[2][j] = _mm512_add_ps(sum, m[12 + j]);
+      }
+      alignas(64) float r[9][16];
+      for (int k = 0; k < 3; ++k) {
+        const __m512 sum = _mm512_mul_ps(_mm512_add_ps(s[k][1], s[k][2]), half);
+        _mm512_store_ps(r[k * 3], _mm512_add_ps(s[k][0], sum));
+        _mm512_store_ps(r[k * 3 + 1], _mm512_mul_ps(_mm512_sub_ps(s[k][1], s[k][2]), half));
+        _mm512_store_ps(r[k * 3 + 2], _mm512_add_ps(sum, s[k][3]));
+      }
+      for (int lane = 0; lane < 16; ++lane)
+        for (int tap = 0; tap < 9; ++tap)
+          dw[((ob * 16 + lane) * g.c + c) * 9 + tap] = float_to_bf16(r[tap][lane]);
+    }
+  });
 }
 
 #else  // no avx512_bf16 in this build: oneDNN computes every bf16 convolution
@@ -274,6 +441,19 @@ void wino3x3_bf16_weights(const ConvGeom&, bool, const bf16*, void*) {
 }
 void wino3x3_bf16(const ConvGeom&, bool, const bf16*, const void*, bf16*, int64_t, int64_t, void*) {
   FR_CHECK(false, "wino3x3_bf16: not built (needs avx512_bf16)");
+}
+
+size_t wino3x3_bf16_wgrad_scratch_bytes(const ConvGeom&) {
+  return 0;
+}
+int64_t wino3x3_bf16_wgrad_partial_elems(const ConvGeom&) {
+  return 0;
+}
+void wino3x3_bf16_wgrad(const ConvGeom&, int64_t, int64_t, const bf16*, const bf16*, float*, void*) {
+  FR_CHECK(false, "wino3x3_bf16_wgrad: not built (needs avx512_bf16)");
+}
+void wino3x3_bf16_wgrad_finish(const ConvGeom&, const float*, int64_t, int64_t, bf16*) {
+  FR_CHECK(false, "wino3x3_bf16_wgrad: not built (needs avx512_bf16)");
 }
 
 #endif

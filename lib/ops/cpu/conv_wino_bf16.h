@@ -34,4 +34,15 @@ int64_t wino3x3_bf16_items(const ConvGeom& g);
 void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, bf16* out, int64_t i0,
                   int64_t i1, void* scratch);
 
+// The weight gradient of the same geometries, as wgrad3x3_bf16's interface (conv_wgrad_bf16.h) for
+// dnnl_conv.cc's fixed batch blocks: the gradient of images [n0, n1) into `partial` (f32, in the transformed
+// domain: [16 positions][O/16][C][16]), summed image by image and over each image's tile pairs in order; then
+// the partials added in order, transformed back and rounded into dw (O, C, 3, 3).
+size_t wino3x3_bf16_wgrad_scratch_bytes(const ConvGeom& g);
+int64_t wino3x3_bf16_wgrad_partial_elems(const ConvGeom& g);
+void wino3x3_bf16_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const bf16* dy, const bf16* x,
+                        float* partial, void* scratch);
+void wino3x3_bf16_wgrad_finish(const ConvGeom& g, const float* partials, int64_t count, int64_t stride,
+                               bf16* dw);
+
 }  // namespace flowrun::cpu

@@ -257,7 +257,7 @@ void run_entry(Entry& e, std::initializer_list<const void*> bufs, std::array<Gro
 struct Slot {
   std::array<GrowBuffer, 4> port_buf;
   GrowBuffer scratch_buf;
-  GrowBuffer repack;  // wgrad3x3_bf16's image repacks
+  GrowBuffer repack;  // the own bf16 weight gradients' image buffers
   GrowBuffer tiles;   // wino3x3_bf16's tile buffers
   std::map<Key, Entry> cache;
   dnnl::stream stream{engine()};
@@ -369,27 +369,46 @@ int weight_team(const Blocks& b) {
   return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));
 }
 
-// grad_weight through wgrad3x3_bf16 (its caller holds s.mu): the same blocks, each thread's in its slot's
-// repack buffer, the partials added in block order.
-void grad_weight_3x3_bf16(Shared& s, const ConvGeom& g, const void* dy, const void* x, void* dw) {
+// flowrun's own bf16 weight gradients: Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else the
+// direct wgrad3x3_bf16. Both take the same fixed batch blocks into f32 partials added in block order.
+struct OwnWeightGradient {
+  size_t (*scratch_bytes)(const ConvGeom&);
+  int64_t (*partial_elems)(const ConvGeom&);
+  void (*run)(const ConvGeom&, int64_t, int64_t, const bf16*, const bf16*, float*, void*);
+  void (*finish)(const ConvGeom&, const float*, int64_t, int64_t, bf16*);
+};
+const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
+  static const OwnWeightGradient wino = {wino3x3_bf16_wgrad_scratch_bytes, wino3x3_bf16_wgrad_partial_elems,
+                                         wino3x3_bf16_wgrad, wino3x3_bf16_wgrad_finish},
+                                 direct = {wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
+                                           wgrad3x3_bf16, wgrad3x3_bf16_finish};
+  if (t != dt::bf16) return nullptr;
+  if (wino3x3_bf16_serves(g)) return &wino;
+  return wgrad3x3_bf16_serves(g) ? &direct : nullptr;
+}
+
+// grad_weight through an OwnWeightGradient (its caller holds s.mu): the same blocks, each thread's scratch in
+// its slot's repack buffer, the partials added in block order.
+void grad_weight_own(const OwnWeightGradient& k, Shared& s, const ConvGeom& g, const void* dy, const void* x,
+                     void* dw) {
   const Blocks bl = blocks_of(g);
   const int team = weight_team(bl);
   while (s.slots.size() < static_cast<size_t>(team)) s.slots.push_back(std::make_unique<Slot>());
-  const int64_t pelems = wgrad3x3_bf16_partial_elems(g);
+  const int64_t pelems = k.partial_elems(g);
   float* partials = static_cast<float*>(s.partials.reserve(static_cast<size_t>(bl.count * pelems) * 4));
-  const size_t scratch = wgrad3x3_bf16_scratch_bytes(g);
+  const size_t scratch = k.scratch_bytes(g);
 #pragma omp parallel for schedule(static) num_threads(team)
   for (int64_t b = 0; b < bl.count; ++b)
-    wgrad3x3_bf16(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), static_cast<const bf16*>(dy),
-                  static_cast<const bf16*>(x), partials + b * pelems,
-                  s.slots[static_cast<size_t>(omp_get_thread_num())]->repack.reserve(scratch));
-  wgrad3x3_bf16_finish(g, partials, bl.count, pelems, static_cast<bf16*>(dw));
+    k.run(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), static_cast<const bf16*>(dy),
+          static_cast<const bf16*>(x), partials + b * pelems,
+          s.slots[static_cast<size_t>(omp_get_thread_num())]->repack.reserve(scratch));
+  k.finish(g, partials, bl.count, pelems, static_cast<bf16*>(dw));
 }
 
 void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (t == dt::bf16 && wgrad3x3_bf16_serves(g)) return grad_weight_3x3_bf16(s, g, dy, x, dw);
+  if (const OwnWeightGradient* own = own_weight_gradient(t, g)) return grad_weight_own(*own, s, g, dy, x, dw);
   const Blocks bl = blocks_of(g);
   const int team = weight_team(bl);
   const int64_t welems = g.o * g.kdim(), esize = t == dt::f32 ? 4 : 2;
@@ -478,10 +497,10 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     // A slot's pools per thread of the team, and the partials; a slot grows to the largest block.
     const Blocks bl = blocks_of(g);
     const size_t team = static_cast<size_t>(weight_team(bl));
-    if (t == DType::bf16 && wgrad3x3_bf16_serves(g))
-      return {{"convolution weight-gradient partials",
-               static_cast<size_t>(bl.count * wgrad3x3_bf16_partial_elems(g)) * 4},
-              {"bf16 3x3 weight-gradient image repacks", team * wgrad3x3_bf16_scratch_bytes(g)}};
+    if (const OwnWeightGradient* own = own_weight_gradient(dnnl_type(t), g))
+      return {
+          {"convolution weight-gradient partials", static_cast<size_t>(bl.count * own->partial_elems(g)) * 4},
+          {"bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g)}};
     const OneThread one;
     const Entry e = build(Kind::bwd_weights, dnnl_type(t), with_batch(g, bl.largest), false);
     const size_t plain = t == DType::f32 ? 0 : static_cast<size_t>(g.o * g.kdim()) * 4;
