@@ -76,12 +76,12 @@ size_t u_bytes(const ConvGeom& g) {
 constexpr size_t kMBytes = 16 * kTiles * 16 * 4;
 
 // B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U [16 positions, `stride` elements
-// apart][ci / 16][T tiles][16]; U's tiles nt..fill-1 are zero. Along a tile row, B^T's combination of the
+// apart][ci / 16][T tiles][16]; U's tiles nt..T-1 are zero. Along a tile row, B^T's combination of the
 // window's 4 rows is made once per column, and each tile takes the columns (2 tx - 1 .. 2 tx + 2) it shares
 // with its neighbours; rows outside the image read `zeros`.
-void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, int64_t fill, int64_t T,
-                     int64_t stride, const bf16* zeros, bf16* u) {
-  for (int64_t t = nt; t < fill; ++t)
+void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, int64_t T, int64_t stride,
+                     const bf16* zeros, bf16* u) {
+  for (int64_t t = nt; t < T; ++t)
     for (int p = 0; p < 16; ++p)
       for (int64_t cb = 0; cb < d.ci / 16; ++cb)
         _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * T + t) * 16),
@@ -173,71 +173,123 @@ void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int
 }
 
 // ---- weight gradient: dW = G^T [ (B^T x B) . (A dy A^T) ] G summed over every tile, the transposed form
-// (F(3x3, 2x2)) of the forward pass's F(2x2, 3x3), with A = (A^T)^T. Per image, U = B^T x B and W = A dy A^T
-// of all its tiles (T: the tile count rounded up to even, the last tile zero when odd), each 64-byte run of
-// two tiles interleaved into pair words, so that vdpbf16ps sums over pairs of tiles: M_p[c][o] += U_p W_p.
+// (F(3x3, 2x2)) of the forward pass's F(2x2, 3x3), with A = (A^T)^T. vdpbf16ps sums over pairs of tiles, so
+// U = B^T x B and W = A dy A^T are made two neighbouring tiles of a row at a time, rounded together
+// (vcvtne2ps2bf16) and interleaved into pair words: tile (ty, tx) of an image has slot ty * tw2 + tx, tw2 =
+// tw rounded up to even, and the slot after an odd row's last tile is zero. Then M_p[c][o] += U_p W_p.
 
-int64_t even_tiles(const Dims& d) {
-  return (d.tiles + 1) / 2 * 2;
+int64_t slots_per_image(const Dims& d) {
+  return d.h / 2 * ((d.tw + 1) / 2 * 2);
 }
 
 // Images transformed together before their products: as many as keep U and W within a 32 x 32 image's 16
 // channels in and out (256 KiB, in L2), at least one. More tiles per accumulator load and store: with one
 // 8 x 8 image (16 tiles) at a time, 64 channels ran at three quarters of the products' rate.
 int64_t images_per_chunk(const ConvGeom& g) {
-  const int64_t T = even_tiles(Dims(g, false));
-  return std::max<int64_t>(1, 8192 / (g.c + g.o) / T);
+  return std::max<int64_t>(1, 8192 / (g.c + g.o) / slots_per_image(Dims(g, false)));
 }
 
-// The 64-byte runs of two tiles' 16 lanes (bf16) of each of U's or W's positions interleaved into 16 pair
-// words, in place.
-void join_tile_pairs(bf16* p, int64_t channels, int64_t T) {
-  const int64_t stride = position_stride(channels, T);
-  for (int pos = 0; pos < 16; ++pos)
-    for (int64_t i = 0; i < channels * T / 32; ++i) {
-      auto* q = reinterpret_cast<__m512i*>(p + pos * stride + i * 32);
-      _mm512_store_si512(q, simd16::join_pairs(_mm512_load_si512(q)));
-    }
+// Two tiles' 16 lanes each, rounded to bf16 and interleaved into 16 pair words (word j: lane j of a, of b).
+inline void store_pair(bf16* dst, __m512 a, __m512 b) {
+  _mm512_store_si512(dst, simd16::join_pairs((__m512i)_mm512_cvtne2ps_pbh(b, a)));
 }
 
-// A dy A^T of every 2x2 tile of one image's dy (nChw16c), into W [16 positions][O / 16][T tiles][16]; W's
-// tiles past the image's, up to `fill`, are zero.
-void transform_grad(const ConvGeom& g, const Dims& d, const bf16* img, int64_t fill, int64_t T, bf16* w) {
-  const int64_t obs = g.o / 16, stride = position_stride(g.o, T);
+// B^T x B of every tile of one image (nChw16c) into U [16 positions, `stride` apart][C / 16][T slots / 2][16
+// pair words], the image's slots from 0. As transform_input, with a tile pair's 6 columns a step.
+void transform_input_pairs(const Dims& d, const bf16* img, int64_t T, int64_t stride, const bf16* zeros,
+                           bf16* u) {
+  const int64_t tw2 = (d.tw + 1) / 2 * 2;
   const __m512 zero = _mm512_setzero_ps();
-  for (int64_t ob = 0; ob < obs; ++ob) {
-    const bf16* plane = img + ob * d.h * d.w * 16;
-    for (int64_t t = 0; t < fill; ++t) {
-      bf16* wt = w + (ob * T + t) * 16;
-      if (t >= d.tiles) {
-        for (int p = 0; p < 16; ++p)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(wt + p * stride), _mm256_setzero_si256());
-        continue;
+  for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
+    const bf16* plane = img + cb * d.h * d.w * 16;
+    for (int64_t ty = 0; ty < d.h / 2; ++ty) {
+      const bf16* rows[4];
+      for (int r = 0; r < 4; ++r) {
+        const int64_t yy = 2 * ty - 1 + r;
+        rows[r] = yy >= 0 && yy < d.h ? plane + yy * d.w * 16 : zeros;
       }
-      const bf16* r0 = plane + (t / d.tw * 2 * d.w + t % d.tw * 2) * 16;
-      const bf16* r1 = r0 + d.w * 16;
-      // A's rows on each row of the tile (x0, x0 + x1, x0 - x1, -x1), then on each column.
-      __m512 c[2][4];
-      for (int i = 0; i < 2; ++i) {
-        const __m512 a = simd16::load(i ? r1 : r0), b = simd16::load((i ? r1 : r0) + 16);
-        c[i][0] = a;
-        c[i][1] = _mm512_add_ps(a, b);
-        c[i][2] = _mm512_sub_ps(a, b);
-        c[i][3] = _mm512_sub_ps(zero, b);
-      }
-      for (int j = 0; j < 4; ++j) {
-        const __m512 v[4] = {c[0][j], _mm512_add_ps(c[0][j], c[1][j]), _mm512_sub_ps(c[0][j], c[1][j]),
-                             _mm512_sub_ps(zero, c[1][j])};
-        for (int r = 0; r < 4; ++r)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(wt + (r * 4 + j) * stride), to_bf16(v[r]));
+      auto column = [&](int64_t xx, __m512 e[4]) {
+        if (xx < 0 || xx >= d.w) {
+          for (int r = 0; r < 4; ++r) e[r] = zero;
+          return;
+        }
+        const __m512 d0 = simd16::load(rows[0] + xx * 16), d1 = simd16::load(rows[1] + xx * 16),
+                     d2 = simd16::load(rows[2] + xx * 16), d3 = simd16::load(rows[3] + xx * 16);
+        e[0] = _mm512_sub_ps(d0, d2);
+        e[1] = _mm512_add_ps(d1, d2);
+        e[2] = _mm512_sub_ps(d2, d1);
+        e[3] = _mm512_sub_ps(d1, d3);
+      };
+      __m512 c[6][4];
+      column(-1, c[0]);
+      column(0, c[1]);
+      for (int64_t tx = 0; tx < d.tw; tx += 2) {
+        const bool second = tx + 1 < d.tw;  // else the zero slot after an odd row's last tile
+        for (int k = 2; k < 6; ++k) column(2 * tx - 1 + k, c[k]);
+        bf16* ut = u + (cb * T + ty * tw2 + tx) * 16;
+        for (int r = 0; r < 4; ++r) {
+          const __m512 a[4] = {_mm512_sub_ps(c[0][r], c[2][r]), _mm512_add_ps(c[1][r], c[2][r]),
+                               _mm512_sub_ps(c[2][r], c[1][r]), _mm512_sub_ps(c[1][r], c[3][r])};
+          const __m512 b[4] = {second ? _mm512_sub_ps(c[2][r], c[4][r]) : zero,
+                               second ? _mm512_add_ps(c[3][r], c[4][r]) : zero,
+                               second ? _mm512_sub_ps(c[4][r], c[3][r]) : zero,
+                               second ? _mm512_sub_ps(c[3][r], c[5][r]) : zero};
+          for (int k = 0; k < 4; ++k) store_pair(ut + (r * 4 + k) * stride, a[k], b[k]);
+        }
+        for (int r = 0; r < 4; ++r) {
+          c[0][r] = c[4][r];
+          c[1][r] = c[5][r];
+        }
       }
     }
   }
 }
 
-// M_p[c][o] += U_p W_p over the image's tile pairs, M [16 positions][O / 16][C][16 lanes of o]: 16 input
-// channels' registers, one W pair vector and 16 broadcast U pairs a step.
-void accumulate_grad(const ConvGeom& g, const uint32_t* u, const uint32_t* w, int64_t T, float* m) {
+// A dy A^T of one tile (16 lanes of channels) at r0 (its first row; the second one row down): 16 positions.
+inline void grad_tile(const bf16* r0, int64_t row, __m512 v[16]) {
+  const __m512 zero = _mm512_setzero_ps();
+  // A's rows on each row of the tile (x0, x0 + x1, x0 - x1, -x1), then on each column.
+  __m512 c[2][4];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 a = simd16::load(r0 + i * row), b = simd16::load(r0 + i * row + 16);
+    c[i][0] = a;
+    c[i][1] = _mm512_add_ps(a, b);
+    c[i][2] = _mm512_sub_ps(a, b);
+    c[i][3] = _mm512_sub_ps(zero, b);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = c[0][j];
+    v[4 + j] = _mm512_add_ps(c[0][j], c[1][j]);
+    v[8 + j] = _mm512_sub_ps(c[0][j], c[1][j]);
+    v[12 + j] = _mm512_sub_ps(zero, c[1][j]);
+  }
+}
+
+// A dy A^T of every 2x2 tile of one image's dy (nChw16c) into W [16 positions][O / 16][T slots / 2][16 pair
+// words], the image's slots from 0.
+void transform_grad_pairs(const ConvGeom& g, const Dims& d, const bf16* img, int64_t T, bf16* w) {
+  const int64_t obs = g.o / 16, stride = position_stride(g.o, T), tw2 = (d.tw + 1) / 2 * 2;
+  for (int64_t ob = 0; ob < obs; ++ob) {
+    const bf16* plane = img + ob * d.h * d.w * 16;
+    for (int64_t ty = 0; ty < d.h / 2; ++ty)
+      for (int64_t tx = 0; tx < d.tw; tx += 2) {
+        const bf16* r0 = plane + (2 * ty * d.w + 2 * tx) * 16;
+        __m512 a[16], b[16];
+        grad_tile(r0, d.w * 16, a);
+        if (tx + 1 < d.tw)
+          grad_tile(r0 + 32, d.w * 16, b);
+        else
+          for (int p = 0; p < 16; ++p) b[p] = _mm512_setzero_ps();
+        bf16* wt = w + (ob * T + ty * tw2 + tx) * 16;
+        for (int p = 0; p < 16; ++p) store_pair(wt + p * stride, a[p], b[p]);
+      }
+  }
+}
+
+// M_p[c][o] += U_p W_p over the chunk's tile pairs (M set when `fresh`), M [16 positions][O / 16][C][16 lanes
+// of o]: 16 input channels' registers, one W pair vector and 16 broadcast U pairs a step.
+void accumulate_grad(const ConvGeom& g, const uint32_t* u, const uint32_t* w, int64_t T, float* m,
+                     bool fresh) {
   const int64_t cbs = g.c / 16, obs = g.o / 16, pairs = T / 2;
   const int64_t ustride = position_stride(g.c, T) / 2, wstride = position_stride(g.o, T) / 2;  // words
   for (int p = 0; p < 16; ++p)
@@ -247,7 +299,7 @@ void accumulate_grad(const ConvGeom& g, const uint32_t* u, const uint32_t* w, in
         float* mp = m + ((p * obs + ob) * g.c + cb * 16) * 16;
         const uint32_t* up = u + p * ustride + cb * pairs * 16;
         __m512 acc[16];
-        for (int c = 0; c < 16; ++c) acc[c] = _mm512_load_ps(mp + c * 16);
+        for (int c = 0; c < 16; ++c) acc[c] = fresh ? _mm512_setzero_ps() : _mm512_load_ps(mp + c * 16);
         for (int64_t k = 0; k < pairs; ++k) {
           const __m512bh b = (__m512bh)_mm512_load_si512(wp + k * 16);
           for (int c = 0; c < 16; ++c)
@@ -343,7 +395,7 @@ void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void
   for (int64_t item = i0; item < i1; ++item) {
     const int64_t n = item / d.blocks, t0 = item % d.blocks * kTiles,
                   nt = std::min<int64_t>(kTiles, d.tiles - t0);
-    transform_input(d, in + n * in_img, t0, nt, kTiles, kTiles, position_stride(d.ci, kTiles), zeros, u);
+    transform_input(d, in + n * in_img, t0, nt, kTiles, position_stride(d.ci, kTiles), zeros, u);
     for (int64_t ob = 0; ob < d.co / 16; ++ob) {
       multiply(d, reinterpret_cast<const uint32_t*>(u), static_cast<const uint32_t*>(v), ob, m);
       transform_output(d, m, t0, nt, ob, out + n * out_img);
@@ -352,7 +404,7 @@ void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void
 }
 
 size_t wino3x3_bf16_wgrad_scratch_bytes(const ConvGeom& g) {
-  const int64_t T = even_tiles(Dims(g, false)) * images_per_chunk(g);
+  const int64_t T = slots_per_image(Dims(g, false)) * images_per_chunk(g);
   return static_cast<size_t>(16 * (position_stride(g.c, T) + position_stride(g.o, T)) * 2 + g.w * 16 * 2);
 }
 
@@ -364,24 +416,20 @@ void wino3x3_bf16_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const bf16* d
                         float* partial, void* scratch) {
   FR_CHECK(wino3x3_bf16_serves(g), "wino3x3_bf16_wgrad: unsupported geometry");
   const Dims d(g, false);
-  const int64_t per = images_per_chunk(g), T1 = even_tiles(d);
+  const int64_t per = images_per_chunk(g), T1 = slots_per_image(d);
   auto* u = static_cast<bf16*>(scratch);
   bf16* w = u + 16 * position_stride(g.c, T1 * per);
   bf16* zeros = w + 16 * position_stride(g.o, T1 * per);
   std::fill_n(reinterpret_cast<uint16_t*>(zeros), g.w * 16, uint16_t{0});
-  std::fill_n(partial, wino3x3_bf16_wgrad_partial_elems(g), 0.0f);
   const int64_t ximg = g.c * g.h * g.w, yimg = g.o * g.h * g.w;
   for (int64_t n = n0; n < n1; n += per) {
     const int64_t count = std::min(per, n1 - n), T = T1 * count;
     for (int64_t i = 0; i < count; ++i) {
-      transform_input(d, x + (n + i) * ximg, 0, d.tiles, T1, T, position_stride(g.c, T), zeros,
-                      u + i * T1 * 16);
-      transform_grad(g, d, dy + (n + i) * yimg, T1, T, w + i * T1 * 16);
+      transform_input_pairs(d, x + (n + i) * ximg, T, position_stride(g.c, T), zeros, u + i * T1 * 16);
+      transform_grad_pairs(g, d, dy + (n + i) * yimg, T, w + i * T1 * 16);
     }
-    join_tile_pairs(u, g.c, T);
-    join_tile_pairs(w, g.o, T);
-    accumulate_grad(g, reinterpret_cast<const uint32_t*>(u), reinterpret_cast<const uint32_t*>(w), T,
-                    partial);
+    accumulate_grad(g, reinterpret_cast<const uint32_t*>(u), reinterpret_cast<const uint32_t*>(w), T, partial,
+                    n == n0);
   }
 }
 
