@@ -663,12 +663,9 @@ void global_avgpool(const KernelCtx& c) {
 
 // Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
 template <typename T>
-void reorder_t(const KernelCtx& c) {
-  const Shape& s = *c.in[0].shape;
-  const int64_t blocks = s[0] * (s[1] / 16), hw = s[2] * s[3];
-  const bool to_blocked = c.attrs().is("to", "nchw16c");
-  const T* x = static_cast<const T*>(c.in[0].data);
-  T* y = static_cast<T*>(c.out[0].data);
+void reorder_t(const void* from, void* to, int64_t blocks, int64_t hw, bool to_blocked) {
+  const T* x = static_cast<const T*>(from);
+  T* y = static_cast<T*>(to);
   parallel_for(blocks, grain_for(16 * hw), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const T* src = x + b * 16 * hw;
@@ -722,15 +719,23 @@ void reorder_t(const KernelCtx& c) {
   });
 }
 
-void reorder(const KernelCtx& c) {
-  switch (dtype_size(c.in[0].dtype)) {
+void reorder_nchw16c(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
+                     bool to_blocked) {
+  const int64_t blocks = n * (c / 16);
+  switch (elem) {
     case 2:
-      return reorder_t<uint16_t>(c);
+      return reorder_t<uint16_t>(from, to, blocks, hw, to_blocked);
     case 4:
-      return reorder_t<uint32_t>(c);
+      return reorder_t<uint32_t>(from, to, blocks, hw, to_blocked);
     default:
-      return reorder_t<uint64_t>(c);
+      return reorder_t<uint64_t>(from, to, blocks, hw, to_blocked);
   }
+}
+
+void reorder(const KernelCtx& c) {
+  const Shape& s = *c.in[0].shape;
+  reorder_nchw16c(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], dtype_size(c.in[0].dtype),
+                  c.attrs().is("to", "nchw16c"));
 }
 
 }  // namespace flowrun::cpu

@@ -54,5 +54,8 @@ void avgpool2d_grad(const KernelCtx& c);
 void global_avgpool(const KernelCtx& c);
 // attr to = nchw16c: NCHW -> nChw16c; nchw: back (graph/layout.cc).
 void reorder(const KernelCtx& c);
+// The same on raw memory: n images of c channels (a multiple of 16) and hw pixels, `elem`-byte elements.
+void reorder_nchw16c(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
+                     bool to_blocked);
 
 }  // namespace flowrun::cpu

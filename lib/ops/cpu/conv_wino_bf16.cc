@@ -316,7 +316,7 @@ void accumulate_grad(const ConvGeom& g, const uint32_t* u, const uint32_t* w, in
 bool wino3x3_bf16_serves(const ConvGeom& g) {
   return has_avx512_bf16() && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.ph == 1 && g.pw == 1 &&
          g.dh == 1 && g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.h % 2 == 0 &&
-         g.w % 2 == 0 && g.oh == g.h && g.ow == g.w && g.x_blocked && g.y_blocked;
+         g.w % 2 == 0 && g.oh == g.h && g.ow == g.w;
 }
 
 size_t wino3x3_bf16_weight_bytes(const ConvGeom& g) {

@@ -13,9 +13,10 @@
 
 namespace flowrun::cpu {
 
-// Whether wino3x3_bf16 computes this geometry's forward pass and input gradient: 3x3, stride 1, padding 1,
-// no dilation, one group, C and O multiples of 16, even H and W, both activations in nChw16c, and a build
-// and CPU with avx512_bf16.
+// Whether wino3x3_bf16 computes this geometry's forward pass and gradients: 3x3, stride 1, padding 1, no
+// dilation, one group, C and O multiples of 16, even H and W, and a build and CPU with avx512_bf16. The
+// kernels read and write activations in nChw16c only, whatever g.x_blocked and g.y_blocked say (dnnl_conv.cc
+// copies NCHW ones).
 bool wino3x3_bf16_serves(const ConvGeom& g);
 
 // Bytes of the transformed weights, and of one thread's tile buffers.

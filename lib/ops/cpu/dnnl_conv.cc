@@ -272,6 +272,7 @@ struct Shared {
   std::vector<std::unique_ptr<Slot>> slots;
   GrowBuffer partials;
   GrowBuffer wino_weights;  // wino3x3_bf16's transformed weights
+  GrowBuffer wino_copies;   // its operands' nChw16c copies (Blocked)
   // grad_weight's reorder of the summed partials from oneDNN's layout to f32 OIHW, per geometry.
   struct ToPlain {
     dnnl::memory from, to;
@@ -297,11 +298,55 @@ int wino_team(const ConvGeom& g) {
       std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), wino3x3_bf16_items(g)));
 }
 
+// wino3x3_bf16's kernels read and write nChw16c only: an NCHW operand (an eager run's, or the gradient a
+// global pooling sends back to the last convolution) goes through an nChw16c copy. The copy is exact, so the
+// bits are the same in either layout, and an eager run's are the compiled one's.
+class Blocked {
+ public:
+  // Operand sizes in bf16 elements: `plain` says which are in NCHW (each of `channels` channels).
+  Blocked(const ConvGeom& g, std::initializer_list<std::pair<bool, int64_t>> operands) : g_(g) {
+    for (const auto& [plain, channels] : operands) {
+      offset_.push_back(bytes_);
+      if (plain) bytes_ += static_cast<size_t>(g.n * channels * g.h * g.w) * 2;
+    }
+  }
+  size_t bytes() const { return bytes_; }
+  // Operand i's nChw16c memory: `p` itself, or its copy, filled from p when `read`.
+  void* operand(GrowBuffer& buf, size_t i, bool plain, int64_t channels, const void* p, bool read) const {
+    if (!plain) return const_cast<void*>(p);
+    char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
+    if (read) reorder_nchw16c(p, copy, g_.n, channels, g_.h * g_.w, 2, true);
+    return copy;
+  }
+  // An output's copy back to NCHW.
+  void write_back(const void* copy, void* p, int64_t channels) const {
+    reorder_nchw16c(copy, p, g_.n, channels, g_.h * g_.w, 2, false);
+  }
+
+ private:
+  const ConvGeom& g_;
+  std::vector<size_t> offset_;
+  size_t bytes_ = 0;
+};
+
+// The NCHW operands of a forward pass (x, y) or input gradient (dy, dx).
+Blocked wino_operands(const ConvGeom& g, bool grad_input) {
+  const int64_t ci = grad_input ? g.o : g.c, co = grad_input ? g.c : g.o;
+  const bool in_plain = grad_input ? !g.y_blocked : !g.x_blocked,
+             out_plain = grad_input ? !g.x_blocked : !g.y_blocked;
+  return Blocked(g, {{in_plain, ci}, {out_plain, co}});
+}
 // The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
 // over the threads, each with its slot's tile buffers.
-void run_wino(const ConvGeom& g, bool grad_input, const void* in, const void* w, void* out) {
+void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w, void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
+  const int64_t ci = grad_input ? g.o : g.c, co = grad_input ? g.c : g.o;
+  const bool in_plain = grad_input ? !g.y_blocked : !g.x_blocked,
+             out_plain = grad_input ? !g.x_blocked : !g.y_blocked;
+  const Blocked copies = wino_operands(g, grad_input);
+  const void* in = copies.operand(s.wino_copies, 0, in_plain, ci, in_, true);
+  void* out = copies.operand(s.wino_copies, 1, out_plain, co, out_, false);
   void* v = s.wino_weights.reserve(wino3x3_bf16_weight_bytes(g));
   wino3x3_bf16_weights(g, grad_input, static_cast<const bf16*>(w), v);
   const int team = wino_team(g);
@@ -315,6 +360,7 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in, const void* w,
     wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<bf16*>(out), t * items / nt,
                  (t + 1) * items / nt, own);
   }
+  if (out_plain) copies.write_back(out, out_, co);
 }
 
 // Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
@@ -372,15 +418,17 @@ int weight_team(const Blocks& b) {
 // flowrun's own bf16 weight gradients: Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else the
 // direct wgrad3x3_bf16. Both take the same fixed batch blocks into f32 partials added in block order.
 struct OwnWeightGradient {
+  bool blocked_only;  // reads dy and x in nChw16c only (Blocked copies the NCHW ones)
   size_t (*scratch_bytes)(const ConvGeom&);
   int64_t (*partial_elems)(const ConvGeom&);
   void (*run)(const ConvGeom&, int64_t, int64_t, const bf16*, const bf16*, float*, void*);
   void (*finish)(const ConvGeom&, const float*, int64_t, int64_t, bf16*);
 };
 const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
-  static const OwnWeightGradient wino = {wino3x3_bf16_wgrad_scratch_bytes, wino3x3_bf16_wgrad_partial_elems,
-                                         wino3x3_bf16_wgrad, wino3x3_bf16_wgrad_finish},
-                                 direct = {wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
+  static const OwnWeightGradient wino = {true, wino3x3_bf16_wgrad_scratch_bytes,
+                                         wino3x3_bf16_wgrad_partial_elems, wino3x3_bf16_wgrad,
+                                         wino3x3_bf16_wgrad_finish},
+                                 direct = {false, wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
                                            wgrad3x3_bf16, wgrad3x3_bf16_finish};
   if (t != dt::bf16) return nullptr;
   if (wino3x3_bf16_serves(g)) return &wino;
@@ -408,7 +456,14 @@ void grad_weight_own(const OwnWeightGradient& k, Shared& s, const ConvGeom& g, c
 void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (const OwnWeightGradient* own = own_weight_gradient(t, g)) return grad_weight_own(*own, s, g, dy, x, dw);
+  if (const OwnWeightGradient* own = own_weight_gradient(t, g)) {
+    if (own->blocked_only) {
+      const Blocked copies(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
+      dy = copies.operand(s.wino_copies, 0, !g.y_blocked, g.o, dy, true);
+      x = copies.operand(s.wino_copies, 1, !g.x_blocked, g.c, x, true);
+    }
+    return grad_weight_own(*own, s, g, dy, x, dw);
+  }
   const Blocks bl = blocks_of(g);
   const int team = weight_team(bl);
   const int64_t welems = g.o * g.kdim(), esize = t == dt::f32 ? 4 : 2;
@@ -497,10 +552,15 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     // A slot's pools per thread of the team, and the partials; a slot grows to the largest block.
     const Blocks bl = blocks_of(g);
     const size_t team = static_cast<size_t>(weight_team(bl));
-    if (const OwnWeightGradient* own = own_weight_gradient(dnnl_type(t), g))
-      return {
+    if (const OwnWeightGradient* own = own_weight_gradient(dnnl_type(t), g)) {
+      std::vector<std::pair<std::string, size_t>> out = {
           {"convolution weight-gradient partials", static_cast<size_t>(bl.count * own->partial_elems(g)) * 4},
           {"bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g)}};
+      const Blocked copies(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
+      if (own->blocked_only && copies.bytes() > 0)
+        out.emplace_back("bf16 Winograd nChw16c copies", copies.bytes());
+      return out;
+    }
     const OneThread one;
     const Entry e = build(Kind::bwd_weights, dnnl_type(t), with_batch(g, bl.largest), false);
     const size_t plain = t == DType::f32 ? 0 : static_cast<size_t>(g.o * g.kdim()) * 4;
@@ -514,10 +574,14 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
                          team * e.ports[i].inner_bytes);
     return out;
   }
-  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g))
-    return {
+  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g)) {
+    std::vector<std::pair<std::string, size_t>> out = {
         {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
         {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
+    const size_t copies = wino_operands(g, pass == ConvPass::grad_input).bytes();
+    if (copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
+    return out;
+  }
   const Kind k = pass == ConvPass::grad_input ? Kind::bwd_data : bias ? Kind::fwd_bias : Kind::fwd;
   const Entry e = build(k, dnnl_type(t), g, false);
   // The pools are run()'s shared buffers: port_buf[i] and scratch_buf.
@@ -531,7 +595,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
 size_t dnnl_conv2d_held_bytes() {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  size_t n = s.scratch_buf.size() + s.partials.size() + s.wino_weights.size();
+  size_t n = s.scratch_buf.size() + s.partials.size() + s.wino_weights.size() + s.wino_copies.size();
   for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
     n += slot->scratch_buf.size() + slot->repack.size() + slot->tiles.size();
