@@ -75,50 +75,67 @@ size_t u_bytes(const ConvGeom& g) {
 }
 constexpr size_t kMBytes = 16 * kTiles * 16 * 4;
 
-// B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U [16 positions, `stride` elements
-// apart][ci / 16][T tiles][16]; U's tiles nt..T-1 are zero. Along a tile row, B^T's combination of the
-// window's 4 rows is made once per column, and each tile takes the columns (2 tx - 1 .. 2 tx + 2) it shares
-// with its neighbours; rows outside the image read `zeros`.
-void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, int64_t T, int64_t stride,
-                     const bf16* zeros, bf16* u) {
-  for (int64_t t = nt; t < T; ++t)
+// The 4 input rows of tile row ty's windows (rows 2 ty - 1 .. 2 ty + 2 of one nChw16c plane, `zeros`
+// outside the image), and B^T's combination of them at column xx, (d0 - d2, d1 + d2, d2 - d1, d1 - d3), zero
+// outside. Each column's is made once and shared by the neighbouring tiles whose windows hold it.
+struct WindowRows {
+  const bf16* rows[4];
+  int64_t w;
+  WindowRows(const Dims& d, const bf16* plane, int64_t ty, const bf16* zeros) : w(d.w) {
+    for (int r = 0; r < 4; ++r) {
+      const int64_t yy = 2 * ty - 1 + r;
+      rows[r] = yy >= 0 && yy < d.h ? plane + yy * d.w * 16 : zeros;
+    }
+  }
+  void column(int64_t xx, __m512 e[4]) const {
+    if (xx < 0 || xx >= w) {
+      for (int r = 0; r < 4; ++r) e[r] = _mm512_setzero_ps();
+      return;
+    }
+    const __m512 d0 = simd16::load(rows[0] + xx * 16), d1 = simd16::load(rows[1] + xx * 16),
+                 d2 = simd16::load(rows[2] + xx * 16), d3 = simd16::load(rows[3] + xx * 16);
+    e[0] = _mm512_sub_ps(d0, d2);
+    e[1] = _mm512_add_ps(d1, d2);
+    e[2] = _mm512_sub_ps(d2, d1);
+    e[3] = _mm512_sub_ps(d1, d3);
+  }
+};
+
+// Row r of B^T d B for the tile whose window's columns combine to c0..c3: (c0 - c2, c1 + c2, c2 - c1, c1 -
+// c3).
+inline void tile_row(const __m512 c0[4], const __m512 c1[4], const __m512 c2[4], const __m512 c3[4], int r,
+                     __m512 v[4]) {
+  v[0] = _mm512_sub_ps(c0[r], c2[r]);
+  v[1] = _mm512_add_ps(c1[r], c2[r]);
+  v[2] = _mm512_sub_ps(c2[r], c1[r]);
+  v[3] = _mm512_sub_ps(c1[r], c3[r]);
+}
+
+// B^T d B of the tiles [t0, t0 + nt) of one image (nChw16c), into U [16 positions, position_stride apart][ci
+// / 16][kTiles][16]; U's tiles past nt are zero.
+void transform_input(const Dims& d, const bf16* img, int64_t t0, int64_t nt, const bf16* zeros, bf16* u) {
+  const int64_t stride = position_stride(d.ci, kTiles);
+  for (int64_t t = nt; t < kTiles; ++t)
     for (int p = 0; p < 16; ++p)
       for (int64_t cb = 0; cb < d.ci / 16; ++cb)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * T + t) * 16),
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + p * stride + (cb * kTiles + t) * 16),
                            _mm256_setzero_si256());
   for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
     const bf16* plane = img + cb * d.h * d.w * 16;
     for (int64_t t = 0; t < nt;) {
       const int64_t ty = (t0 + t) / d.tw, tx0 = (t0 + t) % d.tw;
       const int64_t run = std::min(nt - t, d.tw - tx0);  // tiles of this item in tile row ty
-      const bf16* rows[4];
-      for (int r = 0; r < 4; ++r) {
-        const int64_t yy = 2 * ty - 1 + r;
-        rows[r] = yy >= 0 && yy < d.h ? plane + yy * d.w * 16 : zeros;
-      }
-      // B^T's rows of column xx: (d0 - d2, d1 + d2, d2 - d1, d1 - d3).
-      auto column = [&](int64_t xx, __m512 e[4]) {
-        if (xx < 0 || xx >= d.w) {
-          for (int r = 0; r < 4; ++r) e[r] = _mm512_setzero_ps();
-          return;
-        }
-        const __m512 d0 = simd16::load(rows[0] + xx * 16), d1 = simd16::load(rows[1] + xx * 16),
-                     d2 = simd16::load(rows[2] + xx * 16), d3 = simd16::load(rows[3] + xx * 16);
-        e[0] = _mm512_sub_ps(d0, d2);
-        e[1] = _mm512_add_ps(d1, d2);
-        e[2] = _mm512_sub_ps(d2, d1);
-        e[3] = _mm512_sub_ps(d1, d3);
-      };
+      const WindowRows rows(d, plane, ty, zeros);
       __m512 c0[4], c1[4], c2[4], c3[4];
-      column(2 * tx0 - 1, c0);
-      column(2 * tx0, c1);
+      rows.column(2 * tx0 - 1, c0);
+      rows.column(2 * tx0, c1);
       for (int64_t i = 0; i < run; ++i, ++t) {
-        column(2 * (tx0 + i) + 1, c2);
-        column(2 * (tx0 + i) + 2, c3);
-        bf16* ut = u + (cb * T + t) * 16;
+        rows.column(2 * (tx0 + i) + 1, c2);
+        rows.column(2 * (tx0 + i) + 2, c3);
+        bf16* ut = u + (cb * kTiles + t) * 16;
         for (int r = 0; r < 4; ++r) {
-          const __m512 v[4] = {_mm512_sub_ps(c0[r], c2[r]), _mm512_add_ps(c1[r], c2[r]),
-                               _mm512_sub_ps(c2[r], c1[r]), _mm512_sub_ps(c1[r], c3[r])};
+          __m512 v[4];
+          tile_row(c0, c1, c2, c3, r, v);
           for (int c = 0; c < 4; ++c)
             _mm256_store_si256(reinterpret_cast<__m256i*>(ut + (r * 4 + c) * stride), to_bf16(v[c]));
           c0[r] = c2[r];
@@ -195,7 +212,7 @@ inline void store_pair(bf16* dst, __m512 a, __m512 b) {
 }
 
 // B^T x B of every tile of one image (nChw16c) into U [16 positions, `stride` apart][C / 16][T slots / 2][16
-// pair words], the image's slots from 0. As transform_input, with a tile pair's 6 columns a step.
+// pair words], the image's slots from 0: a tile pair's 6 columns a step.
 void transform_input_pairs(const Dims& d, const bf16* img, int64_t T, int64_t stride, const bf16* zeros,
                            bf16* u) {
   const int64_t tw2 = (d.tw + 1) / 2 * 2;
@@ -203,37 +220,18 @@ void transform_input_pairs(const Dims& d, const bf16* img, int64_t T, int64_t st
   for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
     const bf16* plane = img + cb * d.h * d.w * 16;
     for (int64_t ty = 0; ty < d.h / 2; ++ty) {
-      const bf16* rows[4];
-      for (int r = 0; r < 4; ++r) {
-        const int64_t yy = 2 * ty - 1 + r;
-        rows[r] = yy >= 0 && yy < d.h ? plane + yy * d.w * 16 : zeros;
-      }
-      auto column = [&](int64_t xx, __m512 e[4]) {
-        if (xx < 0 || xx >= d.w) {
-          for (int r = 0; r < 4; ++r) e[r] = zero;
-          return;
-        }
-        const __m512 d0 = simd16::load(rows[0] + xx * 16), d1 = simd16::load(rows[1] + xx * 16),
-                     d2 = simd16::load(rows[2] + xx * 16), d3 = simd16::load(rows[3] + xx * 16);
-        e[0] = _mm512_sub_ps(d0, d2);
-        e[1] = _mm512_add_ps(d1, d2);
-        e[2] = _mm512_sub_ps(d2, d1);
-        e[3] = _mm512_sub_ps(d1, d3);
-      };
+      const WindowRows rows(d, plane, ty, zeros);
       __m512 c[6][4];
-      column(-1, c[0]);
-      column(0, c[1]);
+      rows.column(-1, c[0]);
+      rows.column(0, c[1]);
       for (int64_t tx = 0; tx < d.tw; tx += 2) {
         const bool second = tx + 1 < d.tw;  // else the zero slot after an odd row's last tile
-        for (int k = 2; k < 6; ++k) column(2 * tx - 1 + k, c[k]);
+        for (int k = 2; k < 6; ++k) rows.column(2 * tx - 1 + k, c[k]);
         bf16* ut = u + (cb * T + ty * tw2 + tx) * 16;
         for (int r = 0; r < 4; ++r) {
-          const __m512 a[4] = {_mm512_sub_ps(c[0][r], c[2][r]), _mm512_add_ps(c[1][r], c[2][r]),
-                               _mm512_sub_ps(c[2][r], c[1][r]), _mm512_sub_ps(c[1][r], c[3][r])};
-          const __m512 b[4] = {second ? _mm512_sub_ps(c[2][r], c[4][r]) : zero,
-                               second ? _mm512_add_ps(c[3][r], c[4][r]) : zero,
-                               second ? _mm512_sub_ps(c[4][r], c[3][r]) : zero,
-                               second ? _mm512_sub_ps(c[3][r], c[5][r]) : zero};
+          __m512 a[4], b[4] = {zero, zero, zero, zero};
+          tile_row(c[0], c[1], c[2], c[3], r, a);
+          if (second) tile_row(c[2], c[3], c[4], c[5], r, b);
           for (int k = 0; k < 4; ++k) store_pair(ut + (r * 4 + k) * stride, a[k], b[k]);
         }
         for (int r = 0; r < 4; ++r) {
@@ -395,7 +393,7 @@ void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void
   for (int64_t item = i0; item < i1; ++item) {
     const int64_t n = item / d.blocks, t0 = item % d.blocks * kTiles,
                   nt = std::min<int64_t>(kTiles, d.tiles - t0);
-    transform_input(d, in + n * in_img, t0, nt, kTiles, position_stride(d.ci, kTiles), zeros, u);
+    transform_input(d, in + n * in_img, t0, nt, zeros, u);
     for (int64_t ob = 0; ob < d.co / 16; ++ob) {
       multiply(d, reinterpret_cast<const uint32_t*>(u), static_cast<const uint32_t*>(v), ob, m);
       transform_output(d, m, t0, nt, ob, out + n * out_img);
