@@ -675,8 +675,12 @@ void register_attention_ops(OpRegistry& r) {
   };
   d.kernels = {{DeviceKind::cpu, kF, cpu::sdpa}};
 #if defined(__AVX512BF16__)
-  d.kernels.push_back(
-      {DeviceKind::cpu, {DType::bf16}, cpu::sdpa_bf16, cpu::has_avx512_bf16, cpu::sdpa_bf16_workspace});
+  d.kernels.push_back({DeviceKind::cpu,
+                       {DType::bf16},
+                       cpu::sdpa_bf16,
+                       cpu::has_avx512_bf16,
+                       cpu::sdpa_bf16_forward_workspace,
+                       cpu::sdpa_bf16_buffers});
 #endif
   d.samples = sdpa_samples;
   r.add(d);
@@ -759,7 +763,8 @@ void register_attention_ops(OpRegistry& r) {
                         {DType::bf16},
                         cpu::sdpa_qkv_bf16,
                         cpu::has_avx512_bf16,
-                        cpu::sdpa_qkv_bf16_workspace});
+                        cpu::sdpa_bf16_forward_workspace,
+                        cpu::sdpa_qkv_bf16_buffers});
 #endif
   pq.samples = sdpa_qkv_samples;
   r.add(pq);
@@ -789,7 +794,7 @@ void register_attention_ops(OpRegistry& r) {
     const TensorType h = packed_heads(in[1], a);
     const size_t head = static_cast<size_t>(h.shape[2] * h.shape[3]) * dtype_size(h.dtype);
     const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
-    return {{"sdpa_qkv_grad per-thread head buffers", threads * head * cpu::kSdpaQkvGradBuffers}};
+    return {{cpu::kSdpaThreadBuffers, threads * head * cpu::kSdpaQkvGradBuffers}};
   };
   pg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_qkv_grad, nullptr, nullptr, per_thread}};
 #if defined(__AVX512BF16__)
@@ -798,7 +803,7 @@ void register_attention_ops(OpRegistry& r) {
                         cpu::sdpa_qkv_grad_bf16,
                         cpu::has_avx512_bf16,
                         nullptr,
-                        cpu::sdpa_qkv_grad_bf16_buffers});
+                        cpu::sdpa_qkv_bf16_buffers});
 #endif
   pg.covered_by = {"sdpa_qkv"};
   r.add(pg);

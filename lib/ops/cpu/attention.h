@@ -20,29 +20,33 @@ void sdpa_grad(const KernelCtx& c);
 void sdpa_qkv(const KernelCtx& c);
 void sdpa_qkv_grad(const KernelCtx& c);
 constexpr int64_t kSdpaQkvGradBuffers = 2;
+// The pool of the attention kernels' per-thread scratch (thread_scratch: one buffer per thread, which the
+// forward and backward kernels use in turn).
+inline constexpr const char* kSdpaThreadBuffers = "sdpa per-thread head buffers";
 
 #if defined(__AVX512BF16__)
 // Native bf16 sdpa and sdpa_grad (attention_bf16.cc): compiled where the compiler targets avx512_bf16
 // (FLOWRUN_NATIVE on such a CPU) and registered as available where the running CPU has it; elsewhere bf16
-// attention runs widened through the f32 kernels. Their workspaces hold repacked operands and f32
-// accumulators.
+// attention runs widened through the f32 kernels. sdpa_grad's workspace holds every head's repacked operands
+// and f32 accumulators. The forwards take no workspace (sdpa_bf16_forward_workspace): a thread packs one head
+// at a time into its thread_scratch, as the packed gradient does, reported as host buffers.
 bool has_avx512_bf16();
 void sdpa_bf16(const KernelCtx& c);
 void sdpa_grad_bf16(const KernelCtx& c);
-size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
-                           const Attrs& a);
+size_t sdpa_bf16_forward_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                                   const Attrs& a);
+std::vector<std::pair<std::string, size_t>> sdpa_bf16_buffers(const std::vector<TensorType>& in,
+                                                              const std::vector<TensorType>& out,
+                                                              const Attrs& a);
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                                 const Attrs& a);
 // sdpa_qkv and its gradient in bf16: the kernels above on the packed rows (A operands copied contiguous);
-// the forward's workspace is sdpa_bf16's, and the gradient's per-thread head scratch is reported as a host
-// buffer (KernelDef::host_buffers).
+// their per-thread head scratch (the forward's or the gradient's, by the inputs) as host buffers.
 void sdpa_qkv_bf16(const KernelCtx& c);
 void sdpa_qkv_grad_bf16(const KernelCtx& c);
-size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
-                               const Attrs& a);
-std::vector<std::pair<std::string, size_t>> sdpa_qkv_grad_bf16_buffers(const std::vector<TensorType>& in,
-                                                                       const std::vector<TensorType>& out,
-                                                                       const Attrs& a);
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
+                                                                  const std::vector<TensorType>& out,
+                                                                  const Attrs& a);
 #endif
 
 // (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each

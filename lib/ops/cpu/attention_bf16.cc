@@ -215,7 +215,7 @@ int64_t masked_to_vectors(float* srow, int64_t lim, const int64_t* kid, int64_t 
   return w;
 }
 
-// Per-(batch, head) scratch of the forward, in bytes from the head's base; `bytes` is one head's total.
+// One head's scratch of the forward (a thread's, thread_scratch), in bytes from its base.
 struct ForwardScratch {
   int64_t kt, vp, q, o, bytes;
   explicit ForwardScratch(const Geometry& g) {
@@ -385,10 +385,17 @@ bool has_avx512_bf16() {
   return yes;
 }
 
-size_t sdpa_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
-                           const Attrs& a) {
+size_t sdpa_bf16_forward_workspace(const std::vector<TensorType>&, const std::vector<TensorType>&,
+                                   const Attrs&) {
+  return 0;
+}
+
+std::vector<std::pair<std::string, size_t>> sdpa_bf16_buffers(const std::vector<TensorType>& in,
+                                                              const std::vector<TensorType>&,
+                                                              const Attrs& a) {
   const Geometry g = geometry(in[0].shape, in[1].shape, in[2].shape, a);
-  return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
+  return {{kSdpaThreadBuffers,
+           static_cast<size_t>(ForwardScratch(g).bytes) * static_cast<size_t>(omp_get_max_threads())}};
 }
 
 size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
@@ -399,25 +406,26 @@ size_t sdpa_grad_bf16_workspace(const std::vector<TensorType>& in, const std::ve
 
 namespace {
 
-// The forward of every head, `heads(h)` giving head h's HeadRows: K^T and V of each head in pair layout in
-// its workspace slice, then (head, query block) tasks, each writing its own rows of out and lse.
+// The forward of every head, `heads(h)` giving head h's HeadRows: (head, query block) tasks, each writing its
+// own rows of out and lse. A thread runs a contiguous range of tasks in the scratch of its own
+// (thread_scratch: one head's ForwardScratch), packing K^T and V of a head in pair layout when its range
+// reaches that head. With every head's scratch in the arena (5 MiB for gpt-tiny's 64 heads), each call wrote
+// and read it through DRAM: 1.43 ms a call in the step against 0.91 on warm buffers.
 template <typename Heads>
-void forward_heads(const Geometry& g, char* ws, float* lse, const Heads& heads) {
+void forward_heads(const Geometry& g, float* lse, const Heads& heads) {
   const ForwardScratch at(g);
-  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-    for (int64_t h = s; h < e; ++h) {
-      const HeadRows<uint16_t> r = heads(h);
-      char* hw = ws + h * at.bytes;
-      pack_cols(g.s, g.d, r.k, r.ldk, reinterpret_cast<uint32_t*>(hw + at.kt));
-      pack_rows(g.s, g.dv, r.v, r.ldv, reinterpret_cast<uint32_t*>(hw + at.vp));
-    }
-  });
   const int64_t nqb = (g.t + kBQ - 1) / kBQ;
   parallel_for(g.bh * nqb, 1, [&](int64_t s, int64_t e) {
+    char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(at.bytes)));
+    int64_t packed = -1;
     for (int64_t task = s; task < e; ++task) {
       const int64_t h = task / nqb, i0 = (task % nqb) * kBQ, m = std::min(kBQ, g.t - i0);
       const HeadRows<uint16_t> r = heads(h);
-      char* hw = ws + h * at.bytes;
+      if (h != packed) {
+        pack_cols(g.s, g.d, r.k, r.ldk, reinterpret_cast<uint32_t*>(hw + at.kt));
+        pack_rows(g.s, g.dv, r.v, r.ldv, reinterpret_cast<uint32_t*>(hw + at.vp));
+        packed = h;
+      }
       // The query block's rows alone, contiguous and padded when D is odd.
       int64_t ldq = 0;
       const uint16_t* qa = padded_rows(m, g.d, r.q + i0 * r.ldq, r.ldq,
@@ -433,11 +441,9 @@ void forward_heads(const Geometry& g, char* ws, float* lse, const Heads& heads) 
 
 void sdpa_bf16(const KernelCtx& c) {
   const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * ForwardScratch(g).bytes),
-           "sdpa workspace too small");
   const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
   uint16_t* out = bits_out(c.out[0]);
-  forward_heads(g, static_cast<char*>(c.workspace), c.out[1].as<float>(), [&](int64_t h) {
+  forward_heads(g, c.out[1].as<float>(), [&](int64_t h) {
     return HeadRows<uint16_t>{
         q + h * g.t * g.d, k + h * g.s * g.d, v + h * g.s * g.dv, out + h * g.t * g.dv, g.d, g.d, g.dv, g.dv};
   });
@@ -471,19 +477,15 @@ Geometry packed_geometry(const std::vector<TensorType>& in, const Attrs& a) {
 
 }  // namespace
 
-size_t sdpa_qkv_bf16_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>&,
-                               const Attrs& a) {
+// The forward's per-thread scratch: one head's ForwardScratch; the backward's: one head's BackwardScratch.
+std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
+                                                                  const std::vector<TensorType>&,
+                                                                  const Attrs& a) {
   const Geometry g = packed_geometry(in, a);
-  return static_cast<size_t>(g.bh * ForwardScratch(g).bytes);
-}
-
-// The backward's per-thread scratch: one head's BackwardScratch.
-std::vector<std::pair<std::string, size_t>> sdpa_qkv_grad_bf16_buffers(const std::vector<TensorType>& in,
-                                                                       const std::vector<TensorType>&,
-                                                                       const Attrs& a) {
-  const Geometry g = packed_geometry(in, a);
-  return {{"sdpa_qkv_grad per-thread head buffers",
-           static_cast<size_t>(BackwardScratch(g).bytes) * static_cast<size_t>(omp_get_max_threads())}};
+  const bool grad = in.size() > 1;
+  return {
+      {kSdpaThreadBuffers, static_cast<size_t>(grad ? BackwardScratch(g).bytes : ForwardScratch(g).bytes) *
+                               static_cast<size_t>(omp_get_max_threads())}};
 }
 
 // sdpa_bf16 and sdpa_grad_bf16 on the packed rows in place (as attention.cc's sdpa_qkv): the same bits as the
@@ -491,11 +493,9 @@ std::vector<std::pair<std::string, size_t>> sdpa_qkv_grad_bf16_buffers(const std
 void sdpa_qkv_bf16(const KernelCtx& c) {
   const Packed p(c, c.in[0]);
   const Geometry g = p.geometry(c.attrs());
-  FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * ForwardScratch(g).bytes),
-           "sdpa_qkv workspace too small");
   const uint16_t* x = bits(c.in[0]);
   uint16_t* out = bits_out(c.out[0]);
-  forward_heads(g, static_cast<char*>(c.workspace), c.out[1].as<float>(), [&](int64_t h) {
+  forward_heads(g, c.out[1].as<float>(), [&](int64_t h) {
     return HeadRows<uint16_t>{x + p.part(h, 0), x + p.part(h, 1), x + p.part(h, 2), out + p.merged(h),
                               p.row(),          p.row(),          p.row(),          p.h * p.d};
   });
