@@ -6,7 +6,8 @@
 // Summed over the input channels, the elementwise product is 16 matrix products, one per position p of the
 // 4x4 transformed tile: M_p[tile][o] = sum over c of U_p[tile][c] V_p[c][o]. They run as vdpbf16ps dot
 // products on pairs of channels, so U and V are rounded to bf16; the transforms and M are f32. The input
-// gradient is the same convolution of dy with the filters flipped and transposed.
+// gradient is the same convolution of dy with the filters flipped and transposed; the weight gradient is
+// the transposed form, F(3x3, 2x2) (its section below).
 //
 // An item is one image's block of 16 tiles (kTiles): its input transform fills U (16 positions x 16 tiles x
 // C bf16, each (p, tile) 16 channels at a time from one nChw16c pixel vector), then per block of 16 output

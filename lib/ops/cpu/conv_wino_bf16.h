@@ -1,8 +1,9 @@
-// bf16 3x3 convolutions (stride 1, padding 1) and their input gradients through Winograd's F(2x2, 3x3) with
-// vdpbf16ps products (conv_wino_bf16.cc), in place of oneDNN 2.6's direct bf16 kernels, which ran ResNet-20's
-// layers at 420-490 GFLOP/s on 2 threads here, near the machine's bf16 dot-product rate: the transformed
-// domain does 16 multiplies per 2x2 output tile where the direct sum does 36. oneDNN has no bf16 Winograd,
-// and its f32 one (F(4x4, 3x3)) made the f32 step nearly as fast as the bf16 one.
+// bf16 3x3 convolutions (stride 1, padding 1) and their input and weight gradients through Winograd's F(2x2,
+// 3x3) and F(3x3, 2x2) with vdpbf16ps products (conv_wino_bf16.cc), in place of oneDNN 2.6's direct bf16
+// kernels, which ran ResNet-20's layers at 420-490 GFLOP/s on 2 threads here, near the machine's bf16
+// dot-product rate: the transformed domain does 16 multiplies per 2x2 tile where the direct sum does 36.
+// oneDNN has no bf16 Winograd, and its f32 one (F(4x4, 3x3)) made the f32 step nearly as fast as the bf16
+// one.
 #pragma once
 
 #include <cstddef>
