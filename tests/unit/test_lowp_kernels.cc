@@ -579,7 +579,8 @@ std::vector<double> winograd_weight_magnitudes(const Tensor& x, const Tensor& dy
   return out;
 }
 
-// The bf16 3x3 convolution, its input gradient and its weight gradient in nChw16c, where wino3x3_bf16 serves
+// The bf16 3x3 convolution (with and without a bias), its input gradient and its weight gradient in nChw16c,
+// where wino3x3_bf16 serves
 // them (Winograd's F(2x2, 3x3), and F(3x3, 2x2) for the weights, on vdpbf16ps products), against the float64
 // kernels on the same inputs:
 //  - on integers in [-2, 2] every transformed value is exact in bf16 (sums of a few small integers, halves
@@ -587,9 +588,9 @@ std::vector<double> winograd_weight_magnitudes(const Tensor& x, const Tensor& dy
 //    channel is caught;
 //  - on the bf16 grid in [-4, 4], within the output's rounding plus 2^-8 (the two transformed operands'
 //    roundings, 2^-9 each) of winograd_magnitudes or winograd_weight_magnitudes.
-// And the same bits at 3 threads and from NCHW activations. Channels in and out unequal, planes of one tile, odd tile counts, tile
-// rows that do not divide the items' 16 tiles, a last item part full, 48 channels (three channel blocks),
-// and a batch of 17 (two weight-gradient partials).
+// And the same bits at 3 threads and from NCHW activations. Channels in and out unequal, planes of one tile,
+// odd tile counts, tile rows that do not divide the items' 16 tiles, a last item part full, 48 channels
+// (three channel blocks), and a batch of 17 (two weight-gradient partials).
 TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
   struct Case {
     Shape x;
@@ -602,11 +603,12 @@ TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
     const Shape ws = {k.o, k.x[1], 3, 3}, ys = {k.x[0], k.o, k.x[2], k.x[3]};
     const Attrs a{{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}};
     ASSERT_TRUE(cpu::wino3x3_bf16_serves(cpu::conv_geom(k.x, ws, a)));
-    for (const char* op : {"conv2d", "conv2d_grad_input", "conv2d_grad_weight"})
+    for (const char* op : {"conv2d", "conv2d+bias", "conv2d_grad_input", "conv2d_grad_weight"})
       for (const bool small : {true, false}) {
         SCOPED_TRACE(::testing::Message() << shape_str(k.x) << " -> " << k.o << " " << op
                                           << (small ? ", integers" : ", bf16 grid"));
-        const std::string name = op;
+        const bool bias = std::string(op) == "conv2d+bias";
+        const std::string name = bias ? "conv2d" : op;
         const OpDef& def = OpRegistry::get().at(name);
         const KernelDef& kern = *select_kernel(def, DeviceKind::cpu, DType::bf16).kernel;
         const KernelDef& f64 = *def.kernel(DeviceKind::cpu, DType::f64);
@@ -636,10 +638,16 @@ TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
                       bf16_to_float(in[1].data<bf16>()[(o * k.x[1] + c) * 9 + 8 - t]);
           }
           mag = winograd_magnitudes(in[0].to(DType::f64), f);
+          if (bias) {
+            in.push_back(bf16_values({k.o}, 43, small));
+            blocked.push_back(in[2]);
+          }
         }
         const Tensor raw = run_kernel(def, kern, b, blocked)[0];
         const Tensor got = name == "conv2d_grad_weight" ? raw : nchw_of(raw);
-        const Tensor want = run_kernel(def, f64, b, {in[0].to(DType::f64), in[1].to(DType::f64)})[0];
+        std::vector<Tensor> wide;
+        for (const Tensor& t : in) wide.push_back(t.to(DType::f64));
+        const Tensor want = run_kernel(def, f64, b, wide)[0];
         for (int64_t e = 0; e < want.numel(); ++e) {
           const double x = want.data<double>()[e], g = bf16_to_float(got.data<bf16>()[e]);
           const double tol = std::ldexp(std::abs(x), -8) +

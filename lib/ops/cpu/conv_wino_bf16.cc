@@ -168,9 +168,12 @@ void multiply(const Dims& d, const uint32_t* u, const uint32_t* v, int64_t ob, f
   }
 }
 
-// A^T M A of tiles [t0, t0 + nt) into output block ob of one image (nChw16c), rounded to bf16.
-void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int64_t ob, bf16* img) {
+// A^T M A of tiles [t0, t0 + nt), plus the block's bias (when given), into output block ob of one image
+// (nChw16c), rounded to bf16.
+void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int64_t ob, const bf16* bias,
+                      bf16* img) {
   bf16* plane = img + ob * d.h * d.w * 16;
+  const __m512 bv = bias ? simd16::load(bias + ob * 16) : _mm512_setzero_ps();
   for (int64_t t = 0; t < nt; ++t) {
     __m512 q[16];
     for (int p = 0; p < 16; ++p) q[p] = _mm512_load_ps(m + (p * kTiles + t) * 16);
@@ -181,8 +184,12 @@ void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int
     }
     const int64_t y0 = (t0 + t) / d.tw * 2, x0 = (t0 + t) % d.tw * 2;
     for (int i = 0; i < 2; ++i) {
-      const __m512 a = _mm512_add_ps(_mm512_add_ps(s[i][0], s[i][1]), s[i][2]);
-      const __m512 b = _mm512_sub_ps(_mm512_sub_ps(s[i][1], s[i][2]), s[i][3]);
+      __m512 a = _mm512_add_ps(_mm512_add_ps(s[i][0], s[i][1]), s[i][2]);
+      __m512 b = _mm512_sub_ps(_mm512_sub_ps(s[i][1], s[i][2]), s[i][3]);
+      if (bias) {
+        a = _mm512_add_ps(a, bv);
+        b = _mm512_add_ps(b, bv);
+      }
       auto* row = reinterpret_cast<__m256i*>(plane + ((y0 + i) * d.w + x0) * 16);
       _mm256_storeu_si256(row, to_bf16(a));
       _mm256_storeu_si256(row + 1, to_bf16(b));
@@ -382,9 +389,10 @@ void wino3x3_bf16_weights(const ConvGeom& g, bool grad_input, const bf16* w, voi
   });
 }
 
-void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, bf16* out, int64_t i0,
-                  int64_t i1, void* scratch) {
+void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, const bf16* bias,
+                  bf16* out, int64_t i0, int64_t i1, void* scratch) {
   FR_CHECK(wino3x3_bf16_serves(g), "wino3x3_bf16: unsupported geometry");
+  FR_CHECK(!grad_input || !bias, "wino3x3_bf16: a bias in the input gradient");
   const Dims d(g, grad_input);
   auto* u = static_cast<bf16*>(scratch);
   auto* m = reinterpret_cast<float*>(static_cast<char*>(scratch) + u_bytes(g));
@@ -397,7 +405,7 @@ void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void
     transform_input(d, in + n * in_img, t0, nt, zeros, u);
     for (int64_t ob = 0; ob < d.co / 16; ++ob) {
       multiply(d, reinterpret_cast<const uint32_t*>(u), static_cast<const uint32_t*>(v), ob, m);
-      transform_output(d, m, t0, nt, ob, out + n * out_img);
+      transform_output(d, m, t0, nt, ob, bias, out + n * out_img);
     }
   }
 }
@@ -486,7 +494,8 @@ int64_t wino3x3_bf16_items(const ConvGeom&) {
 void wino3x3_bf16_weights(const ConvGeom&, bool, const bf16*, void*) {
   FR_CHECK(false, "wino3x3_bf16: not built (needs avx512_bf16)");
 }
-void wino3x3_bf16(const ConvGeom&, bool, const bf16*, const void*, bf16*, int64_t, int64_t, void*) {
+void wino3x3_bf16(const ConvGeom&, bool, const bf16*, const void*, const bf16*, bf16*, int64_t, int64_t,
+                  void*) {
   FR_CHECK(false, "wino3x3_bf16: not built (needs avx512_bf16)");
 }
 

@@ -28,13 +28,14 @@ size_t wino3x3_bf16_scratch_bytes(const ConvGeom& g);
 // forward pass, or flipped and transposed for the input gradient.
 void wino3x3_bf16_weights(const ConvGeom& g, bool grad_input, const bf16* w, void* v);
 
-// Work items (an image's block of 16 tiles each) and the outputs of items [i0, i1): y from x (forward), or
-// dx from dy (grad_input), with the weights `v` transformed for that pass. `scratch` holds at least
+// Work items (an image's block of 16 tiles each) and the outputs of items [i0, i1): y from x (forward, plus
+// `bias` (O) when not null, added to the f32 sums as oneDNN's kernels add it), or dx from dy (grad_input,
+// bias null), with the weights `v` transformed for that pass. `scratch` holds at least
 // wino3x3_bf16_scratch_bytes, 64-byte aligned. Each output is computed by one item in a fixed order, so the
 // bits depend on no thread count.
 int64_t wino3x3_bf16_items(const ConvGeom& g);
-void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, bf16* out, int64_t i0,
-                  int64_t i1, void* scratch);
+void wino3x3_bf16(const ConvGeom& g, bool grad_input, const bf16* in, const void* v, const bf16* bias,
+                  bf16* out, int64_t i0, int64_t i1, void* scratch);
 
 // The weight gradient of the same geometries, as wgrad3x3_bf16's interface (conv_wgrad_bf16.h) for
 // dnnl_conv.cc's fixed batch blocks: the gradient of images [n0, n1) into `partial` (f32, in the transformed

@@ -338,7 +338,8 @@ Blocked wino_operands(const ConvGeom& g, bool grad_input) {
 }
 // The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
 // over the threads, each with its slot's tile buffers.
-void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w, void* out_) {
+void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w, const void* bias,
+              void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
   const int64_t ci = grad_input ? g.o : g.c, co = grad_input ? g.c : g.o;
@@ -357,8 +358,8 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     void* own = s.slots[static_cast<size_t>(t)]->tiles.reserve(scratch);
-    wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<bf16*>(out), t * items / nt,
-                 (t + 1) * items / nt, own);
+    wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<const bf16*>(bias),
+                 static_cast<bf16*>(out), t * items / nt, (t + 1) * items / nt, own);
   }
   if (out_plain) copies.write_back(out, out_, co);
 }
@@ -574,7 +575,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
                          team * e.ports[i].inner_bytes);
     return out;
   }
-  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g)) {
+  if (t == DType::bf16 && wino3x3_bf16_serves(g)) {
     std::vector<std::pair<std::string, size_t>> out = {
         {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
         {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
@@ -605,7 +606,7 @@ size_t dnnl_conv2d_held_bytes() {
 }
 
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
-  if (t == DType::bf16 && !bias && wino3x3_bf16_serves(g)) return run_wino(g, false, x, w, y);
+  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, false, x, w, bias, y);
   if (bias)
     run(Kind::fwd_bias, dnnl_type(t), g, {x, w, y, bias});
   else
@@ -613,7 +614,7 @@ void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const
 }
 
 void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx) {
-  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, true, dy, w, dx);
+  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, true, dy, w, nullptr, dx);
   run(Kind::bwd_data, dnnl_type(t), g, {dy, w, dx});
 }
 
