@@ -386,30 +386,23 @@ TEST(LowpKernels, AttentionMatchesWidenedFloat32WithinBfloat16Rounding) {
   }
 }
 
-// conv2d_grad_weight in bf16 against f64 on the same (widened) inputs: within the output's bf16 rounding plus
-// the f32 sums' error (1e-4 of the sum of the terms' magnitudes; a wrong tap, shift or pair is off by the
-// order of that sum). The 3x3 stride-1 kernel (wgrad3x3_bf16, where Winograd's does not serve: odd heights
-// here) must also give the same bits from NCHW and nChw16c inputs and at any thread count. Batches of one and
-// of two partials, an odd channel count, widths whose column pairs end mid-register (9, 17 pairs) and a row
-// of 34 (two and a bit 16-pixel tiles); an odd width and a stride of 2 run through oneDNN. A bf16 tensor (N,
-// C, H, W) from NCHW into nChw16c, or back.
+// A bf16 tensor (N, C, H, W) from NCHW into nChw16c, or back: the reorder op's kernel, which the registry's
+// samples check against its scalar reference.
 Tensor relayout(const Tensor& t, bool to_blocked) {
-  const Shape& s = t.shape();
-  Tensor r = Tensor::empty(s, DType::bf16);
-  const int64_t hw = s[2] * s[3];
-  for (int64_t n = 0; n < s[0]; ++n)
-    for (int64_t c = 0; c < s[1]; ++c)
-      for (int64_t i = 0; i < hw; ++i) {
-        const int64_t plain = (n * s[1] + c) * hw + i,
-                      blocked = ((n * (s[1] / 16) + c / 16) * hw + i) * 16 + c % 16;
-        r.data<bf16>()[to_blocked ? blocked : plain] = t.data<bf16>()[to_blocked ? plain : blocked];
-      }
-  return r;
+  const OpDef& def = OpRegistry::get().at("reorder");
+  return run_kernel(def, *def.kernel(DeviceKind::cpu, DType::bf16),
+                    {{"to", std::string(to_blocked ? "nchw16c" : "nchw")}}, {t})[0];
 }
 Tensor nchw16c(const Tensor& t) {
   return relayout(t, true);
 }
 
+// conv2d_grad_weight in bf16 against f64 on the same (widened) inputs: within the output's bf16 rounding plus
+// the f32 sums' error (1e-4 of the sum of the terms' magnitudes; a wrong tap, shift or pair is off by the
+// order of that sum). The 3x3 stride-1 kernel (wgrad3x3_bf16, where Winograd's does not serve: odd heights
+// here) must also give the same bits from NCHW and nChw16c inputs and at any thread count. Batches of one and
+// of two partials, an odd channel count, widths whose column pairs end mid-register (9, 17 pairs) and a row
+// of 34 (two and a bit 16-pixel tiles); an odd width and a stride of 2 run through oneDNN.
 TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
   struct Case {
     Shape x;

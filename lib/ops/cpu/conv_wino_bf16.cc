@@ -203,8 +203,12 @@ void transform_output(const Dims& d, const float* m, int64_t t0, int64_t nt, int
 // (vcvtne2ps2bf16) and interleaved into pair words: tile (ty, tx) of an image has slot ty * tw2 + tx, tw2 =
 // tw rounded up to even, and the slot after an odd row's last tile is zero. Then M_p[c][o] += U_p W_p.
 
+// Tile slots per row (tw rounded up to even) and per image.
+int64_t row_slots(const Dims& d) {
+  return (d.tw + 1) / 2 * 2;
+}
 int64_t slots_per_image(const Dims& d) {
-  return d.h / 2 * ((d.tw + 1) / 2 * 2);
+  return d.h / 2 * row_slots(d);
 }
 
 // Images transformed together before their products: as many as keep U and W within a 32 x 32 image's 16
@@ -223,7 +227,7 @@ inline void store_pair(bf16* dst, __m512 a, __m512 b) {
 // pair words], the image's slots from 0: a tile pair's 6 columns a step.
 void transform_input_pairs(const Dims& d, const bf16* img, int64_t T, int64_t stride, const bf16* zeros,
                            bf16* u) {
-  const int64_t tw2 = (d.tw + 1) / 2 * 2;
+  const int64_t tw2 = row_slots(d);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t cb = 0; cb < d.ci / 16; ++cb) {
     const bf16* plane = img + cb * d.h * d.w * 16;
@@ -273,8 +277,8 @@ inline void grad_tile(const bf16* r0, int64_t row, __m512 v[16]) {
 
 // A dy A^T of every 2x2 tile of one image's dy (nChw16c) into W [16 positions][O / 16][T slots / 2][16 pair
 // words], the image's slots from 0.
-void transform_grad_pairs(const ConvGeom& g, const Dims& d, const bf16* img, int64_t T, bf16* w) {
-  const int64_t obs = g.o / 16, stride = position_stride(g.o, T), tw2 = (d.tw + 1) / 2 * 2;
+void transform_grad_pairs(const Dims& d, const bf16* img, int64_t T, bf16* w) {
+  const int64_t obs = d.co / 16, stride = position_stride(d.co, T), tw2 = row_slots(d);
   for (int64_t ob = 0; ob < obs; ++ob) {
     const bf16* plane = img + ob * d.h * d.w * 16;
     for (int64_t ty = 0; ty < d.h / 2; ++ty)
@@ -433,7 +437,7 @@ void wino3x3_bf16_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const bf16* d
     const int64_t count = std::min(per, n1 - n), T = T1 * count;
     for (int64_t i = 0; i < count; ++i) {
       transform_input_pairs(d, x + (n + i) * ximg, T, position_stride(g.c, T), zeros, u + i * T1 * 16);
-      transform_grad_pairs(g, d, dy + (n + i) * yimg, T, w + i * T1 * 16);
+      transform_grad_pairs(d, dy + (n + i) * yimg, T, w + i * T1 * 16);
     }
     accumulate_grad(g, reinterpret_cast<const uint32_t*>(u), reinterpret_cast<const uint32_t*>(w), T, partial,
                     n == n0);

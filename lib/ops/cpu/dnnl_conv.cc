@@ -303,51 +303,51 @@ int wino_team(const ConvGeom& g) {
 // bits are the same in either layout, and an eager run's are the compiled one's.
 class Blocked {
  public:
-  // Operand sizes in bf16 elements: `plain` says which are in NCHW (each of `channels` channels).
-  Blocked(const ConvGeom& g, std::initializer_list<std::pair<bool, int64_t>> operands) : g_(g) {
-    for (const auto& [plain, channels] : operands) {
+  // The operands in order, each (plain: in NCHW, channels).
+  Blocked(const ConvGeom& g, std::initializer_list<std::pair<bool, int64_t>> operands)
+      : n_(g.n), hw_(g.h * g.w), operands_(operands) {
+    for (const auto& [plain, channels] : operands_) {
       offset_.push_back(bytes_);
-      if (plain) bytes_ += static_cast<size_t>(g.n * channels * g.h * g.w) * 2;
+      if (plain) bytes_ += static_cast<size_t>(n_ * channels * hw_) * 2;
     }
   }
   size_t bytes() const { return bytes_; }
-  // Operand i's nChw16c memory: `p` itself, or its copy, filled from p when `read`.
-  void* operand(GrowBuffer& buf, size_t i, bool plain, int64_t channels, const void* p, bool read) const {
-    if (!plain) return const_cast<void*>(p);
+  bool plain(size_t i) const { return operands_[i].first; }
+  // Operand i's nChw16c memory: `p` itself, or its copy in `buf`, filled from p when `read`.
+  void* operand(GrowBuffer& buf, size_t i, const void* p, bool read) const {
+    if (!plain(i)) return const_cast<void*>(p);
     char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
-    if (read) reorder_nchw16c(p, copy, g_.n, channels, g_.h * g_.w, 2, true);
+    if (read) reorder_nchw16c(p, copy, n_, operands_[i].second, hw_, 2, true);
     return copy;
   }
-  // An output's copy back to NCHW.
-  void write_back(const void* copy, void* p, int64_t channels) const {
-    reorder_nchw16c(copy, p, g_.n, channels, g_.h * g_.w, 2, false);
+  // Operand i's copy written back to its NCHW memory `p` (an output).
+  void write_back(size_t i, const void* copy, void* p) const {
+    if (plain(i)) reorder_nchw16c(copy, p, n_, operands_[i].second, hw_, 2, false);
   }
 
  private:
-  const ConvGeom& g_;
+  int64_t n_, hw_;
+  std::vector<std::pair<bool, int64_t>> operands_;
   std::vector<size_t> offset_;
   size_t bytes_ = 0;
 };
 
-// The NCHW operands of a forward pass (x, y) or input gradient (dy, dx).
-Blocked wino_operands(const ConvGeom& g, bool grad_input) {
-  const int64_t ci = grad_input ? g.o : g.c, co = grad_input ? g.c : g.o;
-  const bool in_plain = grad_input ? !g.y_blocked : !g.x_blocked,
-             out_plain = grad_input ? !g.x_blocked : !g.y_blocked;
-  return Blocked(g, {{in_plain, ci}, {out_plain, co}});
+// The activation operands, x-shaped then y-shaped (a forward pass: x, y) or y-shaped first (an input
+// gradient: dy, dx; a weight gradient: dy, x).
+Blocked operands_of(const ConvGeom& g, bool y_first) {
+  if (y_first) return Blocked(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
+  return Blocked(g, {{!g.x_blocked, g.c}, {!g.y_blocked, g.o}});
 }
+
 // The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
 // over the threads, each with its slot's tile buffers.
 void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w, const void* bias,
               void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  const int64_t ci = grad_input ? g.o : g.c, co = grad_input ? g.c : g.o;
-  const bool in_plain = grad_input ? !g.y_blocked : !g.x_blocked,
-             out_plain = grad_input ? !g.x_blocked : !g.y_blocked;
-  const Blocked copies = wino_operands(g, grad_input);
-  const void* in = copies.operand(s.wino_copies, 0, in_plain, ci, in_, true);
-  void* out = copies.operand(s.wino_copies, 1, out_plain, co, out_, false);
+  const Blocked copies = operands_of(g, grad_input);
+  const void* in = copies.operand(s.wino_copies, 0, in_, true);
+  void* out = copies.operand(s.wino_copies, 1, out_, false);
   void* v = s.wino_weights.reserve(wino3x3_bf16_weight_bytes(g));
   wino3x3_bf16_weights(g, grad_input, static_cast<const bf16*>(w), v);
   const int team = wino_team(g);
@@ -361,7 +361,7 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
     wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<const bf16*>(bias),
                  static_cast<bf16*>(out), t * items / nt, (t + 1) * items / nt, own);
   }
-  if (out_plain) copies.write_back(out, out_, co);
+  copies.write_back(1, out, out_);
 }
 
 // Runs the cached primitive of (k, g) on the given buffers, in the order of build()'s ports.
@@ -459,9 +459,9 @@ void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* d
   std::lock_guard<std::mutex> lock(s.mu);
   if (const OwnWeightGradient* own = own_weight_gradient(t, g)) {
     if (own->blocked_only) {
-      const Blocked copies(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
-      dy = copies.operand(s.wino_copies, 0, !g.y_blocked, g.o, dy, true);
-      x = copies.operand(s.wino_copies, 1, !g.x_blocked, g.c, x, true);
+      const Blocked copies = operands_of(g, true);
+      dy = copies.operand(s.wino_copies, 0, dy, true);
+      x = copies.operand(s.wino_copies, 1, x, true);
     }
     return grad_weight_own(*own, s, g, dy, x, dw);
   }
@@ -557,9 +557,8 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
       std::vector<std::pair<std::string, size_t>> out = {
           {"convolution weight-gradient partials", static_cast<size_t>(bl.count * own->partial_elems(g)) * 4},
           {"bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g)}};
-      const Blocked copies(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
-      if (own->blocked_only && copies.bytes() > 0)
-        out.emplace_back("bf16 Winograd nChw16c copies", copies.bytes());
+      const size_t copies = operands_of(g, true).bytes();
+      if (own->blocked_only && copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
       return out;
     }
     const OneThread one;
@@ -579,7 +578,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     std::vector<std::pair<std::string, size_t>> out = {
         {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
         {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
-    const size_t copies = wino_operands(g, pass == ConvPass::grad_input).bytes();
+    const size_t copies = operands_of(g, pass == ConvPass::grad_input).bytes();
     if (copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
     return out;
   }
