@@ -186,7 +186,7 @@ template <typename T>
 void forward_block(const Geometry& g, const T* qb, int64_t ldq, const T* kt, const T* v, int64_t ldv, T* ob,
                    int64_t ldo, T* lse, int64_t i0, int64_t m, const int64_t* kid) {
   alignas(64) T st[kBQ * kBK];  // scores, then probabilities
-  T mrow[kBQ], lrow[kBQ];
+  T mrow[kBQ], lrow[kBQ], mnew[kBQ];
   int64_t lim[kBQ];
   const int64_t d = g.d, dv = g.dv;
   const int64_t kend = g.kv_end(i0 + m - 1);  // blocks wholly above the causal diagonal are never visited
@@ -194,15 +194,21 @@ void forward_block(const Geometry& g, const T* qb, int64_t ldq, const T* kt, con
     const int64_t n = std::min(kBK, kend - kb);
     g.limits(i0, m, kb, n, lim);
     gemm_nn(m, n, d, qb, ldq, 1, kt + kb, g.s, st, kBK, false, lim);
+    // The row maxima first, then the exp passes: each pass is short enough per row that consecutive rows'
+    // dependency chains (the folds, the exp polynomial) overlap.
     for (int64_t r = 0; r < m; ++r) {
       T* srow = st + r * kBK;
       if (kid)
         for (int64_t j = 0; j < lim[r]; ++j)
           if (kid[kb + j] == g.pad) srow[j] = -std::numeric_limits<T>::infinity();
+      mnew[r] = row_max(srow, lim[r], kb > 0 ? mrow[r] : -std::numeric_limits<T>::infinity());
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      T* srow = st + r * kBK;
       // Without padding every row sees key 0 (off >= 0), so the first block leaves each running maximum
       // finite; with it, a row may have seen nothing yet (mx = -inf).
       const T mprev = kb > 0 ? mrow[r] : -std::numeric_limits<T>::infinity();
-      const T mx = row_max(srow, lim[r], mprev);
+      const T mx = mnew[r];
       const bool none = mx == -std::numeric_limits<T>::infinity();
       const T sum = none ? T(0) : exp_sum(srow, lim[r], mx);
       std::fill(srow + (none ? 0 : lim[r]), srow + n, T(0));

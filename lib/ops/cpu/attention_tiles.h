@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "ops/registry.h"
 
@@ -76,15 +78,24 @@ inline void exp_inplace(Vec<double>::type& x) {
 
 // The lanes of a register folded in halves (lane k with lane k + w, w = L/2, L/4, ..., 1): a fixed order, so
 // the bits do not vary, in log2(L) dependent steps where a running sum or maximum over the lanes waited on
-// L (a quarter of a 64-key row's exp pass).
+// L (a quarter of a 64-key row's exp pass). The halves stay in registers (`op` takes vectors and scalars
+// alike): folding through an array in memory cost a fifth of the bf16 forward's time in two folds a row.
 template <typename T, typename V, typename F>
-inline T fold_lanes(V v, F op) {
-  constexpr int64_t L = kLanes<T>;
-  T a[L];
-  std::memcpy(a, &v, sizeof(V));
-  for (int64_t w = L / 2; w > 0; w /= 2)
-    for (int64_t k = 0; k < w; ++k) a[k] = op(a[k], a[k + w]);
-  return a[0];
+[[gnu::always_inline]] inline T fold_lanes(V v, F op) {
+  constexpr size_t L = sizeof(V) / sizeof(T);
+  if constexpr (L == 1) {
+    return v[0];
+  } else if constexpr (L == 2) {
+    return op(v[0], v[1]);
+  } else {
+    const auto half = [&]<size_t... I>(std::index_sequence<I...>, auto off) {
+      return __builtin_shufflevector(v, v, (I + decltype(off)::value)...);
+    };
+    using Seq = std::make_index_sequence<L / 2>;
+    return fold_lanes<T>(op(half(Seq{}, std::integral_constant<size_t, 0>{}),
+                            half(Seq{}, std::integral_constant<size_t, L / 2>{})),
+                         op);
+  }
 }
 
 // The mask (as a comparison yields it) of the first `rem` lanes of a register of T.
@@ -116,7 +127,7 @@ template <typename T>
     const V x = vload<V>(s + j);
     vm = first_lanes<T>(n - j) & (x > vm) ? x : vm;
   }
-  return fold_lanes<T>(vm, [](T a, T b) { return std::max(a, b); });
+  return fold_lanes<T>(vm, [](auto a, auto b) { return a < b ? b : a; });  // std::max's choice
 }
 
 // s[j] = exp(s[j] - sub) for j < n; returns their sum (lane partial sums, then the lanes folded).
@@ -138,7 +149,7 @@ template <typename T>
     vstore(s + j, x);
     acc += x;
   }
-  return fold_lanes<T>(acc, [](T a, T b) { return a + b; });
+  return fold_lanes<T>(acc, [](auto a, auto b) { return a + b; });
 }
 
 // Backward row: p[j] = exp(p[j] - lse), ds[j] = p[j] * (ds[j] - di) * sc for j < n.
