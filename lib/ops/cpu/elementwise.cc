@@ -219,19 +219,35 @@ inline __m512 backward(__m512 dy, __m512 x) {
 using simd16::load;
 using simd16::store;
 
-// out[i] = f(i, mask) for i in [s, e), 16 at a time, the last register masked.
-template <typename S, typename F>
-void map_range(int64_t s, int64_t e, S* out, F f) {
-  for (int64_t i = s; i < e; i += 16) {
-    const __mmask16 m = simd16::lanes(e - i);
-    store(out + i, f(i, m), m);
+// out[i] = op(in[0][i], ...) for i in [s, e), 16 at a time, the last register masked. bf16 runs 32 values
+// at a time (load_pairs, store_pairs) and the rest as above: the 16-value widening and rounding took a
+// sixth of the bf16 GELU's time. Each value is computed alike either way, so the bits do not depend on
+// where a thread's range starts or ends.
+template <typename S, size_t N, typename Op>
+void map_range(int64_t s, int64_t e, S* out, const std::array<const S*, N>& in, Op op) {
+  static_assert(N == 1 || N == 2);
+  auto apply = [&](const __m512* v) {
+    if constexpr (N == 1)
+      return op(v[0]);
+    else
+      return op(v[0], v[1]);
+  };
+  auto run16 = [&](int64_t i, __mmask16 m) {
+    __m512 v[N];
+    for (size_t k = 0; k < N; ++k) v[k] = load(in[k] + i, m);
+    store(out + i, apply(v), m);
+  };
+  int64_t i = s;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<S, bf16>) {
+    for (; i + 32 <= e; i += 32) {
+      __m512 ev[N], od[N];
+      for (size_t k = 0; k < N; ++k) simd16::load_pairs(in[k] + i, ev[k], od[k]);
+      simd16::store_pairs(out + i, apply(ev), apply(od));
+    }
   }
-}
-
-// out[i] = f(in0[i] (, in1[i])) over n elements in parallel chunks, 16 at a time.
-template <typename S, typename F>
-void map(int64_t n, S* out, F f) {
-  parallel_for(n, kGrain, [&](int64_t s, int64_t e) { map_range(s, e, out, f); });
+#endif
+  for (; i < e; i += 16) run16(i, simd16::lanes(e - i));
 }
 
 // Whether the AVX-512 path serves this dtype (f32, bf16); f64 keeps the scalar-written loops.
@@ -241,14 +257,16 @@ inline bool serves(DType t) {
 
 template <typename S>
 void gelu(const TensorView& x, const TensorView& y) {
-  const S* px = x.as<S>();
-  map(y.numel(), y.as<S>(), [px](int64_t i, __mmask16 m) { return forward(load(px + i, m)); });
+  const std::array<const S*, 1> in = {x.as<S>()};
+  S* out = y.as<S>();
+  parallel_for(y.numel(), kGrain,
+               [&](int64_t s, int64_t e) { map_range(s, e, out, in, [](__m512 v) { return forward(v); }); });
 }
 
 // dx[i] for i in [s, e).
 template <typename S>
 void gelu_grad_range(const S* dy, const S* x, S* dx, int64_t s, int64_t e) {
-  map_range(s, e, dx, [dy, x](int64_t i, __mmask16 m) { return backward(load(dy + i, m), load(x + i, m)); });
+  map_range(s, e, dx, std::array<const S*, 2>{dy, x}, [](__m512 g, __m512 v) { return backward(g, v); });
 }
 
 }  // namespace gelu16

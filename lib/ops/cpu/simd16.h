@@ -137,6 +137,27 @@ inline __m512i join_pairs(__m512i halves) {
 inline __m512i split_pairs(__m512i words) {
   return _mm512_maskz_permutexvar_epi16(~__mmask32{0}, _mm512_load_si512(kSplitPairs), words);
 }
+
+#if defined(__AVX512BF16__)
+// 32 bf16 values at p (p[2k], p[2k + 1] in 32-bit word k) widened into two registers: lane k of `even` is
+// p[2k], of `odd` p[2k + 1]. One load, a shift and a mask, where two 16-value loads widen through vpmovzxwd.
+// An elementwise kernel computes on both and stores them with store_pairs, which puts every value back in
+// its place, so the bits are those of load and store.
+inline void load_pairs(const bf16* p, __m512& even, __m512& odd) {
+  const __m512i w = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, w, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+// store's rounding of 32 values, interleaved back: one vcvtne2ps2bf16 and one permute for the 32.
+inline void store_pairs(bf16* p, __m512 even, __m512 odd) {
+  __m512i w;
+  if ((_mm512_fpclass_ps_mask(even, 0x20) | _mm512_fpclass_ps_mask(odd, 0x20)) == 0) [[likely]]
+    w = join_pairs((__m512i)_mm512_cvtne2ps_pbh(odd, even));
+  else
+    w = _mm512_or_si512(bf16_bits(even), _mm512_maskz_slli_epi32(kAll, bf16_bits(odd), 16));
+  _mm512_storeu_si512(p, w);
+}
+#endif
 #endif
 
 }  // namespace flowrun::cpu::simd16
