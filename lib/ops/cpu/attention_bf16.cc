@@ -226,6 +226,35 @@ int64_t masked_to_vectors(float* srow, int64_t lim, const int64_t* kid, int64_t 
   return w;
 }
 
+// exp_sum on a score row's first w columns (whole registers, masked_to_vectors' width), the probabilities
+// rounded to bf16 straight into P's row `pb` for `cols` columns (even; zero from w on) instead of stored in
+// f32 and rounded by a second pass. The sum is exp_sum's, in its order.
+float exp_sum_rounded(const float* s, int64_t w, float mx, uint16_t* pb, int64_t cols) {
+  using V = Vec<float>::type;
+  V acc = V{};
+  auto probs = [&](int64_t j) {
+    if (j >= w) return _mm512_setzero_ps();
+    V x = vload<V>(s + j) - mx;
+    exp_inplace(x);
+    acc += x;
+    return (__m512)x;
+  };
+  for (int64_t j = 0; j < cols; j += 32) {
+    const __m512 lo = probs(j), hi = probs(j + 16);
+    __m512i words;
+    if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0) [[likely]]
+      words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    else
+      words = _mm512_maskz_permutexvar_epi16(
+          ~__mmask32{0}, _mm512_load_si512(simd16::kSplitPairs),
+          _mm512_or_si512(simd16::bf16_bits(lo),
+                          _mm512_maskz_slli_epi32(simd16::kAll, simd16::bf16_bits(hi), 16)));
+    _mm512_mask_storeu_epi16(pb + j, cols - j >= 32 ? ~__mmask32{0} : (__mmask32{1} << (cols - j)) - 1,
+                             words);
+  }
+  return fold_lanes<float>(acc, [](auto a, auto b) { return a + b; });
+}
+
 // One head's scratch of the forward (a thread's, thread_scratch), in bytes from its base.
 struct ForwardScratch {
   int64_t kt, vp, q, o, bytes;
@@ -286,8 +315,7 @@ void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uin
       const float mprev = kb > 0 ? mrow[r] : -std::numeric_limits<float>::infinity();
       const float mx = mnew[r];
       const bool none = mx == -std::numeric_limits<float>::infinity();
-      const float sum = none ? 0.0f : exp_sum(srow, wid[r], mx);
-      std::fill(srow + (none ? 0 : lim[r]), srow + even(n), 0.0f);
+      const float sum = exp_sum_rounded(srow, none ? 0 : wid[r], mx, pb + r * kBK, even(n));
       if (kb > 0) {
         const float alpha = none ? 1.0f : std::exp(mprev - mx);
         lrow[r] = lrow[r] * alpha + sum;
@@ -301,7 +329,6 @@ void forward_block(const Geometry& g, const uint16_t* qb, int64_t ldq, const uin
       }
       mrow[r] = mx;
     }
-    round_tile(m, n, st, pb);
     bgemm(m, dv, n, pb, kBK, 2, vp + kb * dv, dv, ob, dv, /*acc=*/kb > 0, 1.0f, nullptr, nullptr, lim);
   }
   for (int64_t r = 0; r < m; ++r) {
