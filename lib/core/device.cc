@@ -1,5 +1,7 @@
-// The CPU allocator (64-byte aligned) and device naming.
+// The CPU allocator (64-byte aligned; huge pages for large buffers) and device naming.
 #include "core/device.h"
+
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <new>
@@ -19,11 +21,20 @@ std::string device_str(Device d) {
 
 namespace {
 class CpuAllocator final : public Allocator {
+  // Buffers of 8 MiB and more (a step's arena, for one) are 2 MiB aligned and marked for transparent huge
+  // pages (Debian's default THP mode is `madvise`), as c10's alloc_cpu does in PyTorch with its THP
+  // option on: in 4 KiB pages the second-level TLB covers 12 MiB on Zen 4, and gpt-tiny's arena
+  // is 86 MiB. Its step is 1-2% faster (6 of 6 bf16 and 4 of 4 fp32 alternating `flowrun time` pairs); the
+  // rounding and whole 2 MiB pages add 1-3 MiB to a run's peak resident memory. The advice may be refused
+  // (THP off): the buffer is then as before, so madvise's result is not checked.
+
  public:
   void* allocate(size_t bytes) override {
-    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    const size_t align = bytes >= kHugeFrom ? kHugePage : kAlignment;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
     if (!p) throw std::bad_alloc();
+    if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);
     return p;
   }
   void deallocate(void* p) override { std::free(p); }

@@ -29,7 +29,9 @@ class Allocator {
 // The allocator of a device; throws a clear error for a device this build or machine does not have.
 Allocator& allocator_for(Device d);
 
-// Buffers are aligned for AVX-512 loads and cache lines.
+// Buffers are aligned for AVX-512 loads and cache lines; CPU buffers of kHugeFrom bytes and more to
+// kHugePage, and marked for transparent huge pages (device.cc says why).
 inline constexpr size_t kAlignment = 64;
+inline constexpr size_t kHugePage = size_t{2} << 20, kHugeFrom = size_t{8} << 20;
 
 }  // namespace flowrun

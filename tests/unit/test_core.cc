@@ -1,9 +1,12 @@
-// Core types: dtype conversions, shapes, the counter-based RNG, graph dumps, registry errors, autodiff
-// fan-out, and bitwise determinism of a training step.
+// Core types: dtype conversions, the CPU allocator, shapes, the counter-based RNG, graph dumps, registry
+// errors, autodiff fan-out, and bitwise determinism of a training step.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "models.h"
 
@@ -50,6 +53,42 @@ TEST(DType, ParseNames) {
   EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
   EXPECT_EQ(parse_dtype("float16"), DType::f16);
   EXPECT_FALSE(parse_dtype("f8").has_value());
+}
+
+// The VmFlags line of the mapping of /proc/self/smaps that holds p ("" if none does).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' '))
+      inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line;
+  }
+  return "";
+}
+
+TEST(CpuAllocator, LargeBuffersAreHugePageAlignedAndAdvised) {
+  Allocator& cpu = allocator_for(kCpu);
+  void* small = cpu.allocate(kHugeFrom - 1);
+  void* large = cpu.allocate(kHugeFrom + 1);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small) % kAlignment, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % kHugePage, 0u);
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    std::printf("transparent huge pages are off here: only the alignment is checked\n");
+  } else {
+    const std::string flags = vm_flags_of(large);
+    EXPECT_NE(flags.find(" hg"), std::string::npos) << "the large buffer's mapping: " << flags;
+  }
+  cpu.deallocate(small);
+  cpu.deallocate(large);
 }
 
 TEST(Shape, Broadcasting) {
