@@ -241,16 +241,8 @@ float exp_sum_rounded(const float* s, int64_t w, float mx, uint16_t* pb, int64_t
   };
   for (int64_t j = 0; j < cols; j += 32) {
     const __m512 lo = probs(j), hi = probs(j + 16);
-    __m512i words;
-    if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0) [[likely]]
-      words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    else
-      words = _mm512_maskz_permutexvar_epi16(
-          ~__mmask32{0}, _mm512_load_si512(simd16::kSplitPairs),
-          _mm512_or_si512(simd16::bf16_bits(lo),
-                          _mm512_maskz_slli_epi32(simd16::kAll, simd16::bf16_bits(hi), 16)));
     _mm512_mask_storeu_epi16(pb + j, cols - j >= 32 ? ~__mmask32{0} : (__mmask32{1} << (cols - j)) - 1,
-                             words);
+                             simd16::round_halves(lo, hi));
   }
   return fold_lanes<float>(acc, [](auto a, auto b) { return a + b; });
 }

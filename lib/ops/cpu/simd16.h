@@ -148,14 +148,16 @@ inline void load_pairs(const bf16* p, __m512& even, __m512& odd) {
   even = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, w, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
+// store's rounding of 32 values, lo's 16 then hi's: one vcvtne2ps2bf16, or where a value is denormal (which
+// it flushes) bf16_bits' pairs split back into halves.
+inline __m512i round_halves(__m512 lo, __m512 hi) {
+  if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0) [[likely]]
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  return split_pairs(_mm512_or_si512(bf16_bits(lo), _mm512_maskz_slli_epi32(kAll, bf16_bits(hi), 16)));
+}
 // store's rounding of 32 values, interleaved back: one vcvtne2ps2bf16 and one permute for the 32.
 inline void store_pairs(bf16* p, __m512 even, __m512 odd) {
-  __m512i w;
-  if ((_mm512_fpclass_ps_mask(even, 0x20) | _mm512_fpclass_ps_mask(odd, 0x20)) == 0) [[likely]]
-    w = join_pairs((__m512i)_mm512_cvtne2ps_pbh(odd, even));
-  else
-    w = _mm512_or_si512(bf16_bits(even), _mm512_maskz_slli_epi32(kAll, bf16_bits(odd), 16));
-  _mm512_storeu_si512(p, w);
+  _mm512_storeu_si512(p, join_pairs(round_halves(even, odd)));
 }
 #endif
 #endif
