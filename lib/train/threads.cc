@@ -11,7 +11,8 @@ namespace flowrun {
 
 namespace {
 constexpr int64_t kFirstGap = 8, kLongestGap = 128;
-constexpr double kWinRatio = 0.9;  // a probe wins when it takes under 90% of the current median
+constexpr int kProbeSteps = 4;     // steps in a probe that wins
+constexpr double kWinRatio = 0.9;  // a probe wins when it takes under 90% of the current count's typical step
 }  // namespace
 
 void ThreadAdapter::Recent::add(double s) {
@@ -20,8 +21,20 @@ void ThreadAdapter::Recent::add(double s) {
   size = std::min(size + 1, kKeep);
 }
 
+double ThreadAdapter::Recent::typical() const {
+  // The mean, not the median: a busy neighbour costs a 2-thread CNN step little most of the time and 6x
+  // once in eight steps, so the median hides a team that is 1.7x slower on average. Leaving out the
+  // slowest step keeps one stray hiccup of an idle machine from moving the run.
+  double sum = 0, slowest = 0;
+  for (int i = 0; i < size; ++i) {
+    sum += seconds[static_cast<size_t>(i)];
+    slowest = std::max(slowest, seconds[static_cast<size_t>(i)]);
+  }
+  return size > 1 ? (sum - slowest) / (size - 1) : sum;
+}
+
 double ThreadAdapter::Recent::median() const {
-  // Insertion sort: GCC 12 warns (array-bounds) about std::sort's unrolled start on five elements.
+  // Insertion sort: GCC 12 warns (array-bounds) about std::sort's unrolled start on small arrays.
   std::array<double, kKeep> v = seconds;
   for (int i = 1; i < size; ++i)
     for (int j = i; j > 0 && v[static_cast<size_t>(j)] < v[static_cast<size_t>(j - 1)]; --j)
@@ -29,12 +42,17 @@ double ThreadAdapter::Recent::median() const {
   return v[static_cast<size_t>(size / 2)];
 }
 
+double ThreadAdapter::Recent::mean() const {
+  double sum = 0;
+  for (int i = 0; i < size; ++i) sum += seconds[static_cast<size_t>(i)];
+  return sum / size;
+}
+
 ThreadAdapter::ThreadAdapter(int max, bool adapt)
     : max_(std::max(max, 1)),
       current_(max_),
       adapt_(adapt && max_ > 1),
-      warm_(static_cast<size_t>(max_) + 1, false),
-      recent_(static_cast<size_t>(max_) + 1) {}
+      warm_(static_cast<size_t>(max_) + 1, false) {}
 
 int ThreadAdapter::probe_target() const {
   const bool down = current_ > 1, up = current_ < max_;
@@ -43,7 +61,7 @@ int ThreadAdapter::probe_target() const {
 }
 
 int ThreadAdapter::begin_step() {
-  probing_ = adapt_ && recent_[static_cast<size_t>(current_)].size >= 3 && until_probe_ <= 0;
+  probing_ = adapt_ && recent_.size >= 3 && until_probe_ <= 0;
   running_ = probing_ ? probe_target() : current_;
   omp_set_num_threads(running_);
   return running_;
@@ -57,28 +75,34 @@ void ThreadAdapter::end_step(double seconds) {
     warm_[r] = true;
     return;
   }
-  recent_[r].add(seconds);
   if (!probing_) {
+    recent_.add(seconds);
     --until_probe_;
     return;
   }
-  const bool won = seconds < kWinRatio * recent_[static_cast<size_t>(current_)].median();
-  if (!won) {
-    wins_ = 0;
+  probe_.add(seconds);
+  // A count wins on kProbeSteps probe steps, so that one whose steps are fast only now and then does not
+  // win on a lucky step or two; until then a probe goes on while it is no slower than the current count
+  // (the first step at a new count runs 25-50% slow: its data still sits in the other core's cache).
+  // It wins by its mean (the throughput: a busy neighbour makes one 2-thread CNN step in eight 6x slower
+  // and the rest hardly, so the median misses it) or by its median (a busy MLP's 2-thread steps alternate
+  // 2.3 and 6.3 ms: the mean is 1 thread's, but most steps are 1.5x slower).
+  const bool last = probe_.size == kProbeSteps;
+  const double margin = last ? kWinRatio : 1.0;
+  const bool won = probe_.mean() < margin * recent_.typical() || probe_.median() < margin * recent_.median();
+  if (won && !last) {
+    until_probe_ = 0;
+    return;
+  }
+  if (won) {
+    current_ = running_;
+    recent_ = probe_;
+    gap_ = kFirstGap;
+  } else {
     gap_ = std::min(gap_ * 2, kLongestGap);
-    until_probe_ = gap_;
     probe_down_ = !probe_down_;
-    return;
   }
-  wins_ = wins_target_ == running_ ? wins_ + 1 : 1;
-  wins_target_ = running_;
-  if (wins_ < 2) {
-    until_probe_ = 0;  // confirm at once
-    return;
-  }
-  current_ = running_;
-  wins_ = 0;
-  gap_ = kFirstGap;
+  probe_ = Recent{};
   until_probe_ = gap_;
 }
 

@@ -56,6 +56,51 @@ TEST(ThreadAdapter, BusyMachineMovesToFewerThreads) {
   EXPECT_EQ(a.summary().rfind("at most 2 threads (adaptive: ", 0), 0u) << a.summary();
 }
 
+// A busy neighbour as it hits the CNN here: most 2-thread steps take about as long as 1-thread ones, one
+// in eight takes 6x (the neighbour's time slice). The 2-thread median is 15 ms, the mean 24: the run moves
+// to 1 thread.
+TEST(ThreadAdapter, BusyMachineWithRareLongStepsMovesToFewerThreads) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 600, [](int n, int step) {
+    return n == 1 ? 0.0145 : step % 8 == 3 ? 0.090 : 0.015;
+  });
+  EXPECT_EQ(a.current(), 1);
+  EXPECT_GE(count_of(counts, 1, 100), 480);
+}
+
+// Another phase of the busy MLP: its 2-thread steps alternate 2.3 and 6.3 ms, a mean no better than 4.2 ms
+// at 1 thread but a median 1.5x worse. The run moves to 1 thread by the median.
+TEST(ThreadAdapter, AlternatingStepsMoveByTheirMedian) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 600, [](int n, int step) {
+    return n == 1 ? 0.0042 : step % 2 ? 0.0063 : 0.0023;
+  });
+  EXPECT_EQ(a.current(), 1);
+  EXPECT_GE(count_of(counts, 1, 100), 470);
+}
+
+// A busy neighbour as it hits the MLP here: 2-thread steps take 2.3 ms while it is off its core (three
+// steps in ten, in a row) and 6.3 ms otherwise, against 4.2 at 1 thread. A lucky probe step at 2 threads
+// does not take the run back to 2.
+TEST(ThreadAdapter, OccasionallyFastStepsDoNotWin) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 1000, [](int n, int step) {
+    return n == 1 ? 0.0042 : step % 10 < 3 ? 0.0023 : 0.0063;
+  });
+  EXPECT_EQ(a.current(), 1);
+  EXPECT_GE(count_of(counts, 1, 100), 870);
+}
+
+// An idle machine with stray long steps (two in a row at 10x, every 97 steps) stays at 2 threads.
+TEST(ThreadAdapter, StrayLongStepsDoNotMove) {
+  ThreadAdapter a(2, true);
+  const auto counts = drive(a, 1000, [](int n, int step) {
+    return n == 1 ? 0.18 : step % 97 < 2 ? 1.0 : 0.10;
+  });
+  EXPECT_EQ(a.current(), 2);
+  EXPECT_LE(count_of(counts, 1), 14);
+}
+
 // The other process ends at step 200: the probes at 2 threads win and the run goes back to 2.
 TEST(ThreadAdapter, ReturnsWhenTheMachineIsFreeAgain) {
   ThreadAdapter a(2, true);
