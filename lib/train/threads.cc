@@ -23,14 +23,11 @@ void ThreadAdapter::Recent::add(double s) {
 
 double ThreadAdapter::Recent::typical() const {
   // The mean, not the median: a busy neighbour costs a 2-thread CNN step little most of the time and 6x
-  // once in eight steps, so the median hides a team that is 1.7x slower on average. Leaving out the
+  // once in eight steps, so the median hides a team that is 1.7-2x slower on average. Leaving out the
   // slowest step keeps one stray hiccup of an idle machine from moving the run.
-  double sum = 0, slowest = 0;
-  for (int i = 0; i < size; ++i) {
-    sum += seconds[static_cast<size_t>(i)];
-    slowest = std::max(slowest, seconds[static_cast<size_t>(i)]);
-  }
-  return size > 1 ? (sum - slowest) / (size - 1) : sum;
+  if (size < 2) return mean();
+  const double slowest = *std::max_element(seconds.begin(), seconds.begin() + size);
+  return (mean() * size - slowest) / (size - 1);
 }
 
 double ThreadAdapter::Recent::median() const {
