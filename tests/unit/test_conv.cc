@@ -149,10 +149,12 @@ TEST(MaxPool, TwoByTwoChoosesAsTheRowMajorScan) {
 // The buffers the convolutions keep outside the arena (oneDNN's, wgrad3x3_bf16's repacks, wino3x3_bf16's
 // weights and tiles) are what KernelDef::host_buffers (which `flowrun plan` adds up) says: after a forward
 // and both backward ops of one convolution, the shared pools hold exactly its need. bf16 runs it in NCHW
-// (oneDNN's forward and input gradient) and in nChw16c (Winograd's). In a process of its own (the
+// (oneDNN's forward and input gradient) and in nChw16c (Winograd's), once with flowrun's own bf16 kernels
+// and once with oneDNN's alone (`own`, cpu::set_own_bf16_convs). In a process of its own (the
 // threadsafe death-test style runs the test alone in a fresh one): the pools keep what earlier tests'
 // convolutions grew them to, and a scratchpad's size is not monotone in the convolution's.
-bool held_is_predicted(DType t) {
+bool held_is_predicted(DType t, bool own = false) {
+  cpu::set_own_bf16_convs(own);
   const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
   auto ops = three_ops(x, w);
   if (t == DType::bf16)
@@ -185,8 +187,11 @@ TEST(ConvBf16, HostBuffersPredictWhatTheKernelsHold) {
   const KernelChoice k = select_kernel(OpRegistry::get().at("conv2d"), DeviceKind::cpu, DType::bf16);
   if (!k.kernel || k.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(std::exit(held_is_predicted(DType::bf16) ? 0 : 1), ::testing::ExitedWithCode(0),
-              "held [0-9]+ bytes");
+  for (const bool own : {true, false}) {
+    SCOPED_TRACE(own ? "own kernels" : "oneDNN's");
+    EXPECT_EXIT(std::exit(held_is_predicted(DType::bf16, own) ? 0 : 1), ::testing::ExitedWithCode(0),
+                "held [0-9]+ bytes");
+  }
 }
 
 }  // namespace

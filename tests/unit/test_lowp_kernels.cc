@@ -13,6 +13,7 @@
 #include "op_harness.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wino_bf16.h"
+#include "ops/cpu/dnnl_conv.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/simd16.h"
 #include "ops/registry.h"
@@ -432,20 +433,33 @@ Tensor nchw16c(const Tensor& t) {
   return relayout(t, true);
 }
 
+// Runs bf16 3x3 convolutions through flowrun's own kernels (`on`) or oneDNN's for its lifetime, so that both
+// paths are checked on any machine that has native bf16, whichever of them its runs use.
+class OwnBf16Convs {
+ public:
+  explicit OwnBf16Convs(bool on) : saved_(cpu::own_bf16_convs()) { cpu::set_own_bf16_convs(on); }
+  ~OwnBf16Convs() { cpu::set_own_bf16_convs(saved_); }
+  OwnBf16Convs(const OwnBf16Convs&) = delete;
+  OwnBf16Convs& operator=(const OwnBf16Convs&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // conv2d_grad_weight in bf16 against f64 on the same (widened) inputs: within the output's bf16 rounding plus
 // the f32 sums' error (1e-4 of the sum of the terms' magnitudes; a wrong tap, shift or pair is off by the
 // order of that sum). The 3x3 stride-1 kernel (wgrad3x3_bf16, where Winograd's does not serve: odd heights
 // here) must also give the same bits from NCHW and nChw16c inputs and at any thread count. Batches of one and
 // of two partials, an odd channel count, widths whose column pairs end mid-register (9, 17 pairs) and a row
-// of 34 (two and a bit 16-pixel tiles); an odd width and a stride of 2 run through oneDNN.
-TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
+// of 34 (two and a bit 16-pixel tiles); an odd width and a stride of 2 run through oneDNN. All of it once more
+// with oneDNN's kernels for every case (its fixed batch blocks give the same bits at any thread count too).
+void conv_weight_gradient_matches_float64() {
   struct Case {
     Shape x;
     int64_t o, stride;
   };
   const OpDef& def = OpRegistry::get().at("conv2d_grad_weight");
   const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
-  if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
   const KernelDef& f64 = *def.kernel(DeviceKind::cpu, DType::f64);
   for (const Case& k :
        {Case{{8, 16, 7, 10}, 16, 1}, Case{{17, 3, 6, 6}, 16, 1}, Case{{16, 32, 5, 18}, 32, 1},
@@ -485,6 +499,17 @@ TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
         expect_same(run_kernel(def, *native.kernel, b, {nchw16c(dy), nchw16c(x)})[0], "dy and x blocked");
       }
     }
+  }
+}
+
+TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {
+  const KernelChoice native =
+      select_kernel(OpRegistry::get().at("conv2d_grad_weight"), DeviceKind::cpu, DType::bf16);
+  if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  for (const bool own : {true, false}) {
+    SCOPED_TRACE(own ? "own kernels" : "oneDNN's");
+    const OwnBf16Convs use(own);
+    conv_weight_gradient_matches_float64();
   }
 }
 
@@ -626,6 +651,7 @@ TEST(LowpKernels, ConvWinogradMatchesFloat64WithinItsRounding) {
   };
   const KernelChoice native = select_kernel(OpRegistry::get().at("conv2d"), DeviceKind::cpu, DType::bf16);
   if (!native.kernel || native.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  const OwnBf16Convs use(true);
   for (const Case& k : {Case{{2, 16, 8, 8}, 32}, Case{{3, 32, 6, 10}, 16}, Case{{1, 16, 2, 2}, 16},
                         Case{{2, 48, 4, 34}, 16}, Case{{2, 16, 16, 16}, 64}, Case{{17, 16, 4, 6}, 16}}) {
     const Shape ws = {k.o, k.x[1], 3, 3}, ys = {k.x[0], k.o, k.x[2], k.x[3]};

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <initializer_list>
@@ -22,6 +23,7 @@
 #include "core/error.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wino_bf16.h"
+#include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
@@ -293,6 +295,16 @@ dnnl::stream& main_stream() {
   return s;
 }
 
+std::atomic<bool>& own_convs() {
+  static std::atomic<bool> on{!has_amx_bf16()};
+  return on;
+}
+
+// bf16 convolutions that wino3x3_bf16 runs.
+bool runs_wino(dt t, const ConvGeom& g) {
+  return t == dt::bf16 && own_bf16_convs() && wino3x3_bf16_serves(g);
+}
+
 int wino_team(const ConvGeom& g) {
   return static_cast<int>(
       std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), wino3x3_bf16_items(g)));
@@ -431,7 +443,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
                                          wino3x3_bf16_wgrad_finish},
                                  direct = {false, wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
                                            wgrad3x3_bf16, wgrad3x3_bf16_finish};
-  if (t != dt::bf16) return nullptr;
+  if (t != dt::bf16 || !own_bf16_convs()) return nullptr;
   if (wino3x3_bf16_serves(g)) return &wino;
   return wgrad3x3_bf16_serves(g) ? &direct : nullptr;
 }
@@ -574,7 +586,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
                          team * e.ports[i].inner_bytes);
     return out;
   }
-  if (t == DType::bf16 && wino3x3_bf16_serves(g)) {
+  if (runs_wino(dnnl_type(t), g)) {
     std::vector<std::pair<std::string, size_t>> out = {
         {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
         {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
@@ -604,8 +616,16 @@ size_t dnnl_conv2d_held_bytes() {
   return n;
 }
 
+bool own_bf16_convs() {
+  return own_convs().load(std::memory_order_relaxed);
+}
+
+void set_own_bf16_convs(bool on) {
+  own_convs().store(on, std::memory_order_relaxed);
+}
+
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
-  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, false, x, w, bias, y);
+  if (runs_wino(dnnl_type(t), g)) return run_wino(g, false, x, w, bias, y);
   if (bias)
     run(Kind::fwd_bias, dnnl_type(t), g, {x, w, y, bias});
   else
@@ -613,7 +633,7 @@ void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const
 }
 
 void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx) {
-  if (t == DType::bf16 && wino3x3_bf16_serves(g)) return run_wino(g, true, dy, w, nullptr, dx);
+  if (runs_wino(dnnl_type(t), g)) return run_wino(g, true, dy, w, nullptr, dx);
   run(Kind::bwd_data, dnnl_type(t), g, {dy, w, dx});
 }
 

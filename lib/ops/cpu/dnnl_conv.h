@@ -29,4 +29,12 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
 // The bytes those pools hold now (for the test that checks dnnl_conv2d_buffers against them).
 size_t dnnl_conv2d_held_bytes();
 
+// Whether bf16 3x3 convolutions run through flowrun's own avx512_bf16 kernels (Winograd, and the direct
+// weight gradient) where their geometry allows, rather than through oneDNN. By default they do where oneDNN
+// has no AMX: on avx512_bf16 CPUs without it (Zen 4, Cooper Lake) the own kernels are 1.5-2x faster than
+// oneDNN's direct bf16 ones, and on AMX CPUs (Sapphire Rapids and later) oneDNN's AMX kernels are 1.5x
+// faster than the own ones. Tests and benchmarks set it to run the other path on the same machine.
+bool own_bf16_convs();
+void set_own_bf16_convs(bool on);
+
 }  // namespace flowrun::cpu

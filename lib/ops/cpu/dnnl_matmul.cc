@@ -204,4 +204,13 @@ bool has_native_bf16() {
   return yes;
 }
 
+bool has_amx_bf16() {
+  static const bool yes = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+    return (isa & amx) == amx;
+  }();
+  return yes;
+}
+
 }  // namespace flowrun::cpu
