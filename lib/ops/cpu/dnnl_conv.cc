@@ -393,9 +393,12 @@ void run(Kind k, dt t, const ConvGeom& g, std::initializer_list<const void*> buf
 // little inside oneDNN); each block's gradient is one call of a primitive built for one thread, the blocks
 // spread over flowrun's threads (each with a slot of its own), each into an f32 partial of its own; the
 // partials are added in block order. The bits are the same for any thread count; threads beyond the block
-// count sit this op out. Blocks of at least 8 samples: with 4, ResNet-20's fp32 step (batch 64, 2 threads)
-// took 64.1 ms against 61.0, its small planes' calls dominated by oneDNN's per-call overhead.
-constexpr int64_t kWeightBlocks = 16, kMinBlock = 8;
+// count sit this op out. Blocks of at least 16 samples: a call's cost does not shrink with its batch, and
+// ResNet-20's fp32 step (batch 64, 2 threads) took, with blocks of 4, 8, 16 and 32 samples, 64.1 and 61.0 ms
+// (Zen 4), then 62.5-64.0, 60.4-60.8 and 56.8-57.8 ms (a Sapphire Rapids-class host, alternating runs; its
+// bf16 step and the bench CNN's did not move). 32 would leave a batch of 64 two blocks, and so two threads,
+// on a machine with more cores.
+constexpr int64_t kWeightBlocks = 16, kMinBlock = 16;
 
 struct Blocks {
   int64_t count, largest;
@@ -410,19 +413,6 @@ ConvGeom with_batch(ConvGeom g, int64_t n) {
   g.n = n;
   return g;
 }
-
-// Primitive descriptors made while this is alive plan for one thread (oneDNN reads the OpenMP thread count
-// when it builds them).
-class OneThread {
- public:
-  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneThread() { omp_set_num_threads(saved_); }
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
-
- private:
-  int saved_;
-};
 
 int weight_team(const Blocks& b) {
   return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));

@@ -27,6 +27,19 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
   }
 }
 
+// The OpenMP thread count is 1 while this is alive: oneDNN primitive descriptors made meanwhile plan for one
+// thread (oneDNN reads the count when it builds them), so that their sums do not depend on train.threads.
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
 // Calls f with a typed null pointer (float* or double*) matching a floating compute dtype.
 template <typename F>
 void dispatch_float(DType t, F&& f) {
