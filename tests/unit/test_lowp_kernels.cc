@@ -14,6 +14,7 @@
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/dnnl_conv.h"
+#include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/simd16.h"
 #include "ops/registry.h"
@@ -500,6 +501,38 @@ void conv_weight_gradient_matches_float64() {
       }
     }
   }
+}
+
+// Weight-gradient products (A transposed, K the batch's rows) give the same bits at 1, 2, 3 and 6 threads, in
+// f32 and bf16 (y in f32 or bf16): oneDNN would split their K sums by a plan made for the thread count, on
+// AMX even for K = 1024 (dnnl_matmul.cc cuts these products into fixed tiles or K chunks). Outputs with edge
+// tiles and long K sums of several chunks.
+TEST(LowpKernels, WeightGradientProductsDoNotDependOnTheThreadCount) {
+  struct Case {
+    int64_t m, n, k;
+    DType dtype, ytype;
+  };
+  const int threads = omp_get_max_threads();
+  for (const Case& c : {Case{256, 256, 1024, DType::bf16, DType::f32}, Case{200, 130, 3000, DType::bf16, DType::bf16},
+                        Case{256, 768, 2048, DType::bf16, DType::f32}, Case{256, 768, 2048, DType::f32, DType::f32},
+                        Case{130, 200, 3000, DType::f32, DType::f32}}) {
+    if (c.dtype == DType::bf16 && !cpu::has_native_bf16()) continue;
+    SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << " x " << c.k << " " << dtype_name(c.dtype) << " -> "
+                                      << dtype_name(c.ytype));
+    const Tensor a = bf16_input({c.k, c.m}, 5).to(c.dtype), b = bf16_input({c.k, c.n}, 6).to(c.dtype);
+    const size_t bytes = static_cast<size_t>(c.m * c.n) * dtype_size(c.ytype);
+    std::vector<char> want(bytes), got(bytes);
+    omp_set_num_threads(1);
+    cpu::dnnl_matmul(c.dtype, c.ytype, 1, c.m, c.n, c.k, true, false, 0, 0, 1.0f, 0.0f, a.raw(), b.raw(),
+                     want.data());
+    for (const int t : {2, 3, 6}) {
+      omp_set_num_threads(t);
+      cpu::dnnl_matmul(c.dtype, c.ytype, 1, c.m, c.n, c.k, true, false, 0, 0, 1.0f, 0.0f, a.raw(), b.raw(),
+                       got.data());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), bytes), 0) << t << " threads";
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(LowpKernels, ConvWeightGradientMatchesFloat64WithinBfloat16Rounding) {

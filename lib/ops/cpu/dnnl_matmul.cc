@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
@@ -22,11 +24,12 @@ namespace flowrun::cpu {
 
 namespace {
 
-// (operand dtype, y dtype, batch, m, n, k, lda, ldb, ta, tb, a shared, b shared, alpha, beta, threads, bias).
+// (operand dtype, y dtype, batch, m, n, k, lda, ldb, ta, tb, a shared, b shared, alpha, beta, threads, bias,
+// ldy).
 // The thread count is part of the key: oneDNN fixes a primitive's work split (and scratchpad) when it builds
 // it, and a primitive built for more threads would start them all.
 using Key = std::tuple<DType, DType, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
-                       bool, float, float, int, bool>;
+                       bool, float, float, int, bool, int64_t>;
 
 struct Cached {
   dnnl::matmul prim;
@@ -57,12 +60,12 @@ dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, 
 
 Cached make(const Key& key) {
   const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads,
-              bias] = key;
+              bias, ldy] = key;
   (void)threads;  // oneDNN reads the current count itself
   const auto t = dnnl_type(dtype);
   const auto ad = desc(t, batch, m, k, ta, a_shared, lda);
   const auto bd = desc(t, batch, k, n, tb, b_shared, ldb);
-  const auto yd = desc(dnnl_type(ytype), batch, m, n, false, false, n);
+  const auto yd = desc(dnnl_type(ytype), batch, m, n, false, false, ldy);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -96,23 +99,36 @@ std::mutex& cache_mutex() {
   return mu;
 }
 
+// A cache of primitives with the scratchpad and stream they run with: one for the calls on the calling
+// thread, one per thread for run_tiles.
+struct Slot {
+  std::map<Key, Cached> cache;
+  GrowBuffer scratch;
+  dnnl::stream stream{engine()};
+
+  Cached& at(const Key& key) {
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, make(key)).first;
+    return it->second;
+  }
+  void run(const Key& key, const void* a, const void* b, void* y, const void* bias = nullptr) {
+    Cached& c = at(key);
+    c.scratch.set_data_handle(scratch.reserve(c.scratch_bytes));
+    c.a.set_data_handle(const_cast<void*>(a));
+    c.b.set_data_handle(const_cast<void*>(b));
+    c.y.set_data_handle(y);
+    if (bias) c.bias.set_data_handle(const_cast<void*>(bias));
+    const dnnl_status_t st =
+        dnnl_primitive_execute(c.prim.get(), stream.get(), static_cast<int>(c.args.size()), c.args.data());
+    FR_CHECK(st == dnnl_success, "oneDNN matmul failed with status ", static_cast<int>(st));
+    stream.wait();
+  }
+};
+
 // Runs the cached primitive of `key`; the caller holds cache_mutex().
 void run(const Key& key, const void* a, const void* b, void* y, const void* bias = nullptr) {
-  static std::map<Key, Cached> cache;
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make(key)).first;
-  Cached& c = it->second;
-  static GrowBuffer scratch;
-  c.scratch.set_data_handle(scratch.reserve(c.scratch_bytes));
-  c.a.set_data_handle(const_cast<void*>(a));
-  c.b.set_data_handle(const_cast<void*>(b));
-  c.y.set_data_handle(y);
-  if (bias) c.bias.set_data_handle(const_cast<void*>(bias));
-  static dnnl::stream stream(engine());
-  const dnnl_status_t st =
-      dnnl_primitive_execute(c.prim.get(), stream.get(), static_cast<int>(c.args.size()), c.args.data());
-  FR_CHECK(st == dnnl_success, "oneDNN matmul failed with status ", static_cast<int>(st));
-  stream.wait();
+  static Slot main;
+  main.run(key, a, b, y, bias);
 }
 
 // oneDNN splits the K sum of a product between threads when its output alone gives them too little work:
@@ -131,6 +147,51 @@ void check_types(DType dtype, DType ytype) {
            "oneDNN matmul: unsupported dtypes ", dtype_name(dtype), " -> ", dtype_name(ytype));
 }
 
+// oneDNN's AMX kernels split the K sum of a product with A transposed (a weight gradient) between threads by
+// a plan made for their count, even for K = 1024 and a 256 x 256 output: its bits changed between 1 and 2
+// threads, so a bf16 run could not adapt its thread count, nor match its own run at another count. There the
+// output is cut into fixed tiles of at most kTile x kTile, each tile one call of a primitive built for one
+// thread (its whole K sum in that call), the tiles spread over the threads. Each tile repacks its own slices
+// of A and B: at 2 threads gpt-tiny's bf16 step took 67.8-70.9 ms against 66.0-66.7 with oneDNN's split
+// (alternating runs; tiles of 256 x 256, 128 x 512 or 64 x 1024 were no faster).
+constexpr int64_t kTile = 128;
+
+void run_tiles(const Key& whole, const void* a, const void* b, void* y) {
+  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads, bias,
+              ldy] = whole;
+  const int64_t rows = (m + kTile - 1) / kTile, cols = (n + kTile - 1) / kTile, tiles = rows * cols;
+  const int team = static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tiles));
+  static std::vector<std::unique_ptr<Slot>> slots;
+  while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
+  auto key_of = [&](int64_t t) {
+    const int64_t i = t / cols, j = t % cols;
+    return Key{dtype, ytype, 1, std::min(kTile, m - i * kTile), std::min(kTile, n - j * kTile), k, lda, ldb,
+               ta, tb, false, false, alpha, beta, 1, false, ldy};
+  };
+  {
+    const OneThread one;
+    for (int slot = 0; slot < team; ++slot)
+      for (int64_t t = 0; t < tiles; ++t) slots[static_cast<size_t>(slot)]->at(key_of(t));
+  }
+  const size_t size = dtype_size(dtype), ysize = dtype_size(ytype);
+  // A failed call is rethrown here: an exception must not leave an OpenMP region.
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(static) num_threads(team)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i = (t / cols) * kTile, j = (t % cols) * kTile;
+    try {
+      slots[static_cast<size_t>(omp_get_thread_num())]->run(
+          key_of(t), static_cast<const char*>(a) + static_cast<size_t>(ta ? i : i * lda) * size,
+          static_cast<const char*>(b) + static_cast<size_t>(tb ? j * ldb : j) * size,
+          static_cast<char*>(y) + static_cast<size_t>(i * ldy + j) * ysize);
+    } catch (...) {
+#pragma omp critical(flowrun_matmul_tile_error)
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
 }  // namespace
 
 void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
@@ -141,9 +202,13 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
   std::lock_guard<std::mutex> lock(cache_mutex());
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  if (dtype == DType::bf16 && ta && batch == 1 && has_amx_bf16()) {
+    run_tiles({dtype, ytype, 1, m, n, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, false, n}, a, b, y);
+    return;
+  }
   if (!splits_k(dtype, batch, m, n, k, ta)) {
     run({dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_stride == 0, b_stride == 0, alpha, beta, threads,
-         false},
+         false, n},
         a, b, y);
     return;
   }
@@ -156,7 +221,7 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
   for (int64_t k0 = 0; k0 < k; k0 += kChunkK) {
     const int64_t kc = std::min(kChunkK, k - k0);
     const float chunk_beta = k0 > 0 ? 1.0f : ytype == DType::f32 ? beta : 0.0f;
-    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false},
+    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false, n},
         static_cast<const char*>(a) + static_cast<size_t>(ta ? k0 * m : k0) * size,
         static_cast<const char*>(b) + static_cast<size_t>(tb ? k0 : k0 * n) * size, acc);
   }
@@ -191,7 +256,7 @@ void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in
   }
   std::lock_guard<std::mutex> lock(cache_mutex());
   run({dtype, ytype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, omp_get_max_threads(),
-       true},
+       true, out},
       x, w, y, bias);
 }
 
