@@ -3,6 +3,11 @@
 // ResNet-20 step spent a quarter of its time in those reorders). Eager programs skip it, so that the eager
 // step, all plain, checks it bitwise.
 //
+// The blocked layout is NHWC instead where the graph's convolutions are bf16 and run oneDNN's AMX kernels,
+// which take NHWC only (ResNet-20's bf16 step spent a third of its time reordering nChw16c to NHWC and back,
+// on a Sapphire Rapids-class host). Then batchnorm and max pooling take attr `nhwc` beside `blocked`, and the
+// per-channel reduce_sum reads a reorder back to NCHW.
+//
 // Nodes are visited in schedule order and each value gets a layout:
 // - convolutions (f32, bf16) read either layout and write their activation output (y, or dx) blocked;
 // - `follow` ops (relu, relu_grad, add of equal shapes, cast, batchnorm, batchnorm_grad, maxpool2d,
@@ -22,12 +27,15 @@
 // convolution's gradients.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "graph/passes.h"
+#include "ops/cpu/dnnl_conv.h"
+#include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/reduce.h"
 #include "ops/registry.h"
 
@@ -93,15 +101,19 @@ bool takes_blocked_attr(const std::string& op) {
 
 class LayoutPass {
  public:
-  explicit LayoutPass(Graph& g) : g_(g) {
+  LayoutPass(Graph& g, std::optional<bool> nhwc) : g_(g) {
     for (const auto& [name, v] : g.outputs()) pinned_.insert(v);
     for (const Node& n : g.nodes()) {
       if (n.dead) continue;
+      if (!nhwc && conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 && cpu::has_amx_bf16() &&
+          !cpu::own_bf16_convs())
+        nhwc_ = true;
       const OpDef* def = OpRegistry::get().find(n.op);
       if (def == nullptr) continue;
       for (int i : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
         pinned_.insert(n.inputs[static_cast<size_t>(i)]);
     }
+    if (nhwc) nhwc_ = *nhwc;
   }
 
   void run() {
@@ -169,7 +181,8 @@ class LayoutPass {
     parent_[static_cast<size_t>(a)] = b;
     if (feeds_conv_.erase(a) > 0) feeds_conv_.insert(b);
   }
-  bool blocked(ValueId id) const { return g_.value(id).layout == Layout::nchw16c; }
+  bool blocked(ValueId id) const { return g_.value(id).layout == target(); }
+  Layout target() const { return nhwc_ ? Layout::nhwc : Layout::nchw16c; }
 
   // Input i of node id, read in layout `to` (through a reorder when it is in the other one).
   void read_as(NodeId id, size_t i, Layout to) {
@@ -184,10 +197,12 @@ class LayoutPass {
       const Node& reader = g_.node(id);
       const NodeId at = reader.schedule_as >= 0 ? reader.schedule_as : reader.id;
       const int phase = reader.phase;
-      std::string name = cat(g_.value(v).name, to == Layout::nchw16c ? "/nchw16c" : "/nchw");
+      const char* tag = to == Layout::nchw16c ? "nchw16c" : to == Layout::nhwc ? "nhwc" : "nchw";
+      std::string name = cat(g_.value(v).name, "/", tag);
       if (g_.in_backward(reader) && name.rfind("grad/", 0) != 0) name = "grad/" + name;
-      const ValueId r = g_.add_node(
-          "reorder", {v}, {{"to", std::string(to == Layout::nchw16c ? "nchw16c" : "nchw")}}, name)[0];
+      Attrs attrs{{"to", std::string(tag)}};
+      if (g_.value(v).layout == Layout::nhwc) attrs.set("from", std::string("nhwc"));
+      const ValueId r = g_.add_node("reorder", {v}, attrs, name)[0];
       Node& made = g_.node(g_.value(r).producer);
       made.schedule_as = at;
       made.phase = phase;
@@ -204,13 +219,14 @@ class LayoutPass {
       // conv2d (x, w[, b]) -> y; conv2d_grad_input (dy, w) -> dx; conv2d_grad_weight (dy, x) -> dw.
       const ValueId out = n.outputs[0];
       const bool writes_act = n.op != "conv2d_grad_weight" && eligible(out);
-      if (writes_act) g_.value(out).layout = Layout::nchw16c;
+      if (writes_act) g_.value(out).layout = target();
       const bool x_blocked = n.op == "conv2d"              ? blocked(n.inputs[0])
                              : n.op == "conv2d_grad_input" ? writes_act
                                                            : blocked(n.inputs[1]);
       const bool y_blocked = n.op == "conv2d" ? writes_act : blocked(n.inputs[0]);
       if (x_blocked) n.attrs.set("x_blocked", true);
       if (y_blocked) n.attrs.set("y_blocked", true);
+      if (nhwc_ && (x_blocked || y_blocked)) n.attrs.set("nhwc", true);
       return;
     }
     std::vector<size_t> acts;
@@ -218,13 +234,16 @@ class LayoutPass {
     if (follow_inputs(g_, n, acts, lead) && eligible(n.outputs[0]) &&
         std::any_of(acts.begin(), acts.begin() + static_cast<std::ptrdiff_t>(lead),
                     [&](size_t i) { return blocked(n.inputs[i]); })) {
-      for (ValueId out : follow_outputs(n)) g_.value(out).layout = Layout::nchw16c;
-      if (takes_blocked_attr(n.op)) n.attrs.set("blocked", true);
-      for (size_t i : acts) read_as(id, i, Layout::nchw16c);
+      for (ValueId out : follow_outputs(n)) g_.value(out).layout = target();
+      if (takes_blocked_attr(n.op)) {
+        n.attrs.set("blocked", true);
+        if (nhwc_) n.attrs.set("nhwc", true);
+      }
+      for (size_t i : acts) read_as(id, i, target());
       return;
     }
     // A convolution's bias gradient (a per-channel reduce_sum of dy) sums the blocked dy where it lies.
-    if (n.op == "reduce_sum" && blocked(n.inputs[0]) &&
+    if (n.op == "reduce_sum" && !nhwc_ && blocked(n.inputs[0]) &&
         cpu::sums_per_channel(g_.value(n.inputs[0]).shape(), n.attrs.ints_or_empty("axes"))) {
       n.attrs.set("blocked", true);
       return;
@@ -238,12 +257,13 @@ class LayoutPass {
   std::vector<ValueId> parent_;   // union-find over the chains
   std::set<ValueId> feeds_conv_;  // roots of the chains a convolution reads blocked
   std::map<std::pair<ValueId, Layout>, ValueId> reorders_;
+  bool nhwc_ = false;  // the blocked layout is NHWC, not nChw16c
 };
 
 }  // namespace
 
-void blocked_layout(Graph& g) {
-  LayoutPass(g).run();
+void blocked_layout(Graph& g, std::optional<bool> nhwc) {
+  LayoutPass(g, nhwc).run();
 }
 
 }  // namespace flowrun

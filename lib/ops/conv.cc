@@ -337,7 +337,8 @@ void register_conv_ops(OpRegistry& r) {
       "2-d convolution (cross-correlation), NCHW: x (N, C, H, W), w (O, C/groups, KH, KW), optional bias "
       "(O); "
       "attrs stride [1,1], padding [0,0], dilation [1,1], groups 1; x_blocked, y_blocked (false): x or y "
-      "in nChw16c (graph/layout.cc; the gradient ops take them too, for dx and dy)";
+      "in nChw16c, or NHWC with nhwc (false) (graph/layout.cc; the gradient ops take them too, for dx and "
+      "dy)";
   conv.num_inputs = -1;
   conv.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3) throw input_error("conv2d takes (x, w) or (x, w, bias)");
@@ -589,20 +590,26 @@ void register_conv_ops(OpRegistry& r) {
   ro.name = "reorder";
   ro.doc =
       "the same (N, C, H, W) tensor in another memory layout: attr to = nchw16c (channel blocks of 16 "
-      "innermost, oneDNN's nChw16c; C a multiple of 16) or nchw (plain); the layout pass (graph/layout.cc) "
-      "puts it where a value kept blocked between convolutions meets a reader of plain tensors";
+      "innermost, oneDNN's nChw16c; C a multiple of 16), nhwc (channels innermost) or nchw (plain, from "
+      "nChw16c, or from NHWC with attr from = nhwc); the layout pass (graph/layout.cc) puts it where a value "
+      "kept blocked between convolutions meets a reader of plain tensors";
   ro.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     check_nchw("reorder", "input", in[0]);
     if (in[0].shape[1] % 16 != 0)
       throw input_error(cat("reorder: channels must be a multiple of 16, got ", shape_str(in[0].shape)));
-    if (!a.is("to", "nchw16c") && !a.is("to", "nchw"))
-      throw input_error("reorder: attribute 'to' must be nchw16c or nchw");
+    if (!a.is("to", "nchw16c") && !a.is("to", "nchw") && !a.is("to", "nhwc"))
+      throw input_error("reorder: attribute 'to' must be nchw16c, nhwc or nchw");
+    if (a.has("from") && !(a.is("from", "nhwc") && a.is("to", "nchw")))
+      throw input_error("reorder: attribute 'from' is nhwc, with to = nchw");
     return {in[0]};
   };
   ro.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     return Cost{0.0, bytes_of(in) + bytes_of(out)};
   };
   ro.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    if (c.attrs().is("to", "nhwc"))
+      return {c.b.op1("reorder", {c.dout(0)}, {{"to", std::string("nchw")}, {"from", std::string("nhwc")}})};
+    if (c.attrs().has("from")) return {c.b.op1("reorder", {c.dout(0)}, {{"to", std::string("nhwc")}})};
     const std::string back = c.attrs().is("to", "nchw16c") ? "nchw" : "nchw16c";
     return {c.b.op1("reorder", {c.dout(0)}, {{"to", back}})};
   };
@@ -610,15 +617,18 @@ void register_conv_ops(OpRegistry& r) {
   ro.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::reorder}};
   ro.samples = [] {
     std::vector<OpSample> s;
-    for (const char* to : {"nchw16c", "nchw"})
+    for (const char* to : {"nchw16c", "nchw", "nhwc", "nchw from nhwc"})
       for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}, {2, 32, 6, 7}}) {
         OpSample o;
+        const bool nhwc = std::string(to).find("nhwc") != std::string::npos,
+                   blocked = std::string(to) == "nchw16c" || std::string(to) == "nhwc";
         o.label = cat(to, " ", shape_str(x));
         o.inputs = {{x, DType::f64}};
-        o.attrs = {{"to", std::string(to)}};
+        o.attrs = {{"to", blocked ? std::string(to) : std::string("nchw")}};
+        if (nhwc && !blocked) o.attrs.set("from", std::string("nhwc"));
         // Element (n, c, i) of the plain tensor is element ((n * C/16 + c/16) * HW + i) * 16 + c % 16 of
-        // the blocked one.
-        o.reference = [blocked = std::string(to) == "nchw16c"](const std::vector<Tensor>& in, const Attrs&) {
+        // the nChw16c one, and (n * HW + i) * C + c of the NHWC one.
+        o.reference = [blocked, nhwc](const std::vector<Tensor>& in, const Attrs&) {
           const Shape& xs = in[0].shape();
           Tensor y = Tensor::zeros(xs, DType::f64);
           const int64_t hw = xs[2] * xs[3];
@@ -626,7 +636,8 @@ void register_conv_ops(OpRegistry& r) {
             for (int64_t c = 0; c < xs[1]; ++c)
               for (int64_t i = 0; i < hw; ++i) {
                 const int64_t plain = (n * xs[1] + c) * hw + i,
-                              blk = ((n * (xs[1] / 16) + c / 16) * hw + i) * 16 + c % 16;
+                              blk = nhwc ? (n * hw + i) * xs[1] + c
+                                         : ((n * (xs[1] / 16) + c / 16) * hw + i) * 16 + c % 16;
                 y.data<double>()[blocked ? blk : plain] = in[0].data<double>()[blocked ? plain : blk];
               }
           return std::vector<Tensor>{y};

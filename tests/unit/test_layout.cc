@@ -3,8 +3,13 @@
 // trains to bitwise the losses, weights and running statistics of the same program all in NCHW.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <optional>
+
 #include "graph/passes.h"
 #include "models.h"
+#include "ops/cpu/dnnl_conv.h"
+#include "ops/cpu/dnnl_matmul.h"
 
 namespace flowrun::testing {
 namespace {
@@ -78,6 +83,71 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
 
   const Program eager = compile_cnn(true, /*eager=*/true);
   for (const Value& v : eager.graph.values()) EXPECT_EQ(v.layout, Layout::plain) << v.name;
+}
+
+// NHWC as the blocked layout (CompileOptions::nhwc_layout; by default where bf16 convolutions run on AMX):
+// the same chains as nChw16c, max pooling and batchnorm reading and writing NHWC, and global pooling a
+// reorder. f32's NHWC convolutions are other oneDNN kernels than the plain program's (their sums in another
+// order): within 1e-5 of it after 3 steps.
+Program compile_cnn_nhwc(DType compute, std::optional<bool> nhwc) {
+  Graph g;
+  build_cnn(g);
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.compute = compute;
+  opts.nhwc_layout = nhwc;
+  return compile(std::move(g), opts);
+}
+
+TEST(BlockedLayout, NhwcKeepsTheBlockInNhwcAndTrainsAsThePlainProgram) {
+  const Program p = compile_cnn_nhwc(DType::f32, true);
+  std::map<std::string, Layout> conv_out;
+  for (NodeId id : p.order) {
+    const Node& n = p.graph.node(id);
+    if (n.op == "conv2d") conv_out[n.name] = p.graph.value(n.outputs[0]).layout;
+    if (n.op == "maxpool2d" || n.op == "maxpool2d_grad" || n.op == "batchnorm" || n.op == "batchnorm_grad") {
+      for (ValueId v : n.outputs) {
+        if (p.graph.value(v).shape().size() == 4) {
+          EXPECT_EQ(p.graph.value(v).layout, Layout::nhwc) << n.name;
+        }
+      }
+      EXPECT_TRUE(n.attrs.b("nhwc")) << n.name;
+    }
+  }
+  for (const char* name : {"stem", "c1", "c2", "shortcut", "c3"})
+    EXPECT_EQ(conv_out.at(name), Layout::nhwc) << name;
+  const auto [plain_losses, plain] = train_sgd(compile_cnn(false), 3);
+  const auto [nhwc_losses, nhwc] = train_sgd(compile_cnn_nhwc(DType::f32, true), 3);
+  ASSERT_EQ(plain_losses.size(), nhwc_losses.size());
+  for (size_t i = 0; i < plain_losses.size(); ++i) EXPECT_NEAR(plain_losses[i], nhwc_losses[i], 1e-5) << i;
+  for (const auto& [name, v] : plain)
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_NEAR(v[i], nhwc.at(name)[i], 1e-5 * (1 + std::abs(v[i]))) << name << "[" << i << "]";
+}
+
+// In bf16 the blocked layout is NHWC where oneDNN's AMX kernels run the convolutions, nChw16c elsewhere;
+// either way the same kernels run as in the plain program (its convolutions reorder to their layout
+// themselves), and it trains to the same bits.
+TEST(BlockedLayout, Bf16TrainsBitwiseAsThePlainProgram) {
+  if (!cpu::has_native_bf16()) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  const Program blocked = compile_cnn_nhwc(DType::bf16, std::nullopt);
+  const Layout want = cpu::has_amx_bf16() && !cpu::own_bf16_convs() ? Layout::nhwc : Layout::nchw16c;
+  for (NodeId id : blocked.order) {
+    const Node& n = blocked.graph.node(id);
+    if (n.op == "conv2d" && n.name == "c2") {
+      EXPECT_EQ(blocked.graph.value(n.outputs[0]).layout, want);
+    }
+  }
+  Graph g;
+  build_cnn(g);
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.compute = DType::bf16;
+  opts.blocked_layout = false;
+  const auto [plain_losses, plain] = train_sgd(compile(std::move(g), opts), 3);
+  const auto [blocked_losses, trained] = train_sgd(compile_cnn_nhwc(DType::bf16, std::nullopt), 3);
+  EXPECT_EQ(plain_losses, blocked_losses);
+  for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
 }
 
 TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {

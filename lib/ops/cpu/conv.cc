@@ -250,33 +250,48 @@ void apply_relu_mask(const S* m, S* d, int64_t n) {
 template <typename S>
 constexpr bool kSimd16 = std::is_same_v<S, float> || std::is_same_v<S, bf16>;
 
-// maxpool2d and its gradient on nChw16c activations (attr `blocked`, graph/layout.cc): each pixel is 16
+// Where a blocked activation's pixels lie (graph/layout.cc): block pl = (n, 16-channel block) holds a
+// plane's pixels of 16 channels each, a pixel's 16 contiguous, pixel i at base + i * step. In nChw16c a
+// block is contiguous; in NHWC (attr `nhwc`) its pixels are C apart.
+struct PixelBlocks {
+  int64_t c;
+  bool nhwc;
+  int64_t base(int64_t pl, int64_t pixels) const {
+    return nhwc ? (pl / (c / 16)) * pixels * c + (pl % (c / 16)) * 16 : pl * pixels * 16;
+  }
+  int64_t step() const { return nhwc ? c : 16; }
+};
+
+// maxpool2d and its gradient on blocked activations (attr `blocked`, graph/layout.cc): each pixel is 16
 // channels, one per lane, and the indices are stored in the same layout, each still the position within its
 // channel's plane. Every lane scans its window in the plain kernel's row-major order with the same rule,
 // and the gradient adds into each element in the same order, so both give the plain kernels' values.
-// pool_geom reads the shape (N, C, H, W) alone, which both layouts share.
+// pool_geom reads the shape (N, C, H, W) alone, which the layouts share.
 template <typename T>
 void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
-  FR_CHECK(g.c % 16 == 0, "an nChw16c maxpool2d needs channels in multiples of 16");
+  FR_CHECK(g.c % 16 == 0, "a blocked maxpool2d needs channels in multiples of 16");
   using C = Compute<T>;
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
   const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  const PixelBlocks pb{g.c, c.attrs().b("nhwc")};
+  const int64_t ps = pb.step();
   parallel_for(g.n * (g.c / 16), grain_for(16 * op * g.kh * g.kw), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
-      const T* xp = x + pl * ip * 16;
+      const T* xp = x + pb.base(pl, ip);
+      const int64_t y0 = pb.base(pl, op);
       for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         const int64_t first = ya * g.w + xa;
-        const int64_t o = (pl * op + j) * 16;
+        const int64_t o = y0 + j * ps;
 #if defined(__AVX512F__)
         if constexpr (kSimd16<T>) {
-          __m512 best = simd16::load(xp + first * 16);
+          __m512 best = simd16::load(xp + first * ps);
           __m512i lo = _mm512_set1_epi64(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              const __m512 v = simd16::load(xp + i * 16);
+              const __m512 v = simd16::load(xp + i * ps);
               // first maximum wins; NaN propagates
               const __mmask16 t =
                   _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -295,13 +310,13 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
         int64_t bi[16];
 #pragma omp simd
         for (int l = 0; l < 16; ++l) {
-          best[l] = ld(xp[first * 16 + l]);
+          best[l] = ld(xp[first * ps + l]);
           bi[l] = first;
         }
         for (int64_t iy = ya; iy < yb; ++iy)
           for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
             const int64_t i = iy * g.w + ix;
-            const T* v = xp + i * 16;
+            const T* v = xp + i * ps;
 #pragma omp simd
             for (int l = 0; l < 16; ++l) {
               const C u = ld(v[l]);
@@ -329,21 +344,25 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
   const T* mask = c.num_in > 2 ? c.in[2].as<T>() : nullptr;
   T* dx = c.out[0].as<T>();
   const int64_t ip = g.h * g.w, op = g.oh * g.ow;
+  const PixelBlocks pb{g.c, c.attrs().b("nhwc")};
+  const int64_t ps = pb.step();
   // Windows that tile the plane exactly: every element of dx is written once, 0 + dy where its window's
   // index points (the plain kernel's sum, -0 becoming +0) and 0 elsewhere, masked as it is written.
   [[maybe_unused]] const bool tiles =  // read only by the AVX-512 path
       g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh * g.kh == g.h && g.ow * g.kw == g.w;
   parallel_for(g.n * (g.c / 16), grain_for(16 * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
-      T* dp = dx + pl * ip * 16;
+      T* dp = dx + pb.base(pl, ip);
+      const T* mp = mask ? mask + pb.base(pl, ip) : nullptr;
+      const int64_t y0 = pb.base(pl, op);
 #if defined(__AVX512F__)
       if constexpr (kSimd16<T>) {
         if (tiles) {
           const __m512 zero = _mm512_setzero_ps();
           for (int64_t o = 0; o < op; ++o) {
-            const __m512 gv = simd16::load(dy + (pl * op + o) * 16);
-            const __m512i lo = _mm512_loadu_si512(idx + (pl * op + o) * 16);
-            const __m512i hi = _mm512_loadu_si512(idx + (pl * op + o) * 16 + 8);
+            const __m512 gv = simd16::load(dy + y0 + o * ps);
+            const __m512i lo = _mm512_loadu_si512(idx + y0 + o * ps);
+            const __m512i hi = _mm512_loadu_si512(idx + y0 + o * ps + 8);
             const int64_t oy = o / g.ow, ox = o % g.ow;
             for (int64_t ky = 0; ky < g.kh; ++ky)
               for (int64_t kx = 0; kx < g.kw; ++kx) {
@@ -351,18 +370,19 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
                 const __m512i iv = _mm512_set1_epi64(i);
                 __mmask16 keep = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
                                                         (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
-                if (mask)
-                  keep &= _mm512_cmp_ps_mask(simd16::load(mask + (pl * ip + i) * 16), zero, _CMP_GT_OQ);
-                simd16::store(dp + i * 16, _mm512_maskz_add_ps(keep, zero, gv));
+                if (mask) keep &= _mm512_cmp_ps_mask(simd16::load(mp + i * ps), zero, _CMP_GT_OQ);
+                simd16::store(dp + i * ps, _mm512_maskz_add_ps(keep, zero, gv));
               }
           }
           continue;
         }
       }
 #endif
-      std::fill(dp, dp + ip * 16, T{});
+      // A block's pixels are contiguous in nChw16c (ps = 16), C apart in NHWC.
+      for (int64_t i = 0; i < (pb.nhwc ? ip : 1); ++i)
+        std::fill(dp + i * ps, dp + i * ps + (pb.nhwc ? 16 : ip * 16), T{});
       for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
-        const int64_t o = (pl * op + j) * 16;
+        const int64_t o = y0 + j * ps;
         const T* go = dy + o;
         const int64_t* io = idx + o;
 #if defined(__AVX512F__)
@@ -375,7 +395,7 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
               const __m512i iv = _mm512_set1_epi64(i);
               const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
                                                            (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
-              T* d = dp + i * 16;
+              T* d = dp + i * ps;
               const __m512 dv = simd16::load(d);
               simd16::store(d, _mm512_mask_add_ps(dv, hit, dv, gv));
             }
@@ -385,12 +405,14 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
         for (int64_t iy = ya; iy < yb; ++iy)
           for (int64_t ix = xa; ix < xb; ++ix) {
             const int64_t i = iy * g.w + ix;
-            T* d = dp + i * 16;
+            T* d = dp + i * ps;
             for (int l = 0; l < 16; ++l)
               if (io[l] == i) d[l] = st<T>(ld(d[l]) + ld(go[l]));
           }
       });
-      if (mask) apply_relu_mask(mask + pl * ip * 16, dp, ip * 16);
+      if (mask)
+        for (int64_t i = 0; i < (pb.nhwc ? ip : 1); ++i)
+          apply_relu_mask(mp + i * ps, dp + i * ps, pb.nhwc ? 16 : ip * 16);
     }
   });
 }
@@ -597,6 +619,7 @@ ConvGeom conv_geom(const Shape& x, const Shape& w, const Attrs& a) {
   g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
   g.x_blocked = a.b("x_blocked");
   g.y_blocked = a.b("y_blocked");
+  g.nhwc = a.b("nhwc");
   FR_CHECK((!g.x_blocked || g.c % 16 == 0) && (!g.y_blocked || g.o % 16 == 0),
            "nChw16c conv2d tensors need channels in multiples of 16");
   return g;
@@ -732,10 +755,73 @@ void reorder_nchw16c(const void* from, void* to, int64_t n, int64_t c, int64_t h
   }
 }
 
+// The nr x nc block at src (row stride lds) transposed into dst (row stride ldd), nr, nc <= 16: 32-bit
+// values by transpose16, 16-bit ones (bf16) widened to 32 bits around it, others one by one.
+template <typename T>
+void transpose_tile(const T* src, int64_t lds, int64_t nr, int64_t nc, T* dst, int64_t ldd) {
+#if defined(__AVX512BW__)
+  if constexpr (sizeof(T) == 4) {
+    simd16::transpose16(src, lds, nr, nc, reinterpret_cast<uint32_t*>(dst), ldd);
+    return;
+  }
+  if constexpr (sizeof(T) == 2) {
+    alignas(64) uint32_t a[16 * 16], b[16 * 16];
+    const __mmask16 cols = simd16::lanes(nc), rows = simd16::lanes(nr);
+    for (int64_t r = 0; r < nr; ++r)
+      _mm512_store_si512(a + 16 * r, _mm512_maskz_cvtepu16_epi32(
+                                         simd16::kAll, _mm256_maskz_loadu_epi16(cols, src + r * lds)));
+    simd16::transpose16(a, 16, nr, nc, b, 16);
+    for (int64_t q = 0; q < nc; ++q)
+      _mm256_mask_storeu_epi16(dst + q * ldd, rows,
+                               _mm512_maskz_cvtepi32_epi16(simd16::kAll, _mm512_load_si512(b + 16 * q)));
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < nr; ++r)
+    for (int64_t q = 0; q < nc; ++q) dst[q * ldd + r] = src[r * lds + q];
+}
+
+// NCHW <-> NHWC: each image a [C][HW] <-> [HW][C] transpose, in 16 x 16 tiles. The layout pass puts these
+// only at the edges of a chain of convolutions.
+template <typename T>
+void reorder_nhwc_t(const void* from, void* to, int64_t n, int64_t c, int64_t hw, bool to_nhwc) {
+  const T* x = static_cast<const T*>(from);
+  T* y = static_cast<T*>(to);
+  const int64_t it = (hw + 15) / 16;
+  parallel_for(n * it, grain_for(16 * c), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t img = t / it, i0 = (t % it) * 16, ni = std::min<int64_t>(16, hw - i0);
+      const T* src = x + img * c * hw;
+      T* dst = y + img * c * hw;
+      for (int64_t c0 = 0; c0 < c; c0 += 16) {
+        const int64_t nch = std::min<int64_t>(16, c - c0);
+        if (to_nhwc)
+          transpose_tile(src + c0 * hw + i0, hw, nch, ni, dst + i0 * c + c0, c);
+        else
+          transpose_tile(src + i0 * c + c0, c, ni, nch, dst + c0 * hw + i0, hw);
+      }
+    }
+  });
+}
+
+void reorder_nhwc(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem, bool to_nhwc) {
+  switch (elem) {
+    case 2:
+      return reorder_nhwc_t<uint16_t>(from, to, n, c, hw, to_nhwc);
+    case 4:
+      return reorder_nhwc_t<uint32_t>(from, to, n, c, hw, to_nhwc);
+    default:
+      return reorder_nhwc_t<uint64_t>(from, to, n, c, hw, to_nhwc);
+  }
+}
+
 void reorder(const KernelCtx& c) {
   const Shape& s = *c.in[0].shape;
-  reorder_nchw16c(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], dtype_size(c.in[0].dtype),
-                  c.attrs().is("to", "nchw16c"));
+  const size_t elem = dtype_size(c.in[0].dtype);
+  if (c.attrs().is("to", "nhwc") || c.attrs().has("from"))
+    return reorder_nhwc(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem,
+                        c.attrs().is("to", "nhwc"));
+  reorder_nchw16c(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem, c.attrs().is("to", "nchw16c"));
 }
 
 }  // namespace flowrun::cpu

@@ -19,8 +19,9 @@ struct ConvGeom {
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   int64_t groups = 1;
   // The activations' layouts (attributes x_blocked, y_blocked, set by the layout pass, graph/layout.cc):
-  // nChw16c instead of NCHW for the input-shaped tensor (x, or dx) and the output-shaped one (y, or dy).
-  bool x_blocked = false, y_blocked = false;
+  // nChw16c instead of NCHW for the input-shaped tensor (x, or dx) and the output-shaped one (y, or dy);
+  // with nhwc (attribute nhwc), the blocked ones are NHWC instead (bf16 on AMX).
+  bool x_blocked = false, y_blocked = false, nhwc = false;
   int64_t cg() const { return c / groups; }
   int64_t og() const { return o / groups; }
   int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group

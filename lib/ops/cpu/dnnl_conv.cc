@@ -36,7 +36,7 @@ using tag = dnnl::memory::format_tag;
 
 enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
-using Key = std::array<int64_t, 19>;
+using Key = std::array<int64_t, 20>;
 
 // Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
 // and a steady-state step must not allocate.
@@ -77,12 +77,13 @@ dnnl::engine& engine() {
 Key key_of(Kind k, dt t, const ConvGeom& g) {
   const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k),
                 type = static_cast<int64_t>(t);
-  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,      g.o,         g.kh,       g.kw,
-          g.sh,    g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.x_blocked, g.y_blocked};
+  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,      g.o,         g.kh,        g.kw,
+          g.sh,    g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.x_blocked, g.y_blocked, g.nhwc};
 }
 
 // Descriptors of flowrun's tensors: activations NCHW, or nChw16c where the layout pass keeps them blocked
-// (ConvGeom::x_blocked, y_blocked: then they are what oneDNN picks, and no reorder runs). A grouped weight
+// (ConvGeom::x_blocked, y_blocked), NHWC with ConvGeom::nhwc: then they are what oneDNN picks, and no
+// reorder runs. A grouped weight
 // (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw over the same bytes.
 dnnl::memory::desc src_desc(const ConvGeom& g, dt d, tag t) {
   return {{g.n, g.c, g.h, g.w}, d, t};
@@ -180,8 +181,9 @@ Entry entry_of(const PD& pd, std::vector<Port> ports, bool runnable) {
 
 Entry build_with(dnnl::algorithm alg, Kind k, dt t, const ConvGeom& g, bool runnable) {
   const Conv v = conv_of(g);
-  const auto x = src_desc(g, t, g.x_blocked ? tag::nChw16c : tag::nchw),
-             y = dst_desc(g, t, g.y_blocked ? tag::nChw16c : tag::nchw), w = wei_desc(g, t, false);
+  const tag blocked = g.nhwc ? tag::nhwc : tag::nChw16c;
+  const auto x = src_desc(g, t, g.x_blocked ? blocked : tag::nchw),
+             y = dst_desc(g, t, g.y_blocked ? blocked : tag::nchw), w = wei_desc(g, t, false);
   switch (k) {
     case Kind::fwd:
     case Kind::fwd_bias: {
@@ -302,7 +304,7 @@ std::atomic<bool>& own_convs() {
 
 // bf16 convolutions that wino3x3_bf16 runs.
 bool runs_wino(dt t, const ConvGeom& g) {
-  return t == dt::bf16 && own_bf16_convs() && wino3x3_bf16_serves(g);
+  return t == dt::bf16 && own_bf16_convs() && !g.nhwc && wino3x3_bf16_serves(g);
 }
 
 int wino_team(const ConvGeom& g) {
@@ -433,7 +435,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
                                          wino3x3_bf16_wgrad_finish},
                                  direct = {false, wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
                                            wgrad3x3_bf16, wgrad3x3_bf16_finish};
-  if (t != dt::bf16 || !own_bf16_convs()) return nullptr;
+  if (t != dt::bf16 || !own_bf16_convs() || g.nhwc) return nullptr;
   if (wino3x3_bf16_serves(g)) return &wino;
   return wgrad3x3_bf16_serves(g) ? &direct : nullptr;
 }

@@ -272,6 +272,14 @@ void row_norm_grad(const KernelCtx& c) {
 // x viewed as (n, c, s): s = product of the spatial dims (1 for (N, C)).
 struct NCS {
   int64_t n, c, s;
+  // A blocked tensor (attr `blocked`) in NHWC rather than nChw16c (attr `nhwc`): either way its blocks
+  // p = (n, 16-channel block) hold s pixels of 16 channels each, a pixel's 16 contiguous; in nChw16c the
+  // block is contiguous, in NHWC its pixels are C apart.
+  bool nhwc = false;
+  int64_t block_base(int64_t p) const {
+    return nhwc ? (p / (c / 16)) * s * c + (p % (c / 16)) * 16 : p * s * 16;
+  }
+  int64_t pixel_step() const { return nhwc ? c : 16; }
 };
 NCS ncs_of(const TensorView& x) {
   const int64_t n = x.dim(0), c = x.dim(1);
@@ -346,7 +354,8 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
 // of its channel, and the lanes fold in fold()'s order, so a blocked step computes bitwise what a plain
 // (eager) one does. The 16 channels are summed side by side, a vector per lane.
 template <typename T, typename F0, typename F1 = std::nullptr_t>
-void block_sums(int64_t s, int64_t k0, int64_t c0, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
+void block_sums(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out0, F0 f0, T* out1 = nullptr,
+                F1 f1 = nullptr) {
   constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
   constexpr int L = (kTwo ? 2 : 4) * 64 / static_cast<int>(sizeof(T));
   T a[L][16] = {}, b[kTwo ? L : 1][16] = {};
@@ -355,8 +364,8 @@ void block_sums(int64_t s, int64_t k0, int64_t c0, T* out0, F0 f0, T* out1 = nul
     T* __restrict bi = b[kTwo ? i % L : 0];
 #pragma omp simd
     for (int64_t j = 0; j < 16; ++j) {
-      ai[j] += f0(k0 + i * 16 + j, c0 + j);
-      if constexpr (kTwo) bi[j] += f1(k0 + i * 16 + j, c0 + j);
+      ai[j] += f0(k0 + i * step + j, c0 + j);
+      if constexpr (kTwo) bi[j] += f1(k0 + i * step + j, c0 + j);
     }
   }
   for (int w = L / 2; w > 0; w /= 2)
@@ -382,7 +391,7 @@ void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr
     for (int64_t p = s; p < e; ++p) {
       T s0[16], s1[16];
       const int64_t c0 = (p % cb) * 16;
-      block_sums<T>(v.s, p * v.s * 16, c0, s0, f0, s1, f1);
+      block_sums<T>(v.s, v.block_base(p), v.pixel_step(), c0, s0, f0, s1, f1);
       T* to = ws + ((p / cb) * v.c + c0) * kSums;
       for (int64_t j = 0; j < 16; ++j) {
         to[j * kSums] = s0[j];
@@ -412,10 +421,10 @@ void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* 
     parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         T sum[16], m2[16], mp[16];
-        const int64_t k0 = p * v.s * 16, c0 = (p % cb) * 16;
-        block_sums<T>(v.s, k0, c0, sum, [x](int64_t k, int64_t) { return ld(x[k]); });
+        const int64_t k0 = v.block_base(p), step = v.pixel_step(), c0 = (p % cb) * 16;
+        block_sums<T>(v.s, k0, step, c0, sum, [x](int64_t k, int64_t) { return ld(x[k]); });
         for (int64_t j = 0; j < 16; ++j) mp[j] = sum[j] / s;
-        block_sums<T>(v.s, k0, c0, m2, [x, &mp, c0](int64_t k, int64_t ch) {
+        block_sums<T>(v.s, k0, step, c0, m2, [x, &mp, c0](int64_t k, int64_t ch) {
           const T d = ld(x[k]) - mp[ch - c0];
           return d * d;
         });
@@ -468,20 +477,22 @@ void for_each_ncs(const NCS& v, Row row, Plane plane) {
   });
 }
 
-// Runs block(k0, c0) for each (n, channel block) of an nChw16c tensor: 16 * s elements from k0, channels
-// c0 to c0 + 15 innermost.
+// Runs block(k0, c0) for each (n, channel block) of a blocked tensor: s pixels of channels c0 to c0 + 15,
+// pixel i's at k0 + i * v.pixel_step().
 template <typename Block>
 void for_each_blocked(const NCS& v, Block block) {
   const int64_t cb = v.c / 16;
   parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
-    for (int64_t p = s; p < e; ++p) block(p * v.s * 16, (p % cb) * 16);
+    for (int64_t p = s; p < e; ++p) block(v.block_base(p), (p % cb) * 16);
   });
 }
 
-// Whether a batchnorm node's activations are nChw16c (attr `blocked`, graph/layout.cc). With one element per
+// Whether a batchnorm node's activations are blocked (attr `blocked`: nChw16c, or NHWC with attr `nhwc`;
+// graph/layout.cc), and which. With one element per
 // plane both layouts are the same bytes, and the plain path runs.
-bool blocked_planes(const KernelCtx& c, const NCS& v) {
+bool blocked_planes(const KernelCtx& c, NCS& v) {
   if (!c.attrs().b("blocked")) return false;
+  v.nhwc = c.attrs().b("nhwc");
   FR_CHECK(v.c % 16 == 0, "an nChw16c batchnorm needs channels in multiples of 16");
   return v.s > 1;
 }
@@ -513,7 +524,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
       if constexpr (std::is_same_v<T, float>) {
         const __m512 vm = _mm512_loadu_ps(mu), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(bb);
         for (int64_t i = 0; i < v.s; ++i) {
-          const int64_t k = k0 + i * 16;
+          const int64_t k = k0 + i * v.pixel_step();
           __m512 u = _mm512_fmadd_ps(_mm512_sub_ps(simd16::load(x + k), vm), va, vb);
           if constexpr (kRes) u = _mm512_add_ps(simd16::rounded<S>(u), simd16::load(r + k));
           // max returns its second operand for a NaN: 0, as relu does.
@@ -524,7 +535,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
       }
 #endif
       for (int64_t i = 0; i < v.s; ++i) {
-        const int64_t k = k0 + i * 16;
+        const int64_t k = k0 + i * v.pixel_step();
         const S* xp = x + k;
         S* __restrict yp = y + k;
 #pragma omp simd
@@ -554,7 +565,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
 // Activations stored as S (f32, f64, or bf16 rounded once per output), arithmetic in T.
 template <typename S, typename T = Compute<S>>
 void batchnorm_kernel(const KernelCtx& c) {
-  const NCS v = ncs_of(c.in[0]);
+  NCS v = ncs_of(c.in[0]);
   const bool blocked = blocked_planes(c, v);
   const S* x = c.in[0].as<S>();
   const T* g = param_data<S>(c.in[1]);
@@ -607,7 +618,7 @@ void batchnorm_kernel(const KernelCtx& c) {
 // exactly what relu_grad would have passed. The dx pass's fma is explicit, as in normalise.
 template <typename S, bool kMask, typename T = Compute<S>>
 void batchnorm_grad_with(const KernelCtx& c) {
-  const NCS v = ncs_of(c.in[1]);
+  NCS v = ncs_of(c.in[1]);
   const bool blocked = blocked_planes(c, v);
   const S* dy = c.in[0].as<S>();
   const S* mask = kMask ? c.in[5].as<S>() : nullptr;
@@ -651,7 +662,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
         const __m512 vp = _mm512_loadu_ps(p), vm = _mm512_loadu_ps(mu), vbt = _mm512_loadu_ps(bt),
                      vgt = _mm512_loadu_ps(gt), zero = _mm512_setzero_ps();
         for (int64_t i = 0; i < v.s; ++i) {
-          const int64_t k = k0 + i * 16;
+          const int64_t k = k0 + i * v.pixel_step();
           __m512 d = simd16::load(dy + k);
           if constexpr (kMask)
             d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), zero, _CMP_GT_OQ), d);
@@ -662,7 +673,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
       }
 #endif
       for (int64_t i = 0; i < v.s; ++i) {
-        const int64_t k = k0 + i * 16;
+        const int64_t k = k0 + i * v.pixel_step();
         const S* xp = x + k;
         S* __restrict dxp = dx + k;
 #pragma omp simd
