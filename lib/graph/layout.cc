@@ -35,7 +35,6 @@
 
 #include "graph/passes.h"
 #include "ops/cpu/dnnl_conv.h"
-#include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/reduce.h"
 #include "ops/registry.h"
 
@@ -105,8 +104,8 @@ class LayoutPass {
     for (const auto& [name, v] : g.outputs()) pinned_.insert(v);
     for (const Node& n : g.nodes()) {
       if (n.dead) continue;
-      if (!nhwc && conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 && cpu::has_amx_bf16() &&
-          !cpu::own_bf16_convs())
+      if (!nhwc && conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 &&
+          cpu::bf16_convs_take_nhwc())
         nhwc_ = true;
       const OpDef* def = OpRegistry::get().find(n.op);
       if (def == nullptr) continue;

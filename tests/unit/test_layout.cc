@@ -131,7 +131,7 @@ TEST(BlockedLayout, NhwcKeepsTheBlockInNhwcAndTrainsAsThePlainProgram) {
 TEST(BlockedLayout, Bf16TrainsBitwiseAsThePlainProgram) {
   if (!cpu::has_native_bf16()) GTEST_SKIP() << "no native bf16 convolutions on this machine";
   const Program blocked = compile_cnn_nhwc(DType::bf16, std::nullopt);
-  const Layout want = cpu::has_amx_bf16() && !cpu::own_bf16_convs() ? Layout::nhwc : Layout::nchw16c;
+  const Layout want = cpu::bf16_convs_take_nhwc() ? Layout::nhwc : Layout::nchw16c;
   for (NodeId id : blocked.order) {
     const Node& n = blocked.graph.node(id);
     if (n.op == "conv2d" && n.name == "c2") {

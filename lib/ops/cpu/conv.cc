@@ -250,18 +250,6 @@ void apply_relu_mask(const S* m, S* d, int64_t n) {
 template <typename S>
 constexpr bool kSimd16 = std::is_same_v<S, float> || std::is_same_v<S, bf16>;
 
-// Where a blocked activation's pixels lie (graph/layout.cc): block pl = (n, 16-channel block) holds a
-// plane's pixels of 16 channels each, a pixel's 16 contiguous, pixel i at base + i * step. In nChw16c a
-// block is contiguous; in NHWC (attr `nhwc`) its pixels are C apart.
-struct PixelBlocks {
-  int64_t c;
-  bool nhwc;
-  int64_t base(int64_t pl, int64_t pixels) const {
-    return nhwc ? (pl / (c / 16)) * pixels * c + (pl % (c / 16)) * 16 : pl * pixels * 16;
-  }
-  int64_t step() const { return nhwc ? c : 16; }
-};
-
 // maxpool2d and its gradient on blocked activations (attr `blocked`, graph/layout.cc): each pixel is 16
 // channels, one per lane, and the indices are stored in the same layout, each still the position within its
 // channel's plane. Every lane scans its window in the plain kernel's row-major order with the same rule,
@@ -378,9 +366,7 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
         }
       }
 #endif
-      // A block's pixels are contiguous in nChw16c (ps = 16), C apart in NHWC.
-      for (int64_t i = 0; i < (pb.nhwc ? ip : 1); ++i)
-        std::fill(dp + i * ps, dp + i * ps + (pb.nhwc ? 16 : ip * 16), T{});
+      pb.each_run(ip, [dp](int64_t o, int64_t len) { std::fill(dp + o, dp + o + len, T{}); });
       for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         const int64_t o = y0 + j * ps;
         const T* go = dy + o;
@@ -410,9 +396,7 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
               if (io[l] == i) d[l] = st<T>(ld(d[l]) + ld(go[l]));
           }
       });
-      if (mask)
-        for (int64_t i = 0; i < (pb.nhwc ? ip : 1); ++i)
-          apply_relu_mask(mp + i * ps, dp + i * ps, pb.nhwc ? 16 : ip * 16);
+      if (mask) pb.each_run(ip, [mp, dp](int64_t o, int64_t len) { apply_relu_mask(mp + o, dp + o, len); });
     }
   });
 }

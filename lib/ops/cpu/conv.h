@@ -12,6 +12,26 @@ namespace flowrun::cpu {
 bool attr_pair(const Attrs& a, std::string_view key, int64_t dflt, int64_t& h, int64_t& w);
 
 // Everything a conv2d kernel needs: input (n, c, h, w), weight (o, c/groups, kh, kw), output (oh, ow).
+// Where a blocked activation's pixels lie (graph/layout.cc): block pl = (n, 16-channel block) holds a
+// plane's pixels of 16 channels each, a pixel's 16 contiguous, pixel i at base + i * step. In nChw16c a
+// block is contiguous; in NHWC (attr `nhwc`) its pixels are C apart. Batchnorm and max pooling address
+// either through it.
+struct PixelBlocks {
+  int64_t c;
+  bool nhwc;
+  int64_t base(int64_t pl, int64_t pixels) const {
+    return nhwc ? (pl / (c / 16)) * pixels * c + (pl % (c / 16)) * 16 : pl * pixels * 16;
+  }
+  int64_t step() const { return nhwc ? c : 16; }
+  // f(offset, count) over a block's contiguous runs of elements from its base: one of 16 * pixels in
+  // nChw16c, one of 16 per pixel in NHWC.
+  template <typename F>
+  void each_run(int64_t pixels, F&& f) const {
+    if (!nhwc) return f(int64_t{0}, 16 * pixels);
+    for (int64_t i = 0; i < pixels; ++i) f(i * c, int64_t{16});
+  }
+};
+
 struct ConvGeom {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t o = 0, kh = 0, kw = 0;

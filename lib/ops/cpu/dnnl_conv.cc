@@ -616,6 +616,10 @@ void set_own_bf16_convs(bool on) {
   own_convs().store(on, std::memory_order_relaxed);
 }
 
+bool bf16_convs_take_nhwc() {
+  return has_amx_bf16() && !own_bf16_convs();
+}
+
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
   if (runs_wino(dnnl_type(t), g)) return run_wino(g, false, x, w, bias, y);
   if (bias)

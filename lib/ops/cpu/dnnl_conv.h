@@ -36,5 +36,8 @@ size_t dnnl_conv2d_held_bytes();
 // faster than the own ones. Tests and benchmarks set it to run the other path on the same machine.
 bool own_bf16_convs();
 void set_own_bf16_convs(bool on);
+// Whether bf16 convolutions run oneDNN's AMX kernels, which take NHWC activations only: the layout pass then
+// keeps them in NHWC rather than nChw16c (graph/layout.cc).
+bool bf16_convs_take_nhwc();
 
 }  // namespace flowrun::cpu

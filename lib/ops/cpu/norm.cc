@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "ops/cpu/conv.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/simd16.h"
@@ -276,10 +277,8 @@ struct NCS {
   // p = (n, 16-channel block) hold s pixels of 16 channels each, a pixel's 16 contiguous; in nChw16c the
   // block is contiguous, in NHWC its pixels are C apart.
   bool nhwc = false;
-  int64_t block_base(int64_t p) const {
-    return nhwc ? (p / (c / 16)) * s * c + (p % (c / 16)) * 16 : p * s * 16;
-  }
-  int64_t pixel_step() const { return nhwc ? c : 16; }
+  int64_t block_base(int64_t p) const { return PixelBlocks{c, nhwc}.base(p, s); }
+  int64_t pixel_step() const { return PixelBlocks{c, nhwc}.step(); }
 };
 NCS ncs_of(const TensorView& x) {
   const int64_t n = x.dim(0), c = x.dim(1);
