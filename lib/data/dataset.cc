@@ -2,6 +2,10 @@
 // the user's own text and token files (mapped, see mapped.h) and CSV tables.
 #include "data/dataset.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -29,6 +33,14 @@ struct Labelled {
 
 size_t split_index(Split s) {
   return s == Split::train ? 0 : 1;
+}
+
+// Starts loading [p, p + bytes) into the cache: a shuffled sample's bytes are a few lines at a random place,
+// too short for the hardware prefetcher, and filling them one after another waited on each miss (a shuffled
+// Fashion-MNIST sample took 0.7 us to fill, 0.3 with the next samples' bytes requested ahead).
+void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
 }
 
 bool has_dataset(const h5::File& f, const std::string& name) {
@@ -132,10 +144,23 @@ class ImageDataset final : public Dataset {
     float* out = x.data<float>() + row * sample_;
     for (size_t c = 0; c < lut_.size(); ++c) {
       const float* lut = lut_[c].data();
-      const int64_t base = static_cast<int64_t>(c) * plane_;
-      for (int64_t p = base; p < base + plane_; ++p) out[p] = lut[in[p]];
+      const int64_t end = static_cast<int64_t>(c + 1) * plane_;
+      int64_t p = static_cast<int64_t>(c) * plane_;
+#if defined(__AVX512F__)
+      // 16 table loads at a time (a gather): the same values, in about two thirds of the time on cached
+      // bytes.
+      for (; p + 16 <= end; p += 16) {
+        const __m512i v =
+            _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + p)));
+        _mm512_storeu_ps(out + p, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xffff, v, lut, 4));
+      }
+#endif
+      for (; p < end; ++p) out[p] = lut[in[p]];
     }
     y.data<int64_t>()[row] = d.y.data<int64_t>()[i];
+  }
+  void prefetch(Split s, int64_t i) const override {
+    prefetch_bytes(splits_[split_index(s)].x.data<uint8_t>() + i * sample_, sample_);
   }
 
   int64_t memory_bytes() const override {
@@ -194,6 +219,10 @@ class TableDataset final : public Dataset {
     FR_CHECK(i >= 0 && i < size(s) && row >= 0 && row < x.shape()[0], "sample ", i, " row ", row);
     std::copy_n(d.x.data<float>() + i * f, f, x.data<float>() + row * f);
     y.data<int64_t>()[row] = d.y.data<int64_t>()[i];
+  }
+  void prefetch(Split s, int64_t i) const override {
+    const int64_t f = spec_.sample_shape[0];
+    prefetch_bytes(splits_[split_index(s)].x.data<float>() + i * f, f * static_cast<int64_t>(sizeof(float)));
   }
 
   int64_t memory_bytes() const override {

@@ -79,6 +79,9 @@ class Dataset {
   // Writes sample `i` of split `s` into row `row` of the batch tensors: x (B, sample_shape...) f32 or i64,
   // y (B) i64 for images or (B, seq_len) i64 for text.
   virtual void fill(Split s, int64_t i, Tensor& x, Tensor& y, int64_t row) const = 0;
+  // A hint that sample `i` of split `s` is filled soon: a dataset whose samples sit in memory starts loading
+  // them into the cache, so that a shuffled batch does not wait on each sample's cache misses in turn.
+  virtual void prefetch(Split /*s*/, int64_t /*i*/) const {}
   // The bytes this dataset keeps resident: what it read into memory, and the mapped bytes of a file it reads
   // through a mapping (in the page cache as they are read, counted whole). For `flowrun plan`.
   virtual int64_t memory_bytes() const = 0;

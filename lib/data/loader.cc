@@ -17,6 +17,9 @@ namespace {
 constexpr uint64_t kLoaderStream = 0x10AD3Eull;
 // Targets of padded rows: the value cross-entropy ignores.
 constexpr int64_t kIgnoreIndex = -100;
+// How many rows ahead of the one it fills a training batch asks the dataset to prefetch (Dataset::prefetch):
+// 2 to 8 gave the same fill time on a shuffled Fashion-MNIST batch, 16 was slower.
+constexpr int64_t kPrefetchRows = 4;
 
 }  // namespace
 
@@ -73,9 +76,12 @@ struct Loader::Impl {
       shuffle_permutation(perm, RngStream{seed, mix_stream(static_cast<uint64_t>(at.epoch), kLoaderStream)});
       perm_epoch = at.epoch;
     }
+    const int64_t first = at.index * batch + first_row;
+    auto sample = [&](int64_t r) { return shuffle ? perm[static_cast<size_t>(first + r)] : first + r; };
+    for (int64_t r = 0; r < std::min(rows, kPrefetchRows); ++r) data.prefetch(split, sample(r));
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t k = at.index * batch + first_row + r;
-      data.fill(split, shuffle ? perm[static_cast<size_t>(k)] : k, b.x, b.y, r);
+      if (r + kPrefetchRows < rows) data.prefetch(split, sample(r + kPrefetchRows));
+      data.fill(split, sample(r), b.x, b.y, r);
     }
     b.valid = rows;
   }

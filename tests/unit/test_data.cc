@@ -312,6 +312,44 @@ TEST(DataCustom, ImagesWithChannelsComputeTheirStatistics) {
   expect_input_error([&] { open_dataset(cfg); }, {"data.mean", "2 values", "3 channel"});
 }
 
+TEST(DataCustom, EveryPixelValueNormalisesToItsChannelsFormula) {
+  // 2 channels of 5 x 7 pixels: each plane is two 16-pixel vectors and a 3-pixel tail; 8 images cover all
+  // 256 byte values in both channels.
+  const std::string path = temp_path("custom-all-bytes.h5");
+  Tensor raw = Tensor::empty({8, 2, 5, 7}, DType::u8);
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t p = 0; p < 35; ++p)
+        raw.data<uint8_t>()[(i * 2 + c) * 35 + p] = static_cast<uint8_t>(i * 35 + p + 91 * c);
+  {
+    h5::File f(path, h5::File::Mode::create);
+    f.write("train/x", raw);
+    f.write("train/y", Tensor::zeros({8}, DType::i64));
+    f.write("test/x", raw);
+    f.write("test/y", Tensor::zeros({8}, DType::i64));
+  }
+  DataConfig cfg;
+  cfg.dataset = "hdf5";
+  cfg.path = path;
+  cfg.mean = {0.1, 0.7};
+  cfg.std = {0.3, 0.05};
+  const auto ds = open_dataset(cfg);
+  Tensor x = Tensor::empty({8, 2, 5, 7}, DType::f32), y = Tensor::empty({8}, DType::i64);
+  for (int64_t i = 0; i < 8; ++i) {
+    ds->prefetch(Split::train, 7 - i);
+    ds->fill(Split::train, 7 - i, x, y, i);
+  }
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t p = 0; p < 35; ++p) {
+        const double v = raw.data<uint8_t>()[((7 - i) * 2 + c) * 35 + p];
+        const float want = static_cast<float>((v / 255.0 - cfg.mean[static_cast<size_t>(c)]) /
+                                              cfg.std[static_cast<size_t>(c)]);
+        ASSERT_EQ(x.data<float>()[(i * 2 + c) * 35 + p], want)
+            << "image " << i << " channel " << c << " pixel " << p;
+      }
+}
+
 TEST(DataCustom, BadFilesNameFileAndDataset) {
   const std::string path = temp_path("custom-bad.h5");
   {
