@@ -157,6 +157,33 @@ Executor::Executor(Program program, Device device, uint64_t seed, const std::map
     }
     steps_.push_back(std::move(s));
   }
+  if (device_.kind != DeviceKind::cpu) return;
+  // A graph input's memory is its own host tensor, read in place or through views that alias it (the same
+  // address): every view at that address is a read of that input.
+  for (const auto& v : g.values()) {
+    if (v.kind != ValueKind::input || v.nbytes() == 0) continue;
+    const void* at = persistent_.at(v.name).raw();
+    InputRefs& refs = input_refs_[v.name];
+    for (size_t i = 0; i < views_.size(); ++i)
+      if (views_[i].data == at) refs.views.push_back(i);
+    for (size_t i = 0; i < steps_.size(); ++i)
+      for (size_t k = 0; k < steps_[i].widen_in.size(); ++k)
+        if (steps_[i].widen_in[k].src == at) refs.widened.emplace_back(i, k);
+  }
+}
+
+bool Executor::bind_input(const std::string& name, const Tensor& t) {
+  if (device_.kind != DeviceKind::cpu) return false;
+  auto refs = input_refs_.find(name);
+  if (refs == input_refs_.end()) throw input_error(cat("the program has no input named '", name, "'"));
+  Tensor& held = persistent_.at(name);
+  FR_CHECK(t.shape() == held.shape() && t.dtype() == held.dtype(), "input ", name, " is ",
+           dtype_name(held.dtype()), shape_str(held.shape()), ", given ", dtype_name(t.dtype()),
+           shape_str(t.shape()));
+  for (size_t i : refs->second.views) views_[i].data = t.raw();
+  for (const auto& [step, k] : refs->second.widened) steps_[step].widen_in[k].src = t.raw();
+  held = t;
+  return true;
 }
 
 Executor::~Executor() {

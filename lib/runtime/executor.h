@@ -84,6 +84,10 @@ class Executor {
   // the tensor again (the caller may have written it).
   Tensor& tensor(const std::string& name);
   bool has_tensor(const std::string& name) const { return persistent_.count(name) != 0; }
+  // On the CPU, the kernels read input `name` (a graph input, fed each step) from `t` itself, which then is
+  // tensor(name), instead of from a copy: a batch is not copied each step. `t` (same shape and dtype) must
+  // stay unchanged until the runs that read it end. False on a GPU, where the caller copies.
+  bool bind_input(const std::string& name, const Tensor& t);
   // A named graph output (e.g. "loss", "grad/w1") as a view into the arena, valid until the next run().
   Tensor output(const std::string& name) const;
   // Any value, copied out of the arena: meaningful while it is live (in a run_timed callback, a node's inputs
@@ -145,6 +149,13 @@ class Executor {
   std::map<std::string, std::shared_ptr<DeviceMirror>> mirrors_;  // on a GPU: each one's device copy
   std::vector<TensorView> views_;  // all kernel inputs/outputs, referenced by Step::ctx
   std::vector<Step> steps_;
+  // Where the kernels read each graph input (CPU): the views and widening conversions that bind_input
+  // repoints.
+  struct InputRefs {
+    std::vector<size_t> views;
+    std::vector<std::pair<size_t, size_t>> widened;  // (step, widen_in entry)
+  };
+  std::map<std::string, InputRefs> input_refs_;
   bool loss_scaled_ = false;  // the program has the state amp/loss_scale
   std::map<std::string, OpTime> op_times_;
   // On a GPU: the stream every kernel launches on, the step and micro-batch in device memory

@@ -379,12 +379,13 @@ double step_flops(const Program& p, int64_t accumulation) {
   return flops;
 }
 
-void feed(Executor& ex, const Batch& b) {
+void feed(Executor& ex, const Batch& b, bool in_place) {
   for (const auto& [name, from] : {std::pair<const char*, const Tensor*>{"x", &b.x}, {"y", &b.y}}) {
     if (!ex.has_tensor(name)) continue;
     Tensor& t = ex.tensor(name);
     FR_CHECK(t.nbytes() == from->nbytes() && t.dtype() == from->dtype(),
              "batch does not match the model's input ", name);
+    if (in_place && t.shape() == from->shape() && ex.bind_input(name, *from)) continue;
     std::memcpy(t.raw(), from->raw(), t.nbytes());
   }
 }
@@ -536,7 +537,8 @@ double train_step(Executor& ex, Loader& loader, const RunConfig& cfg, int64_t st
   for (int64_t micro = 0; micro < accum; ++micro) {
     const Batch& batch = loader.next();
     if (on_batch) (*on_batch)(batch);
-    feed(ex, batch);
+    // In place: the loader keeps this batch until the next next(), after this micro-batch's run.
+    feed(ex, batch, true);
     set_scalar<int64_t>(ex, "opt/micro", micro);
     // Dropout keyed by the optimizer step, micro-batch `micro` numbered as rows of the step's whole batch:
     // the masks of the unsplit batch, however it is split.

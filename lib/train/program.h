@@ -103,8 +103,10 @@ double step_flops(const Program& p, int64_t accumulation);
 std::string op_time_table(const std::map<std::string, OpTime>& times, int64_t count, const std::string& unit,
                           const std::string& units);
 
-// Copies a batch into the program's inputs "x" and "y" (those it has: a pipeline stage may read one).
-void feed(Executor& ex, const Batch& b);
+// Gives the program a batch as its inputs "x" and "y" (those it has: a pipeline stage may read one). With
+// `in_place` a CPU program reads the batch's tensors themselves (Executor::bind_input), which must then stay
+// unchanged until its run ends; otherwise, and on a GPU, they are copied.
+void feed(Executor& ex, const Batch& b, bool in_place = false);
 
 // One optimizer step of a pipeline stage (parallel.pipeline > 1): the micro-batches in the 1F1B order
 // (stage s runs stages - s - 1 forward passes ahead, then alternates one forward and one backward), each on

@@ -84,7 +84,7 @@ EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg,
   const bool own_targets = ex.program().graph.outputs().count("targets") > 0;
   for (int64_t b = 0; b < batches; ++b) {
     const Batch& batch = loader.next();
-    feed(ex, batch);
+    feed(ex, batch, true);
     ex.run();
     if (each) each(batch);
     const Tensor loss = ex.output("loss");

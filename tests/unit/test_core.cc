@@ -242,5 +242,46 @@ TEST(Determinism, TrainingStepsAreBitwiseReproducible) {
   EXPECT_LT(a.first.back(), a.first.front());
 }
 
+TEST(Executor, BoundInputsAreReadInPlace) {
+  // x feeds the first layernorm and the residual add; "target" the loss. One executor is given each step's
+  // batch by copy, the other reads the batch tensors themselves: the same losses and parameters, bit for bit.
+  auto program = [] {
+    Graph g;
+    build_transformer_block(g, 2, 8, 16, 2);
+    CompileOptions opts;
+    opts.optimizer.type = "sgd";
+    opts.optimizer.momentum = 0.9;
+    return compile(std::move(g), opts);
+  };
+  Executor copied(program(), kCpu, 11), bound(program(), kCpu, 11);
+  for (Executor* ex : {&copied, &bound}) {
+    init_params(*ex, 4);
+    ex->tensor("lr").data<float>()[0] = 0.05f;
+  }
+  for (int s = 0; s < 3; ++s) {
+    Tensor x = Tensor::empty({2, 8, 16}, DType::f32), target = Tensor::empty({2, 8, 16}, DType::f32);
+    std::vector<double> xv(static_cast<size_t>(x.numel())), tv(xv.size());
+    for (size_t i = 0; i < xv.size(); ++i) {
+      xv[i] = std::sin(static_cast<double>(i + 7 * static_cast<size_t>(s)));
+      tv[i] = std::cos(static_cast<double>(3 * i + static_cast<size_t>(s)));
+    }
+    x.fill_from(xv);
+    target.fill_from(tv);
+    copied.tensor("x").fill_from(xv);
+    copied.tensor("target").fill_from(tv);
+    ASSERT_TRUE(bound.bind_input("x", x));
+    ASSERT_TRUE(bound.bind_input("target", target));
+    EXPECT_EQ(bound.tensor("x").raw(), x.raw());
+    copied.run();
+    bound.run();
+    EXPECT_EQ(copied.output("loss").to_f64(), bound.output("loss").to_f64()) << "step " << s;
+  }
+  EXPECT_EQ(copied.tensor("fc/weight").to_f64(), bound.tensor("fc/weight").to_f64());
+  EXPECT_EQ(copied.tensor("ln1/weight").to_f64(), bound.tensor("ln1/weight").to_f64());
+  EXPECT_THROW(bound.bind_input("fc/weight", copied.tensor("fc/weight")), Error);  // a parameter
+  EXPECT_THROW(bound.bind_input("x", Tensor::empty({2, 8, 8}, DType::f32)), Error);
+  EXPECT_THROW(bound.bind_input("x", Tensor::empty({2, 8, 16}, DType::f64)), Error);
+}
+
 }  // namespace
 }  // namespace flowrun::testing
