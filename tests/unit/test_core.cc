@@ -216,14 +216,19 @@ TEST(Matmul, Bf16MatchesF32OfRoundedInputs) {
     EXPECT_NEAR(y16[i], y32[i], std::fabs(y32[i]) * 1.0 / 128 + 1e-3) << i;  // one bf16 rounding of the output
 }
 
+// A small GPT block (x and target 2 x 8 x 16) trained by SGD with momentum.
+Program block_with_sgd() {
+  Graph g;
+  build_transformer_block(g, 2, 8, 16, 2);
+  CompileOptions opts;
+  opts.optimizer.type = "sgd";
+  opts.optimizer.momentum = 0.9;
+  return compile(std::move(g), opts);
+}
+
 TEST(Determinism, TrainingStepsAreBitwiseReproducible) {
   auto train = [] {
-    Graph g;
-    build_transformer_block(g, 2, 8, 16, 2);
-    CompileOptions opts;
-    opts.optimizer.type = "sgd";
-    opts.optimizer.momentum = 0.9;
-    Executor ex(compile(std::move(g), opts), kCpu, 11);
+    Executor ex(block_with_sgd(), kCpu, 11);
     init_params(ex, 4);
     ex.tensor("lr").data<float>()[0] = 0.05f;
     std::vector<double> x(static_cast<size_t>(ex.tensor("x").numel()));
@@ -245,15 +250,7 @@ TEST(Determinism, TrainingStepsAreBitwiseReproducible) {
 TEST(Executor, BoundInputsAreReadInPlace) {
   // x feeds the first layernorm and the residual add; "target" the loss. One executor is given each step's
   // batch by copy, the other reads the batch tensors themselves: the same losses and parameters, bit for bit.
-  auto program = [] {
-    Graph g;
-    build_transformer_block(g, 2, 8, 16, 2);
-    CompileOptions opts;
-    opts.optimizer.type = "sgd";
-    opts.optimizer.momentum = 0.9;
-    return compile(std::move(g), opts);
-  };
-  Executor copied(program(), kCpu, 11), bound(program(), kCpu, 11);
+  Executor copied(block_with_sgd(), kCpu, 11), bound(block_with_sgd(), kCpu, 11);
   for (Executor* ex : {&copied, &bound}) {
     init_params(*ex, 4);
     ex->tensor("lr").data<float>()[0] = 0.05f;
