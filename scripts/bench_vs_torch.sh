@@ -180,6 +180,7 @@ mkdir -p "$OUT"
 RUNS="$OUT/runs.jsonl"
 : >"$RUNS"
 : >"$OUT/sgemm.jsonl"
+: >"$OUT/fma.jsonl"
 : >"$OUT/ttl.jsonl"
 
 HAVE_TIME=1
@@ -218,9 +219,18 @@ sgemm_probe() {
       then "oneDNN matmul (flowrun_bench)" else "OpenBLAS (flowrun_bench)" end), threads: $t, gflops: .GFLOPS} + $extra' \
     >>"$OUT/sgemm.jsonl" || log "flowrun_bench sgemm probe failed"
 }
+# fma_probe T: the FMA ceiling at T threads (flowrun_bench's BM_fma_peak), appended to fma.jsonl: what the
+# sgemm probes reach of the machine.
+fma_probe() {
+  [[ -x build/tests/flowrun_bench ]] || return 0
+  OMP_NUM_THREADS=$1 build/tests/flowrun_bench --benchmark_filter=fma_peak --benchmark_format=json 2>/dev/null |
+    jq -c --argjson t "$1" '.benchmarks[] | {threads: $t, gflops: .GFLOPS}' >>"$OUT/fma.jsonl" ||
+    log "flowrun_bench FMA probe failed"
+}
 for t in "${THREAD_LIST[@]}"; do
   OMP_NUM_THREADS=$t "$PY" scripts/bench/sgemm_probe.py --threads "$t" >>"$OUT/sgemm.jsonl"
   sgemm_probe "$t" sgemm
+  fma_probe "$t"
 done
 
 # ---- step times: flowrun, eager, compiled, jax, alternating ----

@@ -1,8 +1,8 @@
 """Turn one bench_vs_torch.sh results directory into its markdown report (standard library only).
 
 Reads DIR/meta.json (date, cpu, torch, jax, notes), DIR/runs.jsonl (one record per timed run: the JSON line
-of `flowrun time --json`, torch_step.py or jax_step.py, plus "impl" and "round"), DIR/sgemm.jsonl and
-DIR/ttl.jsonl. Per model and thread count it takes the median over rounds of each run's median step time and
+of `flowrun time --json`, torch_step.py or jax_step.py, plus "impl" and "round"), DIR/sgemm.jsonl,
+DIR/fma.jsonl (the FMA ceiling, when flowrun_bench was built) and DIR/ttl.jsonl. Per model and thread count it takes the median over rounds of each run's median step time and
 the largest peak RSS, and prints one table, with flowrun's time over the fastest peer's and its share of the
 sgemm rate (against the largest probe, and round by round against the probe run just before it); then the
 time-to-loss table.
@@ -135,6 +135,11 @@ def main(argv):
     lines += step_table(meta, runs, sgemm)
     probes = ", ".join(f"{s['probe']} {s['threads']}T {s['gflops']:.0f}" for s in sgemm if "round" not in s)
     lines += ["", f"sgemm probes (GFLOP/s): {probes or 'none'}."]
+    for f in read_jsonl(os.path.join(d, "fma.jsonl")):
+        best = max((s["gflops"] for s in sgemm if "round" not in s and s["threads"] == f["threads"]), default=None)
+        share = f", the best sgemm probe {100 * best / f['gflops']:.0f}% of it" if best else ""
+        lines.append(f"FMA ceiling (flowrun_bench BM_fma_peak, independent multiply-add chains) at {f['threads']}T: "
+                     f"{f['gflops']:.0f} GFLOP/s{share}.")
     per_round = [s["gflops"] for s in sgemm if "round" in s]
     if per_round:
         lines.append(f"The {len(per_round)} probes of oneDNN's sgemm right before each flowrun round ranged "
