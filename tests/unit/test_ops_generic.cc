@@ -10,6 +10,8 @@
 #endif
 
 #include <cmath>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -231,6 +233,82 @@ std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& inp
   std::vector<Tensor> got;
   for (size_t j = 0; j < outs.size(); ++j) got.push_back(ex.output(cat("out", j)).clone());
   return got;
+}
+
+// The f32 activation kernels (AVX-512 where built with it) against f64 formulas on a dense grid of x in
+// [-13, 13] (the f32 GELU's lower tail is still normal there), with dy = 1 for the gradients. Each value is
+// within `rel` of the largest term that makes it (so the gradients' zero crossings, where a relative error
+// means nothing, are held to the terms' size), plus `per_z2` * x^2 for GELU's tails: the f32 argument
+// -x^2 / 2 of its exp is off by up to 3 roundings of itself, x^2 * 9e-8, which exp turns into a relative
+// error of the result.
+TEST(Activations, Float32KernelsAreAccurateOverTheWholeRange) {
+  struct Case {
+    const char* op;
+    Attrs attrs;
+    std::function<std::pair<double, double>(double)> want;  // (value, size of its largest term)
+    double rel, per_z2;
+  };
+  const double inv_sqrt2 = 1 / std::sqrt(2.0), inv_sqrt2pi = 1 / std::sqrt(2 * M_PI);
+  auto phi = [=](double x) { return 0.5 * std::erfc(-x * inv_sqrt2); };
+  auto sigmoid = [](double x) { return 1 / (1 + std::exp(-x)); };
+  const Attrs erf{{"approximate", std::string("none")}};
+  const std::vector<Case> cases = {
+      {"gelu", erf,
+       [&](double x) {
+         return std::pair{x * phi(x), std::fabs(x * phi(x))};
+       },
+       4e-7, 1.2e-7},
+      {"gelu_grad", erf,
+       [&](double x) {
+         const double pdf = x * std::exp(-0.5 * x * x) * inv_sqrt2pi;
+         return std::pair{phi(x) + pdf, std::max(phi(x), std::fabs(pdf))};
+       },
+       4e-7, 1.2e-7},
+      {"silu",
+       {},
+       [&](double x) {
+         return std::pair{x * sigmoid(x), std::fabs(x * sigmoid(x))};
+       },
+       4e-7,
+       0},
+      {"silu_grad",
+       {},
+       [&](double x) {
+         const double s = sigmoid(x), t = s * x * (1 - s);
+         return std::pair{s + t, std::max(s, std::fabs(t))};
+       },
+       4e-7,
+       0},
+      {"sigmoid",
+       {},
+       [&](double x) {
+         return std::pair{sigmoid(x), sigmoid(x)};
+       },
+       4e-7,
+       0},
+  };
+  const int64_t n = 2 * 13 * 4096 + 1;  // x = k / 4096
+  Tensor x = Tensor::empty({n}, DType::f32), ones = Tensor::empty({n}, DType::f32);
+  for (int64_t k = 0; k < n; ++k) {
+    x.data<float>()[k] = static_cast<float>(k - n / 2) / 4096.0f;
+    ones.data<float>()[k] = 1.0f;
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    const bool grad = std::string(c.op).ends_with("_grad");
+    const std::vector<Tensor> in = grad ? std::vector<Tensor>{ones, x} : std::vector<Tensor>{x};
+    const Tensor y = run_op(c.op, in, c.attrs)[0];
+    double worst = 0, worst_x = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const double v = x.data<float>()[k];
+      const auto [want, size] = c.want(v);
+      const double diff = std::fabs(y.data<float>()[k] - want);
+      const double err = diff == 0 ? 0 : diff / (size * (c.rel + c.per_z2 * v * v));
+      if (err > worst) worst = err, worst_x = v;
+      ASSERT_LE(err, 1.0) << "x = " << v << ": " << y.data<float>()[k] << ", want " << want;
+    }
+    std::cout << c.op << ": worst error " << worst << " of its bound, at x = " << worst_x << "\n";
+  }
 }
 
 Tensor uniform_tensor(const Shape& shape, DType t, uint64_t seed) {
