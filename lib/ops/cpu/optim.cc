@@ -19,11 +19,20 @@ double grad_coef(const KernelCtx& c, int index) {
   return c.num_in > index ? load_as_f64(c.in[index].data, c.in[index].dtype, 0) : 1.0;
 }
 
-// Sum of squares of x[b, e) in double.
+// Sum of squares of x[b, e) in double: x[b + i] goes into running sum i mod 16 (two registers of them), and
+// the 16 sums and the tail are added in order at the end. One running sum was a chain of dependent adds, 4
+// cycles an element: 0.5 ms of a 23 ms ViT step.
 template <typename T>
 double sum_squares(const T* x, int64_t b, int64_t e) {
+  constexpr int64_t kSums = 16;
+  double sums[kSums] = {};
+  int64_t i = b;
+  for (; i + kSums <= e; i += kSums)
+    for (int64_t l = 0; l < kSums; ++l)
+      sums[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
   double s = 0;
-  for (int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  for (double v : sums) s += v;
+  for (; i < e; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   return s;
 }
 
@@ -170,24 +179,26 @@ void adamw_update_multi(const KernelCtx& c) {
 }
 
 void global_norm(const KernelCtx& c) {
-  // Partial sums over fixed blocks (in parallel), then added in block order: the same bits on any thread
-  // count.
+  // Partial sums over fixed blocks, then added in block order: the same bits on any thread count. The blocks
+  // of every input are one parallel loop: a model's many small tensors (one block each) ran one at a time on
+  // one thread when each input had a loop of its own.
   double* partial = static_cast<double*>(c.workspace);
+  auto blocks_of = [&](int k) { return (c.in[k].numel() + kNormBlock - 1) / kNormBlock; };
   int64_t nblocks = 0;
-  for (int k = 0; k < c.num_in; ++k) {
-    const TensorView& x = c.in[k];
-    const int64_t n = x.numel(), blocks = (n + kNormBlock - 1) / kNormBlock;
-    double* out = partial + nblocks;
-    dispatch_float(x.dtype, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      const T* d = x.as<T>();
-      parallel_for(blocks, 1, [&](int64_t s, int64_t e) {
-        for (int64_t b = s; b < e; ++b)
-          out[b] = sum_squares(d, b * kNormBlock, std::min(n, (b + 1) * kNormBlock));
+  for (int k = 0; k < c.num_in; ++k) nblocks += blocks_of(k);
+  parallel_for(nblocks, 1, [&](int64_t s, int64_t e) {
+    int k = 0;
+    int64_t first = 0;  // input k's first block
+    for (int64_t g = s; g < e; ++g) {
+      while (g >= first + blocks_of(k)) first += blocks_of(k++);
+      const TensorView& x = c.in[k];
+      const int64_t n = x.numel(), b = g - first;
+      dispatch_float(x.dtype, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        partial[g] = sum_squares(x.as<T>(), b * kNormBlock, std::min(n, (b + 1) * kNormBlock));
       });
-    });
-    nblocks += blocks;
-  }
+    }
+  });
   // Inputs [0, split_inputs) are pieces of gradients split over the tensor axis: their squares are summed over
   // its ranks (in a fixed order: the same bits on every rank).
   const int64_t split_inputs = c.attrs().i("split_inputs", 0);
