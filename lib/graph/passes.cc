@@ -75,6 +75,37 @@ void fuse_linear_gelu(Graph& g, DeviceKind device) {
 
 }  // namespace
 
+// silu -> mul (a Llama MLP's silu(gate) * up) becomes one swiglu when the mul alone reads the silu and both
+// factors have one shape and dtype: one pass over gate and up where the pair took two, and no silu(gate)
+// kept for the backward pass, whose swiglu_grad recomputes it (the unfused bits either way). CPU only, where
+// the fused kernel is.
+void fuse_swiglu(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const auto consumers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
+  for (const Node& mul : snapshot) {
+    if (mul.dead || mul.op != "mul") continue;
+    for (const size_t side : {size_t{0}, size_t{1}}) {
+      const Value a = g.value(mul.inputs[side]), b = g.value(mul.inputs[1 - side]);
+      if (a.producer < 0 || a.shape() != b.shape() || a.dtype() != b.dtype() || outputs.count(a.id) ||
+          consumers[static_cast<size_t>(a.id)].size() != 1)
+        continue;
+      const Node& silu = g.node(a.producer);
+      if (silu.dead || silu.op != "silu") continue;
+      const NodeId silu_id = silu.id;
+      const std::vector<ValueId> fused = g.add_node("swiglu", {silu.inputs[0], b.id}, {}, mul.name + "+silu");
+      g.nodes().back().segment = mul.segment;
+      g.nodes().back().schedule_as = mul.id;
+      replace_uses(g, mul.outputs[0], fused[0]);
+      g.node(mul.id).dead = true;
+      g.node(silu_id).dead = true;
+      break;
+    }
+  }
+}
+
 void fuse_ops(Graph& g, DeviceKind device) {
   // log_softmax -> nll_loss becomes one cross_entropy when nothing else reads the log-probabilities: the
   // fused op never materialises them in the backward pass and reads the logits once.
@@ -97,6 +128,7 @@ void fuse_ops(Graph& g, DeviceKind device) {
     g.node(ls.id).dead = true;
   }
   fuse_linear_gelu(g, device);
+  fuse_swiglu(g, device);
 }
 
 void fuse_packed_attention(Graph& g) {

@@ -239,6 +239,92 @@ OpDef gelu_bias_grad_op(const std::vector<Attrs>& attr_sets) {
   return d;
 }
 
+double sigmoid(double x) {
+  return 1 / (1 + std::exp(-x));
+}
+
+// Inputs of one shape and floating dtype (SwiGLU's gate and up projections, and its gradient's dh).
+std::vector<TensorType> infer_same_shapes(const std::string& op, const std::vector<TensorType>& in) {
+  for (const TensorType& t : in)
+    if (t.shape != in[0].shape || t.dtype != in[0].dtype || !is_floating(t.dtype))
+      throw input_error(cat(op, ": inputs must share one shape and floating dtype, got ",
+                            shape_str(in[0].shape), " ", dtype_name(in[0].dtype), " and ", shape_str(t.shape),
+                            " ", dtype_name(t.dtype)));
+  return {in[0]};
+}
+
+// silu(g) * u, which the CPU fusion pass (graph/passes.cc fuse_swiglu) makes of a Llama MLP's silu -> mul:
+// one pass over g and u where the pair took two and stored silu(g), and a gradient of one pass.
+OpDef swiglu_op() {
+  OpDef d;
+  d.name = "swiglu";
+  d.sbp = pointwise_sbp(d.name);
+  d.doc = "(g, u) -> silu(g) * u (SwiGLU's product; silu -> mul fused on the CPU)";
+  d.num_inputs = 2;
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) { return infer_same_shapes("swiglu", in); };
+  d.cost = elementwise_cost;
+  d.kernels = {{DeviceKind::cpu, kF, cpu::swiglu}};
+  d.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    const std::vector<ValueId> g = c.b.op("swiglu_grad", {c.dout(0), c.in(0), c.in(1)}, {});
+    return {g[0], g[1]};
+  };
+  d.samples = [] {
+    std::vector<OpSample> s;
+    for (const Shape& sh : std::vector<Shape>{{7}, {3, 17}, {2, 3, 5}}) {
+      OpSample o;
+      o.label = shape_str(sh);
+      o.inputs = {{sh, DType::f64}, {sh, DType::f64}};
+      o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+        const std::vector<double> g = in[0].to_f64(), u = in[1].to_f64();
+        std::vector<double> h(g.size());
+        for (size_t i = 0; i < h.size(); ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+        Tensor out = Tensor::empty(in[0].shape(), DType::f64);
+        out.fill_from(h);
+        return std::vector<Tensor>{out};
+      };
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
+OpDef swiglu_grad_op() {
+  OpDef d;
+  d.name = "swiglu_grad";
+  d.doc = "gradient of swiglu: (dh, g, u) -> (dg = dh u silu'(g), du = dh silu(g))";
+  d.num_inputs = 3;
+  d.num_outputs = [](const Attrs&) { return 2; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs&) {
+    const std::vector<TensorType> one = infer_same_shapes("swiglu_grad", in);
+    return std::vector<TensorType>{one[0], one[0]};
+  };
+  d.cost = elementwise_cost;
+  d.kernels = {{DeviceKind::cpu, kF, cpu::swiglu_grad}};
+  d.covered_by = {"swiglu"};
+  d.samples = [] {
+    OpSample o;
+    o.label = "dh, g, u [3,17]";
+    o.inputs = {{{3, 17}, DType::f64}, {{3, 17}, DType::f64}, {{3, 17}, DType::f64}};
+    o.gradcheck = false;
+    o.reference = [](const std::vector<Tensor>& in, const Attrs&) {
+      const std::vector<double> dh = in[0].to_f64(), g = in[1].to_f64(), u = in[2].to_f64();
+      std::vector<double> dg(dh.size()), du(dh.size());
+      for (size_t i = 0; i < dh.size(); ++i) {
+        const double s = sigmoid(g[i]);
+        dg[i] = dh[i] * u[i] * s * (1 + g[i] * (1 - s));
+        du[i] = dh[i] * g[i] * s;
+      }
+      Tensor a = Tensor::empty(in[0].shape(), DType::f64), b = Tensor::empty(in[0].shape(), DType::f64);
+      a.fill_from(dg);
+      b.fill_from(du);
+      return std::vector<Tensor>{a, b};
+    };
+    return std::vector<OpSample>{o};
+  };
+  return d;
+}
+
 OpDef scalar_op(const std::string& name, const std::string& doc, KernelFn fn,
                 std::function<std::vector<ValueId>(GradCtx&)> grad, double sample_value, bool positive) {
   OpDef d;
@@ -309,6 +395,8 @@ void register_elementwise_ops(OpRegistry& r) {
     const double s = 1 / (1 + std::exp(-x));
     return s * (1 + x * (1 - s));
   });
+  r.add(swiglu_op());
+  r.add(swiglu_grad_op());
   activation(r, "tanh", "tanh(x)", cpu::tanh, cpu::tanh_grad, true,
              [](double y, const Attrs&) { return 1 - y * y; });
   activation(r, "sigmoid", "1 / (1 + exp(-x))", cpu::sigmoid, cpu::sigmoid_grad, true,

@@ -555,6 +555,76 @@ void silu_grad(const KernelCtx& c) {
   });
 }
 
+namespace {
+
+// SwiGLU's product and gradient, elements [s, e): h = silu(g) u, and (dg, du) from dh. Every intermediate is
+// rounded to the storage type where the unfused silu -> mul (and mul's and silu's gradients) would store it,
+// so the fused op computes their bits: s = silu(g) and ds = dh u as stored, du = dh s, dg = silu_grad(ds, g).
+template <typename S>
+void swiglu_range(const S* g, const S* u, S* h, int64_t s, int64_t e) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float> || std::is_same_v<S, bf16>) {
+    for (int64_t i = s; i < e; i += 16) {
+      const __mmask16 m = simd16::lanes(e - i);
+      const __m512 sv = simd16::rounded<S>(act16::silu(simd16::load(g + i, m)));
+      simd16::store(h + i, _mm512_mul_ps(sv, simd16::load(u + i, m)), m);
+    }
+    return;
+  }
+#endif
+  using T = Compute<S>;
+  for (int64_t i = s; i < e; ++i) {
+    const T x = ld(g[i]);
+    h[i] = st<S>(ld(st<S>(x / (T(1) + std::exp(-x)))) * ld(u[i]));
+  }
+}
+
+template <typename S>
+void swiglu_grad_range(const S* dh, const S* g, const S* u, S* dg, S* du, int64_t s, int64_t e) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float> || std::is_same_v<S, bf16>) {
+    for (int64_t i = s; i < e; i += 16) {
+      const __mmask16 m = simd16::lanes(e - i);
+      const __m512 d = simd16::load(dh + i, m), x = simd16::load(g + i, m);
+      const __m512 sv = simd16::rounded<S>(act16::silu(x));
+      const __m512 ds = simd16::rounded<S>(_mm512_mul_ps(d, simd16::load(u + i, m)));
+      simd16::store(du + i, _mm512_mul_ps(d, sv), m);
+      simd16::store(dg + i, act16::silu_backward(ds, x), m);
+    }
+    return;
+  }
+#endif
+  using T = Compute<S>;
+  for (int64_t i = s; i < e; ++i) {
+    const T d = ld(dh[i]), x = ld(g[i]);
+    const T sv = ld(st<S>(x / (T(1) + std::exp(-x)))), ds = ld(st<S>(d * ld(u[i])));
+    const T sg = T(1) / (T(1) + std::exp(-x));
+    du[i] = st<S>(d * sv);
+    dg[i] = st<S>(ds * sg * (T(1) + x * (T(1) - sg)));
+  }
+}
+
+}  // namespace
+
+void swiglu(const KernelCtx& c) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
+    using S = std::remove_pointer_t<decltype(tag)>;
+    const S *g = c.in[0].as<S>(), *u = c.in[1].as<S>();
+    S* h = c.out[0].as<S>();
+    parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) { swiglu_range(g, u, h, s, e); });
+  });
+}
+
+void swiglu_grad(const KernelCtx& c) {
+  dispatch_storage(c.in[0].dtype, [&](auto* tag) {
+    using S = std::remove_pointer_t<decltype(tag)>;
+    const S *dh = c.in[0].as<S>(), *g = c.in[1].as<S>(), *u = c.in[2].as<S>();
+    S *dg = c.out[0].as<S>(), *du = c.out[1].as<S>();
+    parallel_for(c.out[0].numel(), kGrain,
+                 [&](int64_t s, int64_t e) { swiglu_grad_range(dh, g, u, dg, du, s, e); });
+  });
+}
+
 void tanh(const KernelCtx& c) {
   unary(c, [](auto x) { return std::tanh(x); });
 }

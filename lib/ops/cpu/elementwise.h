@@ -94,6 +94,9 @@ void gelu_grad(const KernelCtx& c);
 void gelu_bias_grad(const KernelCtx& c);
 void silu(const KernelCtx& c);
 void silu_grad(const KernelCtx& c);
+// (g, u) -> silu(g) u, and (dh, g, u) -> (dg, du): the unfused silu -> mul's bits in one pass.
+void swiglu(const KernelCtx& c);
+void swiglu_grad(const KernelCtx& c);
 void tanh(const KernelCtx& c);
 void tanh_grad(const KernelCtx& c);
 void sigmoid(const KernelCtx& c);
