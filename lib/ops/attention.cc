@@ -606,10 +606,11 @@ void register_attention_ops(OpRegistry& r) {
       // Two products and a sum per element; the T x D/2 cos/sin pairs are shared by the batch and heads.
       return {3.0 * static_cast<double>(numel(in[0].shape)), bytes_of(in) + bytes_of(out)};
     };
-    // The CPU kernel's cos/sin table: T x D of the kernel's type.
+    // The CPU kernel's cos/sin table: T x D of its compute type (f32 for bf16).
     d.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
                      const Attrs&) -> size_t {
-      return static_cast<size_t>(in[0].shape[2] * in[0].shape[3]) * dtype_size(in[0].dtype);
+      return static_cast<size_t>(in[0].shape[2] * in[0].shape[3]) *
+             (in[0].dtype == DType::f64 ? sizeof(double) : sizeof(float));
     };
     d.inplace_input = 0;
     // The batch (data parallel) or the heads (tensor parallel) split: rows are rotated independently, by
@@ -619,7 +620,7 @@ void register_attention_ops(OpRegistry& r) {
       for (int a : {1, 0}) sigs.push_back({{Sbp::split(a)}, {Sbp::split(a)}});
       return sigs;
     };
-    d.kernels = {{DeviceKind::cpu, kF, cpu::rope}};
+    d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::bf16}, cpu::rope}};
     d.samples = rope_samples;
     r.add(d);
   }

@@ -186,6 +186,17 @@ TEST(LowpKernels, ActivationGradientsMatchWidenedFloat32) {
   }
 }
 
+// Rotations of 24 pairs (a whole register and a masked one) and of 3, forwards and inverse at an offset,
+// on 2 x 3 heads of 17 positions: the bf16 kernel's rows are the f32 kernel's, rounded.
+TEST(LowpKernels, RopeMatchesWidenedFloat32) {
+  for (const int64_t d : {48, 6}) {
+    SCOPED_TRACE(d);
+    expect_native_matches_widened("rope", {{"theta", 10000.0}}, {bf16_input({2, 3, 17, d}, 12)});
+    expect_native_matches_widened("rope", {{"theta", 500000.0}, {"inverse", true}, {"offset", int64_t{40}}},
+                                  {bf16_input({2, 3, 17, d}, 13)});
+  }
+}
+
 TEST(LowpKernels, AddMatchesWidenedFloat32InEveryBroadcastCase) {
   expect_native_matches_widened("add", {}, {bf16_input(kBig, 6), bf16_input(kBig, 7)});  // same shape
   expect_native_matches_widened("add", {}, {bf16_input(kBig, 6), bf16_input({96}, 8)});  // bias
