@@ -157,9 +157,12 @@ bool held_is_predicted(DType t, bool own = false) {
   cpu::set_own_bf16_convs(own);
   const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
   auto ops = three_ops(x, w);
-  if (t == DType::bf16)
+  if (t == DType::bf16) {
     for (auto& op : three_ops(x, w, {{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}}))
       ops.push_back(op);
+    // A ViT's patch embedding, whose weight gradient runs in f32 on widened copies.
+    for (auto& op : three_ops({16, 1, 28, 28}, {96, 1, 7, 7}, {{"stride", Shape{7, 7}}})) ops.push_back(op);
+  }
   std::map<std::string, size_t> pools;
   for (const auto& [op, spec] : ops) {
     single_op(op, spec.first, spec.second, t)->run();
@@ -192,6 +195,26 @@ TEST(ConvBf16, HostBuffersPredictWhatTheKernelsHold) {
     EXPECT_EXIT(std::exit(held_is_predicted(DType::bf16, own) ? 0 : 1), ::testing::ExitedWithCode(0),
                 "held [0-9]+ bytes");
   }
+}
+
+// The bf16 weight gradient of a ViT's patch embedding (one channel, 7x7 kernels at stride 7, NCHW) runs
+// oneDNN's f32 kernel on widened copies of dy and x: exactly the f32 kernel's gradient of the same values,
+// rounded.
+TEST(ConvBf16, FewChannelWeightGradientIsTheF32OneRounded) {
+  const KernelChoice k =
+      select_kernel(OpRegistry::get().at("conv2d_grad_weight"), DeviceKind::cpu, DType::bf16);
+  if (!k.kernel || k.widened) GTEST_SKIP() << "no native bf16 convolutions on this machine";
+  const Attrs a{{"stride", Shape{7, 7}}, {"w_shape", Shape{96, 1, 7, 7}}};
+  const std::vector<Arg> args = {{"dy", {8, 96, 4, 4}}, {"x", {8, 1, 28, 28}}};
+  auto lo = single_op("conv2d_grad_weight", args, a, DType::bf16);
+  auto hi = single_op("conv2d_grad_weight", args, a, DType::f32);
+  for (const Arg& arg : args) hi->tensor(arg.name).fill_from(lo->tensor(arg.name).to_f64());
+  lo->run();
+  hi->run();
+  const Tensor got = lo->output("out"), want = hi->output("out");
+  ASSERT_EQ(got.dtype(), DType::bf16);
+  for (int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_EQ(got.data<bf16>()[i].bits, float_to_bf16(want.data<float>()[i]).bits) << i;
 }
 
 }  // namespace

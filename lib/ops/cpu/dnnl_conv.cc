@@ -24,6 +24,7 @@
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/dnnl_matmul.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 
@@ -551,8 +552,52 @@ dt dnnl_type(DType t) {
 
 }  // namespace
 
+namespace {
+
+// A bf16 weight gradient over fewer than kWidenedChannels input channels (per group), both activations in
+// NCHW, runs oneDNN's f32 kernel on f32 copies of dy and x and rounds its sum: oneDNN's bf16 kernel took a
+// ViT's 7x7 patch embedding of one channel 15 times as long as f32 (1.8 ms against 0.12; the bf16 ViT step
+// 0.90x with the copies). Where the layout pass keeps dy in NHWC for AMX (the bench CNN's and ResNet's first
+// 3x3 layers, 1 and 3 channels) the copies and f32 ran slower than bf16 (steps 1.07x and 1.02x), so those
+// stay bf16; so does what flowrun's own bf16 3x3 kernel serves. (Intel AMX host, 2026-12-06.)
+constexpr int64_t kWidenedChannels = 4;
+
+bool widens_grad_weight(dt t, const ConvGeom& g) {
+  return t == dt::bf16 && g.cg() < kWidenedChannels && !g.x_blocked && !g.y_blocked &&
+         !own_weight_gradient(t, g);
+}
+
+// The elements of x and dy as the caller lays them out (a blocked layout may pad the channels), and of dw.
+struct WidenedSizes {
+  int64_t x, y, w;
+  explicit WidenedSizes(const ConvGeom& g) {
+    const tag blocked = g.nhwc ? tag::nhwc : tag::nChw16c;
+    x = static_cast<int64_t>(src_desc(g, dt::bf16, g.x_blocked ? blocked : tag::nchw).get_size() / 2);
+    y = static_cast<int64_t>(dst_desc(g, dt::bf16, g.y_blocked ? blocked : tag::nchw).get_size() / 2);
+    w = g.o * g.kdim();
+  }
+  size_t bytes() const { return static_cast<size_t>(x + y + w) * sizeof(float); }
+};
+
+// The f32 copies, with their own lock: grad_weight takes Shared's.
+struct Widened {
+  GrowBuffer buf;
+  std::mutex mu;
+};
+Widened& widened() {
+  static Widened w;
+  return w;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const ConvGeom& g, ConvPass pass,
                                                                 bool bias) {
+  if (pass == ConvPass::grad_weight && widens_grad_weight(dnnl_type(t), g)) {
+    std::vector<std::pair<std::string, size_t>> out = dnnl_conv2d_buffers(DType::f32, g, pass, bias);
+    out.emplace_back("bf16 weight-gradient f32 copies", WidenedSizes(g).bytes());
+    return out;
+  }
   if (pass == ConvPass::grad_weight) {
     // A slot's pools per thread of the team, and the partials; a slot grows to the largest block.
     const Blocks bl = blocks_of(g);
@@ -597,9 +642,15 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
 }
 
 size_t dnnl_conv2d_held_bytes() {
+  size_t n = 0;
+  {
+    Widened& wide = widened();
+    std::lock_guard<std::mutex> lock(wide.mu);
+    n += wide.buf.size();
+  }
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  size_t n = s.scratch_buf.size() + s.partials.size() + s.wino_weights.size() + s.wino_copies.size();
+  n += s.scratch_buf.size() + s.partials.size() + s.wino_weights.size() + s.wino_copies.size();
   for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
     n += slot->scratch_buf.size() + slot->repack.size() + slot->tiles.size();
@@ -634,6 +685,18 @@ void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const vo
 }
 
 void dnnl_conv2d_grad_weight(DType t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
+  if (widens_grad_weight(dnnl_type(t), g)) {
+    const WidenedSizes n(g);
+    Widened& wide = widened();
+    std::lock_guard<std::mutex> lock(wide.mu);
+    float* fx = static_cast<float*>(wide.buf.reserve(n.bytes()));
+    float *fy = fx + n.x, *fw = fy + n.y;
+    convert(x, DType::bf16, fx, DType::f32, n.x);
+    convert(dy, DType::bf16, fy, DType::f32, n.y);
+    grad_weight(dt::f32, g, fy, fx, fw);
+    convert(fw, DType::f32, dw, DType::bf16, n.w);
+    return;
+  }
   grad_weight(dnnl_type(t), g, dy, x, dw);
 }
 
