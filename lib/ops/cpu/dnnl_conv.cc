@@ -554,17 +554,18 @@ dt dnnl_type(DType t) {
 
 namespace {
 
-// A bf16 weight gradient over fewer than kWidenedChannels input channels (per group), both activations in
-// NCHW, runs oneDNN's f32 kernel on f32 copies of dy and x and rounds its sum: oneDNN's bf16 kernel took a
-// ViT's 7x7 patch embedding of one channel 15 times as long as f32 (1.8 ms against 0.12; the bf16 ViT step
-// 0.90x with the copies). Where the layout pass keeps dy in NHWC for AMX (the bench CNN's and ResNet's first
-// 3x3 layers, 1 and 3 channels) the copies and f32 ran slower than bf16 (steps 1.07x and 1.02x), so those
-// stay bf16; so does what flowrun's own bf16 3x3 kernel serves. (Intel AMX host, 2026-12-06.)
+// The bf16 weight gradient of a patch embedding (kernel = stride, no padding: a ViT's) over fewer than
+// kWidenedChannels input channels per group runs oneDNN's f32 kernel on f32 copies of dy and x and rounds its
+// sum: oneDNN's bf16 kernel took a 7x7 patch embedding of one channel 15 times as long as f32 (1.8 ms against
+// 0.12; the bf16 ViT step 0.89x with the copies). The bench CNN's and ResNet's first 3x3 layers (1 and 3
+// channels) ran slower that way (steps 1.07x and 1.02x) and stay bf16. The choice rests on the geometry
+// alone, not on the layouts, so that an eager program (NCHW throughout) computes what the compiled one does.
+// Not where flowrun's own bf16 3x3 kernel serves. (Intel AMX host, 2026-12-06.)
 constexpr int64_t kWidenedChannels = 4;
 
 bool widens_grad_weight(dt t, const ConvGeom& g) {
-  return t == dt::bf16 && g.cg() < kWidenedChannels && !g.x_blocked && !g.y_blocked &&
-         !own_weight_gradient(t, g);
+  const bool patches = g.kh == g.sh && g.kw == g.sw && g.ph == 0 && g.pw == 0 && g.dh == 1 && g.dw == 1;
+  return t == dt::bf16 && patches && g.cg() < kWidenedChannels && !own_weight_gradient(t, g);
 }
 
 // The elements of x and dy as the caller lays them out (a blocked layout may pad the channels), and of dw.
