@@ -192,6 +192,25 @@ TEST(Fusion, ReluGradOfASumIsTheAddThenTheReluGrad) {
   }
 }
 
+// compile() with SGD (momentum 0.9) in `compute`, eager or fused.
+Program compile_sgd(Graph g, DType compute, bool eager) {
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.compute = compute;
+  opts.eager = eager;
+  return compile(std::move(g), opts);
+}
+
+// The fused program (make(false)) trains 3 steps to the eager one's (make(true)) losses and weights, bit for
+// bit.
+template <typename Make>
+void expect_trains_as_eager(Make make) {
+  const auto [eager_losses, eager] = train_sgd(make(true), 3);
+  const auto [fused_losses, trained] = train_sgd(make(false), 3);
+  EXPECT_EQ(eager_losses, fused_losses);
+  for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+}
+
 // x (3, 100, 24) -> linear 24 + x = h -> layernorm -> linear 40 -> gelu (tanh) -> linear 24 -> + h -> mse
 // against target (3, 100, 24): h's gradient is the layernorm gradient plus the residual's.
 Program compile_mlp(DType compute, bool eager) {
@@ -209,11 +228,7 @@ Program compile_mlp(DType compute, bool eager) {
   const ValueId h = b.op1("gelu", {linear(xn, 24, 40, "fc")}, {{"approximate", std::string("tanh")}}, "gelu");
   const ValueId out = b.op1("add", {linear(h, 40, 24, "proj"), h0}, {}, "residual");
   g.mark_output("loss", b.op1("mse_loss", {out, b.input("target", {3, 100, 24})}));
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
-  opts.compute = compute;
-  opts.eager = eager;
-  return compile(std::move(g), opts);
+  return compile_sgd(std::move(g), compute, eager);
 }
 
 TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
@@ -252,10 +267,7 @@ TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
     }
     EXPECT_EQ(norms, 1);
     EXPECT_EQ(norm_grads, 1);
-    const auto [eager_losses, eager] = train_sgd(compile_mlp(t, true), 3);
-    const auto [fused_losses, trained] = train_sgd(compile_mlp(t, false), 3);
-    EXPECT_EQ(eager_losses, fused_losses);
-    for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+    expect_trains_as_eager([&](bool eager) { return compile_mlp(t, eager); });
   }
 }
 
@@ -271,11 +283,7 @@ Program compile_swiglu(DType compute, bool eager) {
   const ValueId gate = b.op1("silu", {linear(x, 24, 72, "gate")}, {}, "silu");
   const ValueId h = b.op1("mul", {gate, linear(x, 24, 72, "up")}, {}, "mul");
   g.mark_output("loss", b.op1("mse_loss", {linear(h, 72, 24, "down"), b.input("target", {3, 100, 24})}));
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
-  opts.compute = compute;
-  opts.eager = eager;
-  return compile(std::move(g), opts);
+  return compile_sgd(std::move(g), compute, eager);
 }
 
 TEST(Fusion, SwigluTrainsBitwiseAsEager) {
@@ -288,10 +296,7 @@ TEST(Fusion, SwigluTrainsBitwiseAsEager) {
     EXPECT_EQ(ops["swiglu_grad"], 1);
     EXPECT_EQ(ops["silu"] + ops["silu_grad"], 0);
     EXPECT_EQ(ops["mul"], 1);  // mse_loss's gradient; unfused, the product and its gradient added three
-    const auto [eager_losses, eager] = train_sgd(compile_swiglu(t, true), 3);
-    const auto [fused_losses, trained] = train_sgd(compile_swiglu(t, false), 3);
-    EXPECT_EQ(eager_losses, fused_losses);
-    for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+    expect_trains_as_eager([&](bool eager) { return compile_swiglu(t, eager); });
   }
 }
 
