@@ -193,6 +193,63 @@ void fuse_packed_attention(Graph& g) {
   }
 }
 
+// BERT's 32 transposes a step (q, k, v, out and their gradients) become no copies at all: the kernels read
+// and write the heads in the rows as the linears write them. After fuse_packed_attention, which takes the
+// packed projections' pattern.
+void fuse_row_attention(Graph& g) {
+  const auto consumers = g.consumers();
+  std::set<ValueId> outputs;
+  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  auto sole = [&](ValueId v, const char* op) -> const Node* {
+    const Value& val = g.value(v);
+    if (val.producer < 0 || consumers[static_cast<size_t>(v)].size() != 1 || outputs.count(v)) return nullptr;
+    const Node& n = g.node(val.producer);
+    return n.dead || n.op != op ? nullptr : &n;
+  };
+  auto swaps_1_2 = [](const Node& t) { return t.attrs.i("dim0", 0) == 1 && t.attrs.i("dim1", 0) == 2; };
+  const std::vector<Node> snapshot = g.nodes();
+  for (const Node& att : snapshot) {
+    if (att.dead || att.op != "sdpa" || (att.inputs.size() != 3 && att.inputs.size() != 4)) continue;
+    if (!consumers[static_cast<size_t>(att.outputs[1])].empty() || outputs.count(att.outputs[1])) continue;
+    const int64_t H = g.value(att.inputs[0]).shape()[1];
+    // q, k and v: transpose(reshape(x, (B, L, H, D)), 1, 2) of an x (B, L, H D), each read by the next alone.
+    std::vector<ValueId> rows;
+    std::vector<NodeId> dead;
+    for (size_t i = 0; i < 3; ++i) {
+      const Node* tr = sole(att.inputs[i], "transpose");
+      const Node* rs = tr && swaps_1_2(*tr) ? sole(tr->inputs[0], "reshape") : nullptr;
+      if (!rs) break;
+      const Shape& x = g.value(rs->inputs[0]).shape();
+      const Shape& heads = g.value(rs->outputs[0]).shape();
+      if (x.size() != 3 || heads.size() != 4 || heads[2] != H || heads[0] != x[0] || heads[1] != x[1]) break;
+      rows.push_back(rs->inputs[0]);
+      dead.insert(dead.end(), {tr->id, rs->id});
+    }
+    if (rows.size() != 3) continue;
+    // out: reshape(transpose(out, 1, 2), (B, T, H Dv)).
+    const auto& readers = consumers[static_cast<size_t>(att.outputs[0])];
+    if (readers.size() != 1 || outputs.count(att.outputs[0])) continue;
+    const Node& to = g.node(readers[0]);
+    if (to.op != "transpose" || !swaps_1_2(to) || consumers[static_cast<size_t>(to.outputs[0])].size() != 1 ||
+        outputs.count(to.outputs[0]))
+      continue;
+    const Node& ro = g.node(consumers[static_cast<size_t>(to.outputs[0])][0]);
+    const Shape& hs = g.value(att.outputs[0]).shape();  // (B, H, T, Dv)
+    if (ro.op != "reshape" || g.value(ro.outputs[0]).shape() != Shape{hs[0], hs[2], hs[1] * hs[3]}) continue;
+    Attrs attrs = att.attrs;
+    attrs.set("heads", H);
+    if (att.inputs.size() == 4) rows.push_back(att.inputs[3]);
+    const NodeId att_id = att.id, to_id = to.id, ro_id = ro.id;
+    const ValueId merged = ro.outputs[0];
+    const std::vector<ValueId> fused = g.add_node("sdpa_rows", rows, attrs, att.name + "+rows");
+    g.nodes().back().segment = att.segment;
+    g.nodes().back().schedule_as = att_id;
+    replace_uses(g, merged, fused[0]);
+    dead.insert(dead.end(), {att_id, to_id, ro_id});
+    for (NodeId n : dead) g.node(n).dead = true;
+  }
+}
+
 namespace {
 
 bool is_row_norm(const Node& n) {
@@ -700,8 +757,12 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.fuse && !opts.eager)
     p.push_back({"fuse", [](Graph& g, const CompileOptions& o) {
                    fuse_ops(g, o.device);
-                   // sdpa_qkv splits over the batch only.
-                   if (o.device == DeviceKind::cpu && o.tensor_parallel <= 1) fuse_packed_attention(g);
+                   // sdpa_qkv and sdpa_rows split over the batch only; sdpa_rows has no bf16 kernel of its
+                   // own (mixed precision keeps the unfused native bf16 sdpa).
+                   if (o.device == DeviceKind::cpu && o.tensor_parallel <= 1) {
+                     fuse_packed_attention(g);
+                     if (o.compute == DType::f32) fuse_row_attention(g);
+                   }
                  }});
   if (opts.pipeline > 1)
     p.push_back({"pipeline_stage",

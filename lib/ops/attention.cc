@@ -340,6 +340,73 @@ std::vector<OpSample> sdpa_qkv_samples() {
   return s;
 }
 
+// ---- sdpa_rows: sdpa over the projections' rows ----
+
+// sdpa_rows' q (B, T, H D), k (B, S, H D), v (B, S, H Dv) at inputs [at, at + 3) under attr heads, validated
+// as sdpa's heads (the graph prefixes the op name).
+SdpaDims rows_dims(const std::vector<TensorType>& in, size_t at, const Attrs& a) {
+  if (!a.has("heads") || !std::holds_alternative<int64_t>(a.all().find("heads")->second) || a.i("heads") < 1)
+    throw input_error("needs the attribute 'heads', a positive integer");
+  const int64_t h = a.i("heads");
+  auto heads = [&](const TensorType& t, const char* name) -> TensorType {
+    if (t.shape.size() != 3 || t.shape[2] % h != 0)
+      throw input_error(
+          cat(name, " must be (batch, length, heads (", h, ") x head dim), got ", shape_str(t.shape)));
+    return {{t.shape[0], h, t.shape[1], t.shape[2] / h}, t.dtype};
+  };
+  return check_qkv(heads(in[at], "q"), heads(in[at + 1], "k"), heads(in[at + 2], "v"), a);
+}
+
+// x (B, L, H D) as (B, H, L, D) and back, in f64.
+Tensor split_heads(const Tensor& x, int64_t h) {
+  const Shape& s = x.shape();
+  const int64_t B = s[0], L = s[1], D = s[2] / h;
+  Tensor t = Tensor::zeros({B, h, L, D}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < h; ++k)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t p = 0; p < D; ++p)
+          t.data<double>()[((b * h + k) * L + i) * D + p] = x.data<double>()[(b * L + i) * h * D + k * D + p];
+  return t;
+}
+Tensor merge_heads(const Tensor& t) {
+  const Shape& s = t.shape();
+  const int64_t B = s[0], h = s[1], L = s[2], D = s[3];
+  Tensor x = Tensor::zeros({B, L, h * D}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < h; ++k)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t p = 0; p < D; ++p)
+          x.data<double>()[(b * L + i) * h * D + k * D + p] = t.data<double>()[((b * h + k) * L + i) * D + p];
+  return x;
+}
+
+// f64 sdpa_rows from sdpa_reference on the split heads.
+std::vector<Tensor> sdpa_rows_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  const int64_t h = a.i("heads");
+  std::vector<Tensor> heads = {split_heads(in[0], h), split_heads(in[1], h), split_heads(in[2], h)};
+  if (in.size() > 3) heads.push_back(in[3]);
+  const std::vector<Tensor> r = sdpa_reference(heads, a);
+  return {merge_heads(r[0]), r[1]};
+}
+
+// sdpa's samples as rows (their heads merged), each with attr heads: every block, tail, mask and padding
+// case.
+std::vector<OpSample> sdpa_rows_samples() {
+  std::vector<OpSample> s;
+  for (OpSample o : sdpa_samples()) {
+    const int64_t h = o.inputs[0].shape[1];
+    for (size_t i = 0; i < 3; ++i) {
+      const Shape& x = o.inputs[i].shape;
+      o.inputs[i].shape = {x[0], x[2], x[1] * x[3]};
+    }
+    o.attrs.set("heads", h);
+    o.reference = sdpa_rows_reference;
+    s.push_back(o);
+  }
+  return s;
+}
+
 // ---- rope ----
 
 // Largest position whose float32 value is exact (2^24): HF forms the positions in float32.
@@ -808,6 +875,85 @@ void register_attention_ops(OpRegistry& r) {
 #endif
   pg.covered_by = {"sdpa_qkv"};
   r.add(pg);
+
+  // The CPU fusion of separate projections' reshape -> transpose -> sdpa -> transpose -> reshape
+  // (graph/passes.cc): one op reading and writing the rows in place.
+  OpDef rw;
+  rw.name = "sdpa_rows";
+  rw.doc =
+      "sdpa over the projections' rows: q (B,T,H*D), k (B,S,H*D), v (B,S,H*Dv) [, key_ids (B,S)] -> out "
+      "(B,T,H*Dv) (heads merged), lse (B,H,T); attrs heads, causal, scale, pad_id as sdpa. The CPU fusion of "
+      "the heads' transposes around sdpa, with its bits";
+  rw.num_inputs = -1;  // 3, or 4 with key_ids
+  rw.num_outputs = [](const Attrs&) { return 2; };
+  rw.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() < 3) throw input_error(cat("takes q, k, v [, key_ids], got ", in.size(), " inputs"));
+    const SdpaDims s = rows_dims(in, 0, a);
+    check_key_ids(in, 3, s, a);
+    return {{{s.b, s.t, s.h * s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
+  };
+  rw.grad = [](GradCtx& c) -> std::vector<ValueId> {
+    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
+    const bool masked = c.node.inputs.size() == 4;
+    if (masked) ins.push_back(c.in(3));
+    const auto g = c.b.op("sdpa_rows_grad", ins, c.attrs());
+    std::vector<ValueId> grads = {g[0], g[1], g[2]};
+    if (masked) grads.push_back(kNoValue);
+    return grads;
+  };
+  rw.nondiff_inputs = {3};
+  rw.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+               const Attrs& a) -> Cost {
+    const SdpaDims s = rows_dims(in, 0, a);
+    return {attended_pairs(s, causal_of(a)) * (2.0 * static_cast<double>(s.d + s.dv) + 4.0),
+            bytes_of(in) + bytes_of(out)};
+  };
+  // scale * k^T, one (D x S) slice per (batch, head).
+  rw.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                    const Attrs&) -> size_t {
+    return static_cast<size_t>(numel(in[1].shape)) * dtype_size(in[1].dtype);
+  };
+  rw.nondiff_outputs = {1};
+  // The batch (data parallel) only, as sdpa_qkv: a split of the heads would cut each row apart.
+  rw.sbp = [](const SbpQuery& q) {
+    SbpSignature sig{std::vector<Sbp>(3, Sbp::split(0)), {Sbp::split(0), Sbp::split(0)}};
+    if (q.in.size() == 4) sig.in.push_back(Sbp::split(0));
+    return std::vector<SbpSignature>{sig};
+  };
+  rw.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_rows}};
+  rw.samples = sdpa_rows_samples;
+  r.add(rw);
+
+  OpDef rg;
+  rg.name = "sdpa_rows_grad";
+  rg.doc =
+      "gradient of sdpa_rows: (dout, q, k, v, out, lse [, key_ids]) -> (dq, dk, dv) (FlashAttention-2 "
+      "backward); attrs as sdpa_rows";
+  rg.num_inputs = -1;  // 6, or 7 with key_ids
+  rg.num_outputs = [](const Attrs&) { return 3; };
+  rg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    if (in.size() < 6)
+      throw input_error(cat("takes dout, q, k, v, out, lse [, key_ids], got ", in.size(), " inputs"));
+    const SdpaDims s = rows_dims(in, 1, a);
+    check_key_ids(in, 6, s, a);
+    check_saved(in, 0, 4, 5, {s.b, s.t, s.h * s.dv}, {s.b, s.h, s.t}, in[1].dtype);
+    return {in[1], in[2], in[3]};
+  };
+  rg.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+               const Attrs& a) -> Cost {
+    const SdpaDims s = rows_dims(in, 1, a);
+    return {attended_pairs(s, causal_of(a)) * (2.0 * static_cast<double>(3 * s.d + 2 * s.dv) + 5.0),
+            bytes_of(in) + bytes_of(out)};
+  };
+  // scale * k^T and v^T, one slice each per (batch, head).
+  rg.workspace = [](const std::vector<TensorType>& in, const std::vector<TensorType>&,
+                    const Attrs&) -> size_t {
+    return static_cast<size_t>(numel(in[2].shape) + numel(in[3].shape)) * dtype_size(in[2].dtype);
+  };
+  rg.nondiff_inputs = {6};
+  rg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_rows_grad}};
+  rg.covered_by = {"sdpa_rows"};
+  r.add(rg);
 }
 
 }  // namespace flowrun

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -80,11 +81,13 @@ inline void init_params(Executor& ex, uint64_t seed) {
 
 // Losses of `steps` SGD steps (lr 0.05, parameters from init_params(5)) on inputs "x" and "target" drawn
 // uniform in [-0.5, 0.5) from step-keyed streams, and the final f32 persistent tensors (parameters and
-// state: momentum, running statistics), for comparing two compilations of one model bit for bit.
-inline std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train_sgd(Program p,
-                                                                                          int steps) {
+// state: momentum, running statistics), for comparing two compilations of one model bit for bit. `setup`
+// fills any other inputs once.
+inline std::pair<std::vector<float>, std::map<std::string, std::vector<float>>> train_sgd(
+    Program p, int steps, const std::function<void(Executor&)>& setup = {}) {
   Executor ex(std::move(p), kCpu, /*seed=*/3);
   init_params(ex, 5);
+  if (setup) setup(ex);
   ex.tensor("lr").data<float>()[0] = 0.05f;
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {

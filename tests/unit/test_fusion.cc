@@ -204,9 +204,9 @@ Program compile_sgd(Graph g, DType compute, bool eager) {
 // The fused program (make(false)) trains 3 steps to the eager one's (make(true)) losses and weights, bit for
 // bit.
 template <typename Make>
-void expect_trains_as_eager(Make make) {
-  const auto [eager_losses, eager] = train_sgd(make(true), 3);
-  const auto [fused_losses, trained] = train_sgd(make(false), 3);
+void expect_trains_as_eager(Make make, const std::function<void(Executor&)>& setup = {}) {
+  const auto [eager_losses, eager] = train_sgd(make(true), 3, setup);
+  const auto [fused_losses, trained] = train_sgd(make(false), 3, setup);
   EXPECT_EQ(eager_losses, fused_losses);
   for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
 }
@@ -298,6 +298,47 @@ TEST(Fusion, SwigluTrainsBitwiseAsEager) {
     EXPECT_EQ(ops["mul"], 1);  // mse_loss's gradient; unfused, the product and its gradient added three
     expect_trains_as_eager([&](bool eager) { return compile_swiglu(t, eager); });
   }
+}
+
+// x (3, 20, 24) -> BERT's attention with separate q, k and v (2 heads of 12), no mask, keys of batch row 1
+// from 15 on padding -> proj -> mse: the heads' transposes around sdpa (forward and backward) become one
+// sdpa_rows and its gradient in f32; mixed precision keeps the unfused native bf16 sdpa.
+Program compile_row_attention(DType compute, bool eager) {
+  Graph g;
+  GraphBuilder b(g);
+  const int64_t B = 3, T = 20, C = 24, H = 2;
+  auto linear = [&](ValueId v, const std::string& name) {
+    return b.op1("linear", {v, b.param(name + "/weight", {C, C})}, {}, name);
+  };
+  auto heads = [&](ValueId v) {
+    return b.op1("transpose", {b.reshape(v, {B, T, H, C / H})}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}});
+  };
+  const ValueId x = b.input("x", {B, T, C}), ids = b.input("ids", {B, T}, DType::i64);
+  const ValueId att = b.op("sdpa", {heads(linear(x, "q")), heads(linear(x, "k")), heads(linear(x, "v")), ids},
+                           {{"causal", false}, {"pad_id", int64_t{0}}}, "sdpa")[0];
+  const ValueId merged =
+      b.reshape(b.op1("transpose", {att}, {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}}), {B, T, C});
+  g.mark_output("loss", b.op1("mse_loss", {linear(merged, "proj"), b.input("target", {B, T, C})}));
+  return compile_sgd(std::move(g), compute, eager);
+}
+
+TEST(Fusion, RowAttentionTrainsBitwiseAsEager) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::map<std::string, int> ops;
+    const Program fused = compile_row_attention(t, false);
+    for (NodeId id : fused.order) ++ops[fused.graph.node(id).op];
+    EXPECT_EQ(ops["sdpa_rows"], t == DType::f32 ? 1 : 0);
+    EXPECT_EQ(ops["sdpa_rows_grad"], t == DType::f32 ? 1 : 0);
+    EXPECT_EQ(ops["transpose"], t == DType::f32 ? 0 : 8);
+  }
+  // Batch row 1's keys from 15 on are padding (id 0), the others not.
+  expect_trains_as_eager([](bool eager) { return compile_row_attention(DType::f32, eager); },
+                         [](Executor& ex) {
+                           int64_t* ids = ex.tensor("ids").data<int64_t>();
+                           for (int64_t i = 0; i < 3 * 20; ++i)
+                             ids[i] = i / 20 == 1 && i % 20 >= 15 ? 0 : 1 + i;
+                         });
 }
 
 }  // namespace

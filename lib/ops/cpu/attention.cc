@@ -414,6 +414,46 @@ void sdpa_qkv_grad(const KernelCtx& c) {
   });
 }
 
+// sdpa on the projections' rows (attention_tiles.h Rows): the sdpa kernels' blocks with row strides H D and
+// H Dv, so every value is computed as the unfused reshape -> transpose -> sdpa -> transpose computes it,
+// without the transposes' passes over q, k, v, out and their gradients.
+void sdpa_rows(const KernelCtx& c) {
+  const Rows r(*c.in[0].shape, *c.in[1].shape, *c.in[2].shape, c.attrs());
+  const Geometry g = r.geometry(c.attrs(), c.num_in > 3 ? c.in[3].as<int64_t>() : nullptr);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
+    T* o = c.out[0].as<T>();
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T),
+             "sdpa_rows workspace too small");
+    forward_heads(g, static_cast<T*>(c.workspace), c.out[1].as<T>(), [&](int64_t h) {
+      return HeadRows<T>{q + r.q(h), k + r.k(h), v + r.v(h), o + r.o(h),
+                         r.h * r.d,  r.h * r.d,  r.h * r.dv, r.h * r.dv};
+    });
+  });
+}
+
+void sdpa_rows_grad(const KernelCtx& c) {
+  const Rows r(*c.in[1].shape, *c.in[2].shape, *c.in[3].shape, c.attrs());
+  const Geometry g = r.geometry(c.attrs(), c.num_in > 6 ? c.in[6].as<int64_t>() : nullptr);
+  dispatch_float(c.in[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
+    const T *o = c.in[4].as<T>(), *lse = c.in[5].as<T>();
+    T *dq = c.out[0].as<T>(), *dk = c.out[1].as<T>(), *dv = c.out[2].as<T>();
+    T* kt = static_cast<T*>(c.workspace);
+    T* vt = kt + g.bh * g.s * g.d;
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * (g.d + g.dv)) * sizeof(T),
+             "sdpa_rows_grad workspace too small");
+    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+      for (int64_t h = s; h < e; ++h)
+        backward_head(g, r.strides(), dout + r.o(h), q + r.q(h), k + r.k(h), v + r.v(h), o + r.o(h),
+                      lse + h * g.t, dq + r.q(h), dk + r.k(h), dv + r.v(h), kt + h * g.s * g.d,
+                      vt + h * g.s * g.dv, g.keys_of(h));
+    });
+  });
+}
+
 }  // namespace flowrun::cpu
 
 namespace flowrun::cpu {

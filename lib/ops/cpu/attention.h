@@ -20,6 +20,12 @@ void sdpa_grad(const KernelCtx& c);
 void sdpa_qkv(const KernelCtx& c);
 void sdpa_qkv_grad(const KernelCtx& c);
 constexpr int64_t kSdpaQkvGradBuffers = 2;
+// sdpa on the projections' rows, the graph's reshape -> transpose -> sdpa -> transpose -> reshape of separate
+// q, k and v in one op (CPU fusion): q (B, T, H D), k (B, S, H D), v (B, S, H Dv) [, key_ids (B, S)] ->
+// (out (B, T, H Dv), lse (B, H, T)); attr heads. And its gradient: (dout, q, k, v, out, lse [, key_ids]) ->
+// (dq, dk, dv). The workspaces are sdpa's and sdpa_grad's.
+void sdpa_rows(const KernelCtx& c);
+void sdpa_rows_grad(const KernelCtx& c);
 // The pool of the attention kernels' per-thread scratch (thread_scratch: one buffer per thread, which the
 // forward and backward kernels use in turn).
 inline constexpr const char* kSdpaThreadBuffers = "sdpa per-thread head buffers";

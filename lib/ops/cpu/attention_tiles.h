@@ -264,4 +264,28 @@ struct Packed {
   }
 };
 
+// sdpa_rows' operands: the projections as the linears write them, q (B, T, H D), k (B, S, H D), v (B, S, H
+// Dv) and out (B, T, H Dv) under attr heads: head h of a row is its columns [h D, (h + 1) D).
+struct Rows {
+  int64_t b, h, t, s, d, dv;
+  Rows(const Shape& q, const Shape& k, const Shape& v, const Attrs& a)
+      : b(q[0]), h(a.i("heads")), t(q[1]), s(k[1]), d(q[2] / h), dv(v[2] / h) {}
+  // Element offsets of row 0 of head `bh` (batch-major) in q (or dq), k (dk), v (dv) and out (dout).
+  int64_t q(int64_t bh) const { return (bh / h * t * h + bh % h) * d; }
+  int64_t k(int64_t bh) const { return (bh / h * s * h + bh % h) * d; }
+  int64_t v(int64_t bh) const { return (bh / h * s * h + bh % h) * dv; }
+  int64_t o(int64_t bh) const { return (bh / h * t * h + bh % h) * dv; }
+  HeadStrides strides() const { return {h * d, h * d, h * dv, h * dv, h * dv, h * d, h * d, h * dv}; }
+  // The geometry of its (B, H, T, D) heads, with key_ids (B, S) where `ids` is not null.
+  Geometry geometry(const Attrs& a, const int64_t* ids) const {
+    Geometry g = attn::geometry(Shape{b, h, t, d}, Shape{b, h, s, d}, Shape{b, h, s, dv}, a);
+    if (ids) {
+      g.key_ids = ids;
+      g.heads = h;
+      g.pad = a.i("pad_id");
+    }
+    return g;
+  }
+};
+
 }  // namespace flowrun::cpu::attn
