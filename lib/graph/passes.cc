@@ -131,59 +131,86 @@ void fuse_ops(Graph& g, DeviceKind device) {
   fuse_swiglu(g, device);
 }
 
-void fuse_packed_attention(Graph& g) {
-  const auto consumers = g.consumers();
+namespace {
+
+// What the attention fusions match on: the readers of each value, the graph's outputs, and the heads'
+// transposes and merges around an sdpa.
+struct AttentionPattern {
+  Graph& g;
+  std::vector<std::vector<NodeId>> consumers;
   std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  explicit AttentionPattern(Graph& graph) : g(graph), consumers(graph.consumers()) {
+    for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  }
+  bool single_reader(ValueId v) const {
+    return consumers[static_cast<size_t>(v)].size() == 1 && !outputs.count(v);
+  }
   // The node producing `v` when it is `op` and `v` has no reader but one node and is no graph output.
-  auto sole = [&](ValueId v, const char* op) -> const Node* {
+  const Node* sole(ValueId v, const char* op) const {
     const Value& val = g.value(v);
-    if (val.producer < 0 || consumers[static_cast<size_t>(v)].size() != 1 || outputs.count(v)) return nullptr;
+    if (val.producer < 0 || !single_reader(v)) return nullptr;
     const Node& n = g.node(val.producer);
     return n.dead || n.op != op ? nullptr : &n;
-  };
-  auto swaps_1_2 = [](const Node& t) { return t.attrs.i("dim0", 0) == 1 && t.attrs.i("dim1", 0) == 2; };
+  }
+  static bool swaps_1_2(const Node& t) { return t.attrs.i("dim0", 0) == 1 && t.attrs.i("dim1", 0) == 2; }
+  // An sdpa whose lse nothing reads (the forward graph: the backward that reads it comes later).
+  bool fusable(const Node& att, size_t inputs) const {
+    return !att.dead && att.op == "sdpa" && att.inputs.size() == inputs &&
+           consumers[static_cast<size_t>(att.outputs[1])].empty() && !outputs.count(att.outputs[1]);
+  }
+  // heads(x) = transpose(reshape(x, (B, L, H, D)), 1, 2) at `v`, each read by the next alone: the reshape.
+  const Node* heads_of(ValueId v) const {
+    const Node* tr = sole(v, "transpose");
+    return tr && swaps_1_2(*tr) ? sole(tr->inputs[0], "reshape") : nullptr;
+  }
+  // The merge of att's output: reshape(transpose(out, 1, 2), (B, T, H Dv)), each read by the next alone, as
+  // (transpose, reshape); nulls otherwise.
+  std::pair<const Node*, const Node*> merge_of(const Node& att) const {
+    const Shape& hs = g.value(att.outputs[0]).shape();  // (B, H, T, Dv)
+    if (!single_reader(att.outputs[0])) return {};
+    const Node& to = g.node(consumers[static_cast<size_t>(att.outputs[0])][0]);
+    if (to.op != "transpose" || !swaps_1_2(to) || !single_reader(to.outputs[0])) return {};
+    const Node& ro = g.node(consumers[static_cast<size_t>(to.outputs[0])][0]);
+    if (ro.op != "reshape" || g.value(ro.outputs[0]).shape() != Shape{hs[0], hs[2], hs[1] * hs[3]}) return {};
+    return {&to, &ro};
+  }
+};
+
+}  // namespace
+
+void fuse_packed_attention(Graph& g) {
+  const AttentionPattern m(g);
   const std::vector<Node> snapshot = g.nodes();
   for (const Node& att : snapshot) {
-    if (att.dead || att.op != "sdpa" || att.inputs.size() != 3) continue;
-    if (!consumers[static_cast<size_t>(att.outputs[1])].empty() || outputs.count(att.outputs[1])) continue;
+    if (!m.fusable(att, 3)) continue;
     const Shape& hs = g.value(att.inputs[0]).shape();  // (B, H, T, D)
     const DType t = g.value(att.inputs[0]).dtype();
     if (t != DType::f32 && t != DType::f64) continue;
-    // q, k and v: transpose(reshape(split(qkv)[i], (B, T, H, D)), 1, 2), each read by the next alone.
+    // q, k and v: heads(split(qkv)[i]).
     std::vector<NodeId> dead;
     const Node* split = nullptr;
     bool ok = true;
     for (int i = 0; i < 3; ++i) {
-      const Node* tr = g.value(att.inputs[static_cast<size_t>(i)]).shape() == hs
-                           ? sole(att.inputs[static_cast<size_t>(i)], "transpose")
-                           : nullptr;
-      const Node* rs = tr && swaps_1_2(*tr) ? sole(tr->inputs[0], "reshape") : nullptr;
-      const Node* sp = rs ? sole(rs->inputs[0], "split") : nullptr;
+      const ValueId in = att.inputs[static_cast<size_t>(i)];
+      const Node* rs = g.value(in).shape() == hs ? m.heads_of(in) : nullptr;
+      const Node* sp = rs ? m.sole(rs->inputs[0], "split") : nullptr;
       ok = sp && (!split || sp == split) && sp->outputs.size() == 3 &&
            sp->outputs[static_cast<size_t>(i)] == rs->inputs[0];
       if (!ok) break;
       split = sp;
-      dead.insert(dead.end(), {tr->id, rs->id});
+      dead.insert(dead.end(), {g.value(in).producer, rs->id});
     }
     if (!ok) continue;
     const Value& qkv = g.value(split->inputs[0]);
     const int64_t B = hs[0], H = hs[1], T = hs[2], D = hs[3];
     const int64_t axis = split->attrs.i("axis", 0);
     if (qkv.shape() != Shape{B, T, 3 * H * D} || (axis != 2 && axis != -1)) continue;
-    // out: reshape(transpose(out, 1, 2), (B, T, H D)).
-    const auto& readers = consumers[static_cast<size_t>(att.outputs[0])];
-    if (readers.size() != 1 || outputs.count(att.outputs[0])) continue;
-    const Node& to = g.node(readers[0]);
-    if (to.op != "transpose" || !swaps_1_2(to) || consumers[static_cast<size_t>(to.outputs[0])].size() != 1 ||
-        outputs.count(to.outputs[0]))
-      continue;
-    const Node& ro = g.node(consumers[static_cast<size_t>(to.outputs[0])][0]);
-    if (ro.op != "reshape" || g.value(ro.outputs[0]).shape() != Shape{B, T, H * D}) continue;
+    const auto [to, ro] = m.merge_of(att);
+    if (!ro) continue;
     Attrs attrs = att.attrs;
     attrs.set("heads", H);
-    const NodeId split_id = split->id, att_id = att.id, to_id = to.id, ro_id = ro.id;
-    const ValueId merged = ro.outputs[0], lse = att.outputs[1];
+    const NodeId split_id = split->id, att_id = att.id, to_id = to->id, ro_id = ro->id;
+    const ValueId merged = ro->outputs[0], lse = att.outputs[1];
     const std::vector<ValueId> fused = g.add_node("sdpa_qkv", {qkv.id}, attrs, att.name + "+qkv");
     g.nodes().back().segment = att.segment;
     replace_uses(g, merged, fused[0]);
@@ -197,50 +224,31 @@ void fuse_packed_attention(Graph& g) {
 // and write the heads in the rows as the linears write them. After fuse_packed_attention, which takes the
 // packed projections' pattern.
 void fuse_row_attention(Graph& g) {
-  const auto consumers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
-  auto sole = [&](ValueId v, const char* op) -> const Node* {
-    const Value& val = g.value(v);
-    if (val.producer < 0 || consumers[static_cast<size_t>(v)].size() != 1 || outputs.count(v)) return nullptr;
-    const Node& n = g.node(val.producer);
-    return n.dead || n.op != op ? nullptr : &n;
-  };
-  auto swaps_1_2 = [](const Node& t) { return t.attrs.i("dim0", 0) == 1 && t.attrs.i("dim1", 0) == 2; };
+  const AttentionPattern m(g);
   const std::vector<Node> snapshot = g.nodes();
   for (const Node& att : snapshot) {
-    if (att.dead || att.op != "sdpa" || (att.inputs.size() != 3 && att.inputs.size() != 4)) continue;
-    if (!consumers[static_cast<size_t>(att.outputs[1])].empty() || outputs.count(att.outputs[1])) continue;
+    if (!m.fusable(att, 3) && !m.fusable(att, 4)) continue;
     const int64_t H = g.value(att.inputs[0]).shape()[1];
-    // q, k and v: transpose(reshape(x, (B, L, H, D)), 1, 2) of an x (B, L, H D), each read by the next alone.
+    // q, k and v: heads(x) of an x (B, L, H D).
     std::vector<ValueId> rows;
     std::vector<NodeId> dead;
     for (size_t i = 0; i < 3; ++i) {
-      const Node* tr = sole(att.inputs[i], "transpose");
-      const Node* rs = tr && swaps_1_2(*tr) ? sole(tr->inputs[0], "reshape") : nullptr;
+      const Node* rs = m.heads_of(att.inputs[i]);
       if (!rs) break;
       const Shape& x = g.value(rs->inputs[0]).shape();
       const Shape& heads = g.value(rs->outputs[0]).shape();
       if (x.size() != 3 || heads.size() != 4 || heads[2] != H || heads[0] != x[0] || heads[1] != x[1]) break;
       rows.push_back(rs->inputs[0]);
-      dead.insert(dead.end(), {tr->id, rs->id});
+      dead.insert(dead.end(), {g.value(att.inputs[i]).producer, rs->id});
     }
     if (rows.size() != 3) continue;
-    // out: reshape(transpose(out, 1, 2), (B, T, H Dv)).
-    const auto& readers = consumers[static_cast<size_t>(att.outputs[0])];
-    if (readers.size() != 1 || outputs.count(att.outputs[0])) continue;
-    const Node& to = g.node(readers[0]);
-    if (to.op != "transpose" || !swaps_1_2(to) || consumers[static_cast<size_t>(to.outputs[0])].size() != 1 ||
-        outputs.count(to.outputs[0]))
-      continue;
-    const Node& ro = g.node(consumers[static_cast<size_t>(to.outputs[0])][0]);
-    const Shape& hs = g.value(att.outputs[0]).shape();  // (B, H, T, Dv)
-    if (ro.op != "reshape" || g.value(ro.outputs[0]).shape() != Shape{hs[0], hs[2], hs[1] * hs[3]}) continue;
+    const auto [to, ro] = m.merge_of(att);
+    if (!ro) continue;
     Attrs attrs = att.attrs;
     attrs.set("heads", H);
     if (att.inputs.size() == 4) rows.push_back(att.inputs[3]);
-    const NodeId att_id = att.id, to_id = to.id, ro_id = ro.id;
-    const ValueId merged = ro.outputs[0];
+    const NodeId att_id = att.id, to_id = to->id, ro_id = ro->id;
+    const ValueId merged = ro->outputs[0];
     const std::vector<ValueId> fused = g.add_node("sdpa_rows", rows, attrs, att.name + "+rows");
     g.nodes().back().segment = att.segment;
     g.nodes().back().schedule_as = att_id;

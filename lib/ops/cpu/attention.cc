@@ -339,23 +339,39 @@ void forward_heads(const Geometry& g, T* kt, T* lse, const Heads& heads) {
 
 }  // namespace
 
-void sdpa(const KernelCtx& c) {
-  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
+namespace {
+
+// Row 0 of head h in q (and dq), k (dk), v (dv) and out (dout).
+struct HeadOffsets {
+  int64_t q, k, v, o;
+};
+
+// (B, H, T, D) heads, one after another.
+HeadOffsets dense_offsets(const Geometry& g, int64_t h) {
+  return {h * g.t * g.d, h * g.s * g.d, h * g.s * g.dv, h * g.t * g.dv};
+}
+
+// sdpa's forward, (q, k, v) -> (out, lse), over heads at offsets(h) with rows `ld` apart; the workspace
+// holds scale * k^T, one (D x S) slice per head.
+template <typename Offsets>
+void forward_call(const KernelCtx& c, const Geometry& g, const HeadStrides& ld, Offsets offsets) {
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
     T* o = c.out[0].as<T>();
-    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T),
-             "sdpa workspace too small");
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T), c.node->op,
+             " workspace too small");
     forward_heads(g, static_cast<T*>(c.workspace), c.out[1].as<T>(), [&](int64_t h) {
-      return HeadRows<T>{
-          q + h * g.t * g.d, k + h * g.s * g.d, v + h * g.s * g.dv, o + h * g.t * g.dv, g.d, g.d, g.dv, g.dv};
+      const HeadOffsets at = offsets(h);
+      return HeadRows<T>{q + at.q, k + at.k, v + at.v, o + at.o, ld.q, ld.k, ld.v, ld.o};
     });
   });
 }
 
-void sdpa_grad(const KernelCtx& c) {
-  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3], 6);
+// sdpa's backward, (dout, q, k, v, out, lse) -> (dq, dk, dv), likewise: whole heads per thread; the
+// workspace holds scale * k^T and v^T, a slice of each per head.
+template <typename Offsets>
+void backward_call(const KernelCtx& c, const Geometry& g, const HeadStrides& ld, Offsets offsets) {
   dispatch_float(c.in[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
@@ -363,16 +379,28 @@ void sdpa_grad(const KernelCtx& c) {
     T *dq = c.out[0].as<T>(), *dk = c.out[1].as<T>(), *dv = c.out[2].as<T>();
     T* kt = static_cast<T*>(c.workspace);
     T* vt = kt + g.bh * g.s * g.d;
-    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * (g.d + g.dv)) * sizeof(T),
-             "sdpa_grad workspace too small");
+    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * (g.d + g.dv)) * sizeof(T), c.node->op,
+             " workspace too small");
     parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
       for (int64_t h = s; h < e; ++h) {
-        const int64_t qo = h * g.t * g.d, ko = h * g.s * g.d, vo = h * g.s * g.dv, oo = h * g.t * g.dv;
-        backward_head(g, HeadStrides::dense(g), dout + oo, q + qo, k + ko, v + vo, o + oo, lse + h * g.t,
-                      dq + qo, dk + ko, dv + vo, kt + ko, vt + vo, g.keys_of(h));
+        const HeadOffsets at = offsets(h);
+        backward_head(g, ld, dout + at.o, q + at.q, k + at.k, v + at.v, o + at.o, lse + h * g.t, dq + at.q,
+                      dk + at.k, dv + at.v, kt + h * g.s * g.d, vt + h * g.s * g.dv, g.keys_of(h));
       }
     });
   });
+}
+
+}  // namespace
+
+void sdpa(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[0], c.in[1], c.in[2], 3);
+  forward_call(c, g, HeadStrides::dense(g), [&](int64_t h) { return dense_offsets(g, h); });
+}
+
+void sdpa_grad(const KernelCtx& c) {
+  const Geometry g = geometry(c, c.in[1], c.in[2], c.in[3], 6);
+  backward_call(c, g, HeadStrides::dense(g), [&](int64_t h) { return dense_offsets(g, h); });
 }
 
 // sdpa on packed projections: the sdpa kernel's blocks on the rows in place (q, k, v 3 H D apart, out and
@@ -420,38 +448,13 @@ void sdpa_qkv_grad(const KernelCtx& c) {
 void sdpa_rows(const KernelCtx& c) {
   const Rows r(*c.in[0].shape, *c.in[1].shape, *c.in[2].shape, c.attrs());
   const Geometry g = r.geometry(c.attrs(), c.num_in > 3 ? c.in[3].as<int64_t>() : nullptr);
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const T *q = c.in[0].as<T>(), *k = c.in[1].as<T>(), *v = c.in[2].as<T>();
-    T* o = c.out[0].as<T>();
-    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * g.d) * sizeof(T),
-             "sdpa_rows workspace too small");
-    forward_heads(g, static_cast<T*>(c.workspace), c.out[1].as<T>(), [&](int64_t h) {
-      return HeadRows<T>{q + r.q(h), k + r.k(h), v + r.v(h), o + r.o(h),
-                         r.h * r.d,  r.h * r.d,  r.h * r.dv, r.h * r.dv};
-    });
-  });
+  forward_call(c, g, r.strides(), [&](int64_t h) { return HeadOffsets{r.q(h), r.k(h), r.v(h), r.o(h)}; });
 }
 
 void sdpa_rows_grad(const KernelCtx& c) {
   const Rows r(*c.in[1].shape, *c.in[2].shape, *c.in[3].shape, c.attrs());
   const Geometry g = r.geometry(c.attrs(), c.num_in > 6 ? c.in[6].as<int64_t>() : nullptr);
-  dispatch_float(c.in[0].dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const T *dout = c.in[0].as<T>(), *q = c.in[1].as<T>(), *k = c.in[2].as<T>(), *v = c.in[3].as<T>();
-    const T *o = c.in[4].as<T>(), *lse = c.in[5].as<T>();
-    T *dq = c.out[0].as<T>(), *dk = c.out[1].as<T>(), *dv = c.out[2].as<T>();
-    T* kt = static_cast<T*>(c.workspace);
-    T* vt = kt + g.bh * g.s * g.d;
-    FR_CHECK(c.workspace_bytes >= static_cast<size_t>(g.bh * g.s * (g.d + g.dv)) * sizeof(T),
-             "sdpa_rows_grad workspace too small");
-    parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
-      for (int64_t h = s; h < e; ++h)
-        backward_head(g, r.strides(), dout + r.o(h), q + r.q(h), k + r.k(h), v + r.v(h), o + r.o(h),
-                      lse + h * g.t, dq + r.q(h), dk + r.k(h), dv + r.v(h), kt + h * g.s * g.d,
-                      vt + h * g.s * g.dv, g.keys_of(h));
-    });
-  });
+  backward_call(c, g, r.strides(), [&](int64_t h) { return HeadOffsets{r.q(h), r.k(h), r.v(h), r.o(h)}; });
 }
 
 }  // namespace flowrun::cpu
