@@ -16,7 +16,7 @@ namespace flowrun {
 
 AmpPolicy amp_policy(const std::string& op) {
   // GEMM-shaped ops gain from low precision and accumulate in f32 inside their kernels.
-  static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa", "sdpa_qkv"};
+  static const std::set<std::string> low = {"matmul", "linear", "conv2d", "sdpa", "sdpa_qkv", "sdpa_rows"};
   // Ops whose results lose too much in 8 (bf16) or 11 (f16) bits of mantissa, or that sum many terms:
   // exponentials and logarithms, losses, reductions. The KV cache of decoding (sdpa_cache) stays f32, as the
   // state it updates in place.

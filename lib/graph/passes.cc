@@ -765,11 +765,10 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.fuse && !opts.eager)
     p.push_back({"fuse", [](Graph& g, const CompileOptions& o) {
                    fuse_ops(g, o.device);
-                   // sdpa_qkv and sdpa_rows split over the batch only; sdpa_rows has no bf16 kernel of its
-                   // own (mixed precision keeps the unfused native bf16 sdpa).
+                   // sdpa_qkv and sdpa_rows split over the batch only.
                    if (o.device == DeviceKind::cpu && o.tensor_parallel <= 1) {
                      fuse_packed_attention(g);
-                     if (o.compute == DType::f32) fuse_row_attention(g);
+                     fuse_row_attention(g);
                    }
                  }});
   if (opts.pipeline > 1)

@@ -93,7 +93,7 @@ void fuse_ops(Graph& g, DeviceKind device);
 // (ops/attention.cc), when nothing else reads the values in between: no split, transposes or concat in the
 // forward and backward passes, the same bits.
 void fuse_packed_attention(Graph& g);
-// On the CPU, f32: the same with separate projections, heads(x) of each of q, k, v (B, L, H D) ->
+// On the CPU: the same with separate projections, heads(x) of each of q, k, v (B, L, H D) ->
 // sdpa_rows(q, k, v [, key_ids]) on the rows in place.
 void fuse_row_attention(Graph& g);
 // After autodiff, on the CPU: relu_grad(maxpool2d_grad(dy, indices), y) -> maxpool2d_grad(dy, indices, y),

@@ -921,6 +921,14 @@ void register_attention_ops(OpRegistry& r) {
     return std::vector<SbpSignature>{sig};
   };
   rw.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_rows}};
+#if defined(__AVX512BF16__)
+  rw.kernels.push_back({DeviceKind::cpu,
+                        {DType::bf16},
+                        cpu::sdpa_rows_bf16,
+                        cpu::has_avx512_bf16,
+                        cpu::sdpa_bf16_forward_workspace,
+                        cpu::sdpa_rows_bf16_buffers});
+#endif
   rw.samples = sdpa_rows_samples;
   r.add(rw);
 
@@ -952,6 +960,14 @@ void register_attention_ops(OpRegistry& r) {
   };
   rg.nondiff_inputs = {6};
   rg.kernels = {{DeviceKind::cpu, kF, cpu::sdpa_rows_grad}};
+#if defined(__AVX512BF16__)
+  rg.kernels.push_back({DeviceKind::cpu,
+                        {DType::bf16},
+                        cpu::sdpa_rows_grad_bf16,
+                        cpu::has_avx512_bf16,
+                        cpu::sdpa_bf16_forward_workspace,
+                        cpu::sdpa_rows_bf16_buffers});
+#endif
   rg.covered_by = {"sdpa_rows"};
   r.add(rg);
 }

@@ -302,7 +302,7 @@ TEST(Fusion, SwigluTrainsBitwiseAsEager) {
 
 // x (3, 20, 24) -> BERT's attention with separate q, k and v (2 heads of 12), no mask, keys of batch row 1
 // from 15 on padding -> proj -> mse: the heads' transposes around sdpa (forward and backward) become one
-// sdpa_rows and its gradient in f32; mixed precision keeps the unfused native bf16 sdpa.
+// sdpa_rows and its gradient, in f32 and bf16.
 Program compile_row_attention(DType compute, bool eager) {
   Graph g;
   GraphBuilder b(g);
@@ -328,17 +328,17 @@ TEST(Fusion, RowAttentionTrainsBitwiseAsEager) {
     std::map<std::string, int> ops;
     const Program fused = compile_row_attention(t, false);
     for (NodeId id : fused.order) ++ops[fused.graph.node(id).op];
-    EXPECT_EQ(ops["sdpa_rows"], t == DType::f32 ? 1 : 0);
-    EXPECT_EQ(ops["sdpa_rows_grad"], t == DType::f32 ? 1 : 0);
-    EXPECT_EQ(ops["transpose"], t == DType::f32 ? 0 : 8);
+    EXPECT_EQ(ops["sdpa_rows"], 1);
+    EXPECT_EQ(ops["sdpa_rows_grad"], 1);
+    EXPECT_EQ(ops["transpose"], 0);
+    // Batch row 1's keys from 15 on are padding (id 0), the others not.
+    expect_trains_as_eager([&](bool eager) { return compile_row_attention(t, eager); },
+                           [](Executor& ex) {
+                             int64_t* ids = ex.tensor("ids").data<int64_t>();
+                             for (int64_t i = 0; i < 3 * 20; ++i)
+                               ids[i] = i / 20 == 1 && i % 20 >= 15 ? 0 : 1 + i;
+                           });
   }
-  // Batch row 1's keys from 15 on are padding (id 0), the others not.
-  expect_trains_as_eager([](bool eager) { return compile_row_attention(DType::f32, eager); },
-                         [](Executor& ex) {
-                           int64_t* ids = ex.tensor("ids").data<int64_t>();
-                           for (int64_t i = 0; i < 3 * 20; ++i)
-                             ids[i] = i / 20 == 1 && i % 20 >= 15 ? 0 : 1 + i;
-                         });
 }
 
 }  // namespace

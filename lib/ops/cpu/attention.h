@@ -53,6 +53,12 @@ void sdpa_qkv_grad_bf16(const KernelCtx& c);
 std::vector<std::pair<std::string, size_t>> sdpa_qkv_bf16_buffers(const std::vector<TensorType>& in,
                                                                   const std::vector<TensorType>& out,
                                                                   const Attrs& a);
+// sdpa_rows and its gradient in bf16, on the rows in place; their per-thread head scratch as host buffers.
+void sdpa_rows_bf16(const KernelCtx& c);
+void sdpa_rows_grad_bf16(const KernelCtx& c);
+std::vector<std::pair<std::string, size_t>> sdpa_rows_bf16_buffers(const std::vector<TensorType>& in,
+                                                                   const std::vector<TensorType>& out,
+                                                                   const Attrs& a);
 #endif
 
 // (q, k, v, k_cache, v_cache, position) -> out: k and v written into the caches at the position, then each

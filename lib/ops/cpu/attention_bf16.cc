@@ -553,6 +553,47 @@ void sdpa_qkv_grad_bf16(const KernelCtx& c) {
   });
 }
 
+// sdpa_bf16 and sdpa_grad_bf16 on separate projections' rows in place (as attention.cc's sdpa_rows): the
+// same bits as the unfused transposes and sdpa.
+void sdpa_rows_bf16(const KernelCtx& c) {
+  const Rows r(*c.in[0].shape, *c.in[1].shape, *c.in[2].shape, c.attrs());
+  const Geometry g = r.geometry(c.attrs(), c.num_in > 3 ? c.in[3].as<int64_t>() : nullptr);
+  const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
+  uint16_t* out = bits_out(c.out[0]);
+  forward_heads(g, c.out[1].as<float>(), [&](int64_t h) {
+    return HeadRows<uint16_t>{q + r.q(h), k + r.k(h), v + r.v(h), out + r.o(h),
+                              r.h * r.d,  r.h * r.d,  r.h * r.dv, r.h * r.dv};
+  });
+}
+
+void sdpa_rows_grad_bf16(const KernelCtx& c) {
+  const Rows r(*c.in[1].shape, *c.in[2].shape, *c.in[3].shape, c.attrs());
+  const Geometry g = r.geometry(c.attrs(), c.num_in > 6 ? c.in[6].as<int64_t>() : nullptr);
+  const BackwardScratch at(g);
+  const uint16_t *dout = bits(c.in[0]), *q = bits(c.in[1]), *k = bits(c.in[2]), *v = bits(c.in[3]),
+                 *o = bits(c.in[4]);
+  const float* lse = c.in[5].as<float>();
+  uint16_t *dq = bits_out(c.out[0]), *dk = bits_out(c.out[1]), *dv = bits_out(c.out[2]);
+  parallel_for(g.bh, 1, [&](int64_t s, int64_t e) {
+    char* hw = static_cast<char*>(thread_scratch(static_cast<size_t>(at.bytes)));
+    for (int64_t h = s; h < e; ++h)
+      backward_head(g, at, hw, r.strides(), dout + r.o(h), q + r.q(h), k + r.k(h), v + r.v(h), o + r.o(h),
+                    lse + h * g.t, dq + r.q(h), dk + r.k(h), dv + r.v(h), g.keys_of(h));
+  });
+}
+
+// The forward's per-thread scratch (one head's ForwardScratch) or the backward's (one BackwardScratch).
+std::vector<std::pair<std::string, size_t>> sdpa_rows_bf16_buffers(const std::vector<TensorType>& in,
+                                                                   const std::vector<TensorType>&,
+                                                                   const Attrs& a) {
+  const bool grad = in.size() > 5;
+  const size_t at = grad ? 1 : 0;
+  const Geometry g = Rows(in[at].shape, in[at + 1].shape, in[at + 2].shape, a).geometry(a, nullptr);
+  return {
+      {kSdpaThreadBuffers, static_cast<size_t>(grad ? BackwardScratch(g).bytes : ForwardScratch(g).bytes) *
+                               static_cast<size_t>(omp_get_max_threads())}};
+}
+
 }  // namespace flowrun::cpu
 
 #endif  // __AVX512BF16__
