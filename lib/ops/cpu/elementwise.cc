@@ -272,10 +272,14 @@ inline __m512 sigmoid(__m512 x) {
 inline __m512 silu(__m512 x) {
   return _mm512_mul_ps(x, sigmoid(x));
 }
+// From s = sigmoid(x, e) already taken.
+inline __m512 silu_backward(__m512 dy, __m512 x, __m512 s, __m512 e) {
+  return _mm512_mul_ps(_mm512_mul_ps(dy, s), _mm512_fmadd_ps(x, _mm512_mul_ps(e, s), _mm512_set1_ps(1.0f)));
+}
 inline __m512 silu_backward(__m512 dy, __m512 x) {
   __m512 e;
   const __m512 s = sigmoid(x, e);
-  return _mm512_mul_ps(_mm512_mul_ps(dy, s), _mm512_fmadd_ps(x, _mm512_mul_ps(e, s), _mm512_set1_ps(1.0f)));
+  return silu_backward(dy, x, s, e);
 }
 
 using simd16::load;
@@ -586,10 +590,12 @@ void swiglu_grad_range(const S* dh, const S* g, const S* u, S* dg, S* du, int64_
     for (int64_t i = s; i < e; i += 16) {
       const __mmask16 m = simd16::lanes(e - i);
       const __m512 d = simd16::load(dh + i, m), x = simd16::load(g + i, m);
-      const __m512 sv = simd16::rounded<S>(act16::silu(x));
+      __m512 e;
+      const __m512 sg = act16::sigmoid(x, e);  // once, for silu(g) and its gradient
+      const __m512 sv = simd16::rounded<S>(_mm512_mul_ps(x, sg));
       const __m512 ds = simd16::rounded<S>(_mm512_mul_ps(d, simd16::load(u + i, m)));
       simd16::store(du + i, _mm512_mul_ps(d, sv), m);
-      simd16::store(dg + i, act16::silu_backward(ds, x), m);
+      simd16::store(dg + i, act16::silu_backward(ds, x, sg, e), m);
     }
     return;
   }
