@@ -205,9 +205,8 @@ void global_norm(const KernelCtx& c) {
   double split_total = 0, total = 0;
   int64_t b = 0;
   for (int k = 0; k < c.num_in; ++k) {
-    const int64_t blocks = (c.in[k].numel() + kNormBlock - 1) / kNormBlock;
     double& into = k < split_inputs ? split_total : total;
-    for (int64_t e = b + blocks; b < e; ++b) into += partial[b];
+    for (int64_t e = b + blocks_of(k); b < e; ++b) into += partial[b];
   }
   if (split_inputs > 0 && c.tp) c.tp->all_reduce(&split_total, 1, DType::f64, ReduceOp::sum);
   total += split_total;

@@ -4,8 +4,8 @@
 // The cos/sin of every (t, i) are computed once into the workspace (T x D of the compute type, f32 for bf16
 // storage: cos in the first half of a row, sin in the second, sin negated for the inverse rotation), then
 // every (batch, head) row reads its position's table row: the B x H rows share T x D/2 pairs of
-// trigonometric calls. bf16 runs natively (f32 arithmetic, one rounding per output): widened, a Llama's
-// rotations took 14% of its bf16 step in conversions.
+// trigonometric calls. bf16 runs natively (f32 arithmetic, one rounding per output) rather than widened into
+// f32 copies and back (the bf16 Llama step 0.98x).
 #include <algorithm>
 #include <cmath>
 
