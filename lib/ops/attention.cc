@@ -120,6 +120,20 @@ void check_saved(const std::vector<TensorType>& in, size_t dout_at, size_t out_a
   }
 }
 
+// The gradient of sdpa or sdpa_rows: `op`(dout, q, k, v, out, lse [, key_ids]) -> (dq, dk, dv); none for
+// key_ids.
+std::function<std::vector<ValueId>(GradCtx&)> sdpa_gradient(const std::string& op) {
+  return [op](GradCtx& c) -> std::vector<ValueId> {
+    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
+    const bool masked = c.node.inputs.size() == 4;
+    if (masked) ins.push_back(c.in(3));
+    const auto g = c.b.op(op, ins, c.attrs());
+    std::vector<ValueId> grads = {g[0], g[1], g[2]};
+    if (masked) grads.push_back(kNoValue);
+    return grads;
+  };
+}
+
 // Naive f64 attention: full score rows, mask, softmax, weighted sum; returns (out, lse).
 std::vector<Tensor> sdpa_reference(const std::vector<Tensor>& in, const Attrs& a) {
   const Shape &qs = in[0].shape(), &ks = in[1].shape(), &vs = in[2].shape();
@@ -271,17 +285,46 @@ std::vector<OpSample> sdpa_samples() {
 
 // ---- sdpa_qkv: sdpa over packed projections ----
 
+// Attribute heads of sdpa_qkv and sdpa_rows, a positive integer (the graph prefixes the op name).
+int64_t heads_attr(const Attrs& a) {
+  if (!a.has("heads") || !std::holds_alternative<int64_t>(a.all().find("heads")->second) || a.i("heads") < 1)
+    throw input_error("needs the attribute 'heads', a positive integer");
+  return a.i("heads");
+}
+
 // The heads of qkv (B, T, 3 H D) under attr heads, as the (B, H, T, D) type of each of q, k and v (the
 // graph prefixes the op name).
 TensorType packed_heads(const TensorType& qkv, const Attrs& a) {
   if (qkv.shape.size() != 3)
     throw input_error(cat("qkv must be (batch, length, 3 * width), got ", shape_str(qkv.shape)));
-  if (!a.has("heads") || !std::holds_alternative<int64_t>(a.all().find("heads")->second) || a.i("heads") < 1)
-    throw input_error("needs the attribute 'heads', a positive integer");
-  const int64_t h = a.i("heads");
+  const int64_t h = heads_attr(a);
   if (qkv.shape[2] % (3 * h) != 0)
     throw input_error(cat("qkv's last dim ", qkv.shape[2], " is not 3 x heads (", h, ") x a head dim"));
   return {{qkv.shape[0], h, qkv.shape[1], qkv.shape[2] / (3 * h)}, qkv.dtype};
+}
+
+// x (B, L, H D) as (B, H, L, D) and back, in f64.
+Tensor split_heads(const Tensor& x, int64_t h) {
+  const Shape& s = x.shape();
+  const int64_t B = s[0], L = s[1], D = s[2] / h;
+  Tensor t = Tensor::zeros({B, h, L, D}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < h; ++k)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t p = 0; p < D; ++p)
+          t.data<double>()[((b * h + k) * L + i) * D + p] = x.data<double>()[(b * L + i) * h * D + k * D + p];
+  return t;
+}
+Tensor merge_heads(const Tensor& t) {
+  const Shape& s = t.shape();
+  const int64_t B = s[0], h = s[1], L = s[2], D = s[3];
+  Tensor x = Tensor::zeros({B, L, h * D}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < h; ++k)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t p = 0; p < D; ++p)
+          x.data<double>()[(b * L + i) * h * D + k * D + p] = t.data<double>()[((b * h + k) * L + i) * D + p];
+  return x;
 }
 
 // f64 sdpa_qkv from sdpa_reference: q, k, v cut from the rows, the output's heads merged back.
@@ -300,14 +343,7 @@ std::vector<Tensor> sdpa_qkv_reference(const std::vector<Tensor>& in, const Attr
     qkv.push_back(t);
   }
   const std::vector<Tensor> r = sdpa_reference(qkv, a);
-  Tensor out = Tensor::zeros({B, T, C}, DType::f64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t p = 0; p < D; ++p)
-          out.data<double>()[(b * T + i) * C + h * D + p] =
-              r[0].data<double>()[((b * H + h) * T + i) * D + p];
-  return {out, r[1]};
+  return {merge_heads(r[0]), r[1]};
 }
 
 std::vector<OpSample> sdpa_qkv_samples() {
@@ -345,9 +381,7 @@ std::vector<OpSample> sdpa_qkv_samples() {
 // sdpa_rows' q (B, T, H D), k (B, S, H D), v (B, S, H Dv) at inputs [at, at + 3) under attr heads, validated
 // as sdpa's heads (the graph prefixes the op name).
 SdpaDims rows_dims(const std::vector<TensorType>& in, size_t at, const Attrs& a) {
-  if (!a.has("heads") || !std::holds_alternative<int64_t>(a.all().find("heads")->second) || a.i("heads") < 1)
-    throw input_error("needs the attribute 'heads', a positive integer");
-  const int64_t h = a.i("heads");
+  const int64_t h = heads_attr(a);
   auto heads = [&](const TensorType& t, const char* name) -> TensorType {
     if (t.shape.size() != 3 || t.shape[2] % h != 0)
       throw input_error(
@@ -355,30 +389,6 @@ SdpaDims rows_dims(const std::vector<TensorType>& in, size_t at, const Attrs& a)
     return {{t.shape[0], h, t.shape[1], t.shape[2] / h}, t.dtype};
   };
   return check_qkv(heads(in[at], "q"), heads(in[at + 1], "k"), heads(in[at + 2], "v"), a);
-}
-
-// x (B, L, H D) as (B, H, L, D) and back, in f64.
-Tensor split_heads(const Tensor& x, int64_t h) {
-  const Shape& s = x.shape();
-  const int64_t B = s[0], L = s[1], D = s[2] / h;
-  Tensor t = Tensor::zeros({B, h, L, D}, DType::f64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < h; ++k)
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t p = 0; p < D; ++p)
-          t.data<double>()[((b * h + k) * L + i) * D + p] = x.data<double>()[(b * L + i) * h * D + k * D + p];
-  return t;
-}
-Tensor merge_heads(const Tensor& t) {
-  const Shape& s = t.shape();
-  const int64_t B = s[0], h = s[1], L = s[2], D = s[3];
-  Tensor x = Tensor::zeros({B, L, h * D}, DType::f64);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t k = 0; k < h; ++k)
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t p = 0; p < D; ++p)
-          x.data<double>()[(b * L + i) * h * D + k * D + p] = t.data<double>()[((b * h + k) * L + i) * D + p];
-  return x;
 }
 
 // f64 sdpa_rows from sdpa_reference on the split heads.
@@ -708,15 +718,7 @@ void register_attention_ops(OpRegistry& r) {
     check_key_ids(in, 3, s, a);
     return {{{s.b, s.h, s.t, s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
   };
-  d.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
-    const bool masked = c.node.inputs.size() == 4;
-    if (masked) ins.push_back(c.in(3));
-    const auto g = c.b.op("sdpa_grad", ins, c.attrs());
-    std::vector<ValueId> grads = {g[0], g[1], g[2]};
-    if (masked) grads.push_back(kNoValue);
-    return grads;
-  };
+  d.grad = sdpa_gradient("sdpa_grad");
   d.nondiff_inputs = {3};
   d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) -> Cost {
     const SdpaDims s = check_qkv(in[0], in[1], in[2], a);
@@ -892,15 +894,7 @@ void register_attention_ops(OpRegistry& r) {
     check_key_ids(in, 3, s, a);
     return {{{s.b, s.t, s.h * s.dv}, in[0].dtype}, {{s.b, s.h, s.t}, lse_dtype(in[0].dtype)}};
   };
-  rw.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    std::vector<ValueId> ins = {c.dout(0), c.in(0), c.in(1), c.in(2), c.out(0), c.out(1)};
-    const bool masked = c.node.inputs.size() == 4;
-    if (masked) ins.push_back(c.in(3));
-    const auto g = c.b.op("sdpa_rows_grad", ins, c.attrs());
-    std::vector<ValueId> grads = {g[0], g[1], g[2]};
-    if (masked) grads.push_back(kNoValue);
-    return grads;
-  };
+  rw.grad = sdpa_gradient("sdpa_rows_grad");
   rw.nondiff_inputs = {3};
   rw.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                const Attrs& a) -> Cost {

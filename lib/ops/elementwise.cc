@@ -392,7 +392,7 @@ void register_elementwise_ops(OpRegistry& r) {
              gelu_derivative, gelu_attrs);
   r.add(gelu_bias_grad_op(gelu_attrs));
   activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false, [](double x, const Attrs&) {
-    const double s = 1 / (1 + std::exp(-x));
+    const double s = sigmoid(x);
     return s * (1 + x * (1 - s));
   });
   r.add(swiglu_op());
