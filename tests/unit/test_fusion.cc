@@ -192,6 +192,13 @@ TEST(Fusion, ReluGradOfASumIsTheAddThenTheReluGrad) {
   }
 }
 
+// How many nodes of each op a program runs.
+std::map<std::string, int> op_counts(const Program& p) {
+  std::map<std::string, int> ops;
+  for (NodeId id : p.order) ++ops[p.graph.node(id).op];
+  return ops;
+}
+
 // compile() with SGD (momentum 0.9) in `compute`, eager or fused.
 Program compile_sgd(Graph g, DType compute, bool eager) {
   CompileOptions opts;
@@ -289,9 +296,7 @@ Program compile_swiglu(DType compute, bool eager) {
 TEST(Fusion, SwigluTrainsBitwiseAsEager) {
   for (DType t : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(t));
-    std::map<std::string, int> ops;
-    const Program fused = compile_swiglu(t, false);
-    for (NodeId id : fused.order) ++ops[fused.graph.node(id).op];
+    std::map<std::string, int> ops = op_counts(compile_swiglu(t, false));
     EXPECT_EQ(ops["swiglu"], 1);
     EXPECT_EQ(ops["swiglu_grad"], 1);
     EXPECT_EQ(ops["silu"] + ops["silu_grad"], 0);
@@ -300,9 +305,9 @@ TEST(Fusion, SwigluTrainsBitwiseAsEager) {
   }
 }
 
-// x (3, 20, 24) -> BERT's attention with separate q, k and v (2 heads of 12), no mask, keys of batch row 1
-// from 15 on padding -> proj -> mse: the heads' transposes around sdpa (forward and backward) become one
-// sdpa_rows and its gradient, in f32 and bf16.
+// x (3, 20, 24) -> BERT's attention with separate q, k and v (2 heads of 12), bidirectional, keys of batch
+// row 1 from 15 on padding -> proj -> mse: the heads' transposes around sdpa (forward and backward) become
+// one sdpa_rows and its gradient, in f32 and bf16.
 Program compile_row_attention(DType compute, bool eager) {
   Graph g;
   GraphBuilder b(g);
@@ -325,9 +330,7 @@ Program compile_row_attention(DType compute, bool eager) {
 TEST(Fusion, RowAttentionTrainsBitwiseAsEager) {
   for (DType t : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(t));
-    std::map<std::string, int> ops;
-    const Program fused = compile_row_attention(t, false);
-    for (NodeId id : fused.order) ++ops[fused.graph.node(id).op];
+    std::map<std::string, int> ops = op_counts(compile_row_attention(t, false));
     EXPECT_EQ(ops["sdpa_rows"], 1);
     EXPECT_EQ(ops["sdpa_rows_grad"], 1);
     EXPECT_EQ(ops["transpose"], 0);
