@@ -560,9 +560,9 @@ void sdpa_rows_bf16(const KernelCtx& c) {
   const Geometry g = r.geometry(c.attrs(), c.num_in > 3 ? c.in[3].as<int64_t>() : nullptr);
   const uint16_t *q = bits(c.in[0]), *k = bits(c.in[1]), *v = bits(c.in[2]);
   uint16_t* out = bits_out(c.out[0]);
+  const HeadStrides ld = r.strides();
   forward_heads(g, c.out[1].as<float>(), [&](int64_t h) {
-    return HeadRows<uint16_t>{q + r.q(h), k + r.k(h), v + r.v(h), out + r.o(h),
-                              r.h * r.d,  r.h * r.d,  r.h * r.dv, r.h * r.dv};
+    return HeadRows<uint16_t>{q + r.q(h), k + r.k(h), v + r.v(h), out + r.o(h), ld.q, ld.k, ld.v, ld.o};
   });
 }
 
