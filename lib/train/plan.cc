@@ -201,8 +201,9 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
   add("runtime (libraries paged in, threads, the graph)", kRuntimeBytes);
   if (world > 1) add("MPI (Open MPI's shared-memory transport)", kMpiProcessBytes);
   add("dataset (held in memory or mapped)", static_cast<double>(data.memory_bytes()));
-  double loaders = loader_bytes(data.spec(), cfg.train.micro_batch_size, cfg.data.prefetch);
-  if (eval) loaders += loader_bytes(data.spec(), cfg.train.eval_batch_size, cfg.data.prefetch);
+  const int64_t prefetch = loader_prefetch(cfg);
+  double loaders = loader_bytes(data.spec(), cfg.train.micro_batch_size, prefetch);
+  if (eval) loaders += loader_bytes(data.spec(), cfg.train.eval_batch_size, prefetch);
   add(eval ? "loader batches (train and evaluation)" : "loader batches", loaders);
   if (host) {
     add("parameters", r.param_bytes);

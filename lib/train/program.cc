@@ -17,6 +17,7 @@
 #include "ops/registry.h"
 #include "optim/schedule.h"
 #include "train/plan.h"
+#include "train/threads.h"
 
 namespace flowrun {
 
@@ -261,11 +262,17 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
   return t;
 }
 
+int64_t loader_prefetch(const RunConfig& cfg) {
+  if (device_of(cfg).kind != DeviceKind::cpu) return cfg.data.prefetch;
+  const int threads = cfg.train.threads > 0 ? static_cast<int>(cfg.train.threads) : omp_get_max_threads();
+  return threads < usable_cores() ? cfg.data.prefetch : 0;
+}
+
 std::unique_ptr<Loader> train_loader(const Dataset& data, const RunConfig& cfg, const Mesh& mesh,
                                      LoaderPosition start) {
   const Communicator& d = *mesh.data;
   return std::make_unique<Loader>(data, Split::train, cfg.train.micro_batch_size * d.size(), cfg.data.shuffle,
-                                  cfg.train.seed, cfg.data.prefetch, start, d.rank(), d.size(),
+                                  cfg.train.seed, loader_prefetch(cfg), start, d.rank(), d.size(),
                                   cfg.train.grad_accumulation);
 }
 

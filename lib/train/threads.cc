@@ -1,6 +1,8 @@
 #include "train/threads.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -14,6 +16,12 @@ constexpr int64_t kFirstGap = 8, kLongestGap = 128;
 constexpr int kProbeSteps = 4;     // steps in a probe that wins
 constexpr double kWinRatio = 0.9;  // a probe wins when it takes under 90% of the current count's typical step
 }  // namespace
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
 
 void ThreadAdapter::Recent::add(double s) {
   seconds[static_cast<size_t>(next)] = s;

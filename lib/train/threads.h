@@ -20,6 +20,9 @@ namespace flowrun {
 // primitives. Changing the count changes no result: every CPU kernel gives the same bits for any thread count
 // (the convolution weight gradients and the long-K matmuls cut their sums into fixed blocks for this), tested
 // by cli.threads. Each process adapts by its own steps.
+// The cores this process may run on: its CPU affinity mask (taskset, Slurm's cpuset), else every online one.
+int usable_cores();
+
 class ThreadAdapter {
  public:
   // `max`: the count configured (train.threads, or the OpenMP default); `adapt`: false keeps it fixed.

@@ -77,7 +77,7 @@ EvalResult evaluate(Executor& ex, const Dataset& data, const RunConfig& cfg,
   EvalResult r;
   r.text = data.spec().text;
   r.token_unit = data.spec().token_unit;
-  Loader loader(data, Split::val, cfg.train.eval_batch_size, false, cfg.train.seed, cfg.data.prefetch);
+  Loader loader(data, Split::val, cfg.train.eval_batch_size, false, cfg.train.seed, loader_prefetch(cfg));
   double loss_sum = 0.0;
   int64_t correct = 0;
   const int64_t batches = eval_batch_count(cfg, data);

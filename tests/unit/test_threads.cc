@@ -5,6 +5,8 @@
 #include <functional>
 #include <vector>
 
+#include "config/config.h"
+#include "train/program.h"
 #include "train/threads.h"
 
 namespace flowrun::testing {
@@ -134,6 +136,28 @@ TEST(ThreadAdapter, FixedWhenNotAdapting) {
   EXPECT_EQ(count_of(drive(fixed, 100, [](int n, int) { return n == 2 ? 1.0 : 0.1; }), 2), 100);
   EXPECT_EQ(count_of(drive(one, 20, [](int, int) { return 0.1; }), 1), 20);
   EXPECT_EQ(fixed.summary(), "2 threads");
+}
+
+// The loader prepares batches in its own thread only when a core is left over by the step's threads (or the
+// step runs on a GPU); data.prefetch 0 stays synchronous everywhere.
+TEST(LoaderPrefetch, BackgroundOnlyWithACoreToSpare) {
+  const int cores = usable_cores();
+  ASSERT_GE(cores, 1);
+  RunConfig cfg;
+  cfg.data.prefetch = 3;
+  cfg.train.threads = cores;
+  EXPECT_EQ(loader_prefetch(cfg), 0);
+  cfg.train.threads = cores + 1;
+  EXPECT_EQ(loader_prefetch(cfg), 0);
+  cfg.train.device = "cuda";
+  EXPECT_EQ(loader_prefetch(cfg), 3);
+  cfg.train.device = "cpu";
+  if (cores > 1) {
+    cfg.train.threads = cores - 1;
+    EXPECT_EQ(loader_prefetch(cfg), 3);
+    cfg.data.prefetch = 0;
+    EXPECT_EQ(loader_prefetch(cfg), 0);
+  }
 }
 
 }  // namespace
