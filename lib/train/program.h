@@ -61,8 +61,9 @@ Mesh join_world(const RunConfig& cfg);
 // take every core this process may use (usable_cores), where it prepares each batch when the step asks for
 // it. There the loader's thread has no core of its own: waking in the middle of a kernel it displaced a
 // thread of the team, and the rest of the team waited for it at the next barrier. Synchronous, the bench
-// MLP's step took 0.975x as long (median of 5 alternating rounds of 1000 steps, 2 threads on 2 cores), the
-// CNN's within the noise; the first layer's product, which the thread's work overlapped, 0.35 ms, not 0.42.
+// MLP's step took 0.979x as long (0.971-0.988: data.prefetch 0 against 2 in one build, 5 alternating rounds
+// of 1000 steps, 2 threads on 2 cores), the CNN's within the noise; the first layer's product, which the
+// thread's work overlapped, 0.35 ms, not 0.42.
 int64_t loader_prefetch(const RunConfig& cfg);
 
 // The training loader of this rank: the global micro-batch (micro_batch_size x parallel.data), of which it
