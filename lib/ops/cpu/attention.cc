@@ -262,6 +262,38 @@ void forward_block(const Geometry& g, const T* qb, int64_t ldq, const T* kt, con
   }
 }
 
+// p[0, n) = 0 in register stores: std::fill_n of a head's row was a memset call per row, 2 S calls per head.
+template <typename T>
+inline void zero_row(T* p, int64_t n) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) vstore(p + j, V{});
+  for (; j < n; ++j) p[j] = T(0);
+}
+
+// out[r] = a row r . b row r for r < m (rows n long, lda and ldb apart): four rows at a time, so that their
+// chains of dependent adds interleave (one 64-wide row is four register products added in turn); each row's
+// lanes are folded in halves, then its tail past the last whole register added in order.
+template <typename T>
+inline void row_dots(int64_t m, int64_t n, const T* a, int64_t lda, const T* b, int64_t ldb, T* out) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t L = kLanes<T>, kRows = 4;
+  const int64_t whole = n / L * L;
+  for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+    const int64_t rows = std::min(kRows, m - r0);
+    V acc[kRows] = {};
+    for (int64_t j = 0; j < whole; j += L)
+      for (int64_t u = 0; u < rows; ++u)
+        acc[u] += vload<V>(a + (r0 + u) * lda + j) * vload<V>(b + (r0 + u) * ldb + j);
+    for (int64_t u = 0; u < rows; ++u) {
+      T sum = fold_lanes<T>(acc[u], [](auto x, auto y) { return x + y; });
+      for (int64_t j = whole; j < n; ++j) sum += a[(r0 + u) * lda + j] * b[(r0 + u) * ldb + j];
+      out[r0 + u] = sum;
+    }
+  }
+}
+
 // Gradients of one (batch, head); the calling thread owns its dq, dk, dv rows and its kt, vt scratch.
 // `kid` as in forward_block: a padded key's score becomes -inf, so its probability and dS are exactly 0
 // (lse is finite on every row, 0 where the forward saw no key).
@@ -279,19 +311,14 @@ void backward_head(const Geometry& g, const HeadStrides& ld, const T* dout, cons
   transpose_scaled(g.s, d, k, kt, sc, ld.k);
   transpose_scaled(g.s, dvn, v, vt, T(1), ld.v);
   for (int64_t j = 0; j < g.s; ++j) {
-    std::fill_n(dk + j * ld.dk, d, T(0));
-    std::fill_n(dv + j * ld.dv, dvn, T(0));
+    zero_row(dk + j * ld.dk, d);
+    zero_row(dv + j * ld.dv, dvn);
   }
   for (int64_t i0 = 0; i0 < g.t; i0 += kBQ) {
     const int64_t m = std::min(kBQ, g.t - i0);
     const T *qb = q + i0 * ld.q, *dob = dout + i0 * ld.dout, *ob = o + i0 * ld.o, *lb = lse + i0;
     T* dqb = dq + i0 * ld.dq;
-    for (int64_t r = 0; r < m; ++r) {
-      T acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t j = 0; j < dvn; ++j) acc += dob[r * ld.dout + j] * ob[r * ld.o + j];
-      di[r] = acc;
-    }
+    row_dots(m, dvn, dob, ld.dout, ob, ld.o, di);
     const int64_t kend = g.kv_end(i0 + m - 1);
     for (int64_t kb = 0; kb < kend; kb += kBK) {
       const int64_t n = std::min(kBK, kend - kb);
