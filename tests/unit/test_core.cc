@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "models.h"
+#include "ops/cpu/dnnl_matmul.h"
 
 namespace flowrun::testing {
 namespace {
@@ -214,6 +215,46 @@ TEST(Matmul, Bf16MatchesF32OfRoundedInputs) {
   const auto y16 = run(DType::bf16, a, bv), y32 = run(DType::f32, a, bv);
   for (size_t i = 0; i < y32.size(); ++i)
     EXPECT_NEAR(y16[i], y32[i], std::fabs(y32[i]) * 1.0 / 128 + 1e-3) << i;  // one bf16 rounding of the output
+}
+
+// f32 products through oneDNN in every transpose combination, against f64: shapes with edge blocks, a long K
+// cut into chunks, and weight gradients with fewer rows than columns (A transposed, m < n), which run as
+// their transpose and are transposed back (dnnl_matmul.cc swaps), also with alpha and on top of y (beta).
+TEST(Matmul, F32ProductsMatchFloat64) {
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+  };
+  const RngStream r{3, 4};
+  for (const Case& c : {Case{37, 29, 64, false, false, 1, 0}, Case{37, 29, 64, true, true, 1, 0},
+                        Case{19, 100, 50, true, false, 1, 0}, Case{19, 100, 50, true, false, 0.5f, 0},
+                        Case{19, 100, 50, true, false, 1, 1}, Case{40, 300, 2100, true, false, 1, 0},
+                        Case{300, 40, 2100, true, false, 1, 0}, Case{70, 33, 300, false, true, 1, 0}}) {
+    SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << " x " << c.k << (c.ta ? " ta" : "")
+                                      << (c.tb ? " tb" : "") << " alpha " << c.alpha << " beta " << c.beta);
+    std::vector<float> a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n)),
+        y(static_cast<size_t>(c.m * c.n));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(2 * r.uniform(i) - 1);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(2 * r.uniform(i + a.size()) - 1);
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(r.uniform(i + a.size() + b.size()));
+    const std::vector<float> y0 = y;
+    cpu::dnnl_matmul(DType::f32, DType::f32, 1, c.m, c.n, c.k, c.ta, c.tb, 0, 0, c.alpha, c.beta, a.data(),
+                     b.data(), y.data());
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double want = 0, mag = 0;
+        for (int64_t p = 0; p < c.k; ++p) {
+          const double x = a[static_cast<size_t>(c.ta ? p * c.m + i : i * c.k + p)];
+          const double w = b[static_cast<size_t>(c.tb ? j * c.k + p : p * c.n + j)];
+          want += x * w;
+          mag += std::fabs(x * w);
+        }
+        const size_t at = static_cast<size_t>(i * c.n + j);
+        want = c.alpha * want + c.beta * y0[at];
+        ASSERT_NEAR(y[at], want, 1e-6 * (mag + 1)) << i << ", " << j;
+      }
+  }
 }
 
 // A small GPT block (x and target 2 x 8 x 16) trained by SGD with momentum.
