@@ -218,8 +218,9 @@ TEST(Matmul, Bf16MatchesF32OfRoundedInputs) {
 }
 
 // f32 products through oneDNN in every transpose combination, against f64: shapes with edge blocks, a long K
-// cut into chunks, and weight gradients with fewer rows than columns (A transposed, m < n), which run as
-// their transpose and are transposed back (dnnl_matmul.cc swaps), also with alpha and on top of y (beta).
+// cut into chunks, long weight gradients with fewer rows than columns (A transposed, m < n, K chunked), which
+// run as their transpose and are transposed back (dnnl_matmul.cc swaps), with alpha, and sums added on top
+// of y (beta).
 TEST(Matmul, F32ProductsMatchFloat64) {
   struct Case {
     int64_t m, n, k;
@@ -230,7 +231,8 @@ TEST(Matmul, F32ProductsMatchFloat64) {
   for (const Case& c : {Case{37, 29, 64, false, false, 1, 0}, Case{37, 29, 64, true, true, 1, 0},
                         Case{19, 100, 50, true, false, 1, 0}, Case{19, 100, 50, true, false, 0.5f, 0},
                         Case{19, 100, 50, true, false, 1, 1}, Case{40, 300, 2100, true, false, 1, 0},
-                        Case{300, 40, 2100, true, false, 1, 0}, Case{70, 33, 300, false, true, 1, 0}}) {
+                        Case{40, 300, 2100, true, false, 0.5f, 0}, Case{300, 40, 2100, true, false, 1, 0},
+                        Case{70, 33, 300, false, true, 1, 0}}) {
     SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << " x " << c.k << (c.ta ? " ta" : "")
                                       << (c.tb ? " tb" : "") << " alpha " << c.alpha << " beta " << c.beta);
     std::vector<float> a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n)),
