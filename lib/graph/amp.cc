@@ -113,8 +113,7 @@ void fold_f32_casts(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   static const std::set<std::string> foldable = {"matmul", "linear", "reduce_sum"};
   const auto readers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   // v is a low-precision value read only by the node before it in the chain.
   auto single = [&](ValueId v) {
     const Value& x = g.value(v);

@@ -183,6 +183,12 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
   return order;
 }
 
+std::set<ValueId> Graph::output_values() const {
+  std::set<ValueId> s;
+  for (const auto& [name, v] : outputs_) s.insert(v);
+  return s;
+}
+
 std::vector<std::vector<NodeId>> Graph::consumers() const {
   std::vector<std::vector<NodeId>> c(values_.size());
   for (const auto& n : nodes_) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -167,6 +168,8 @@ class Graph {
   void mark_output(const std::string& name, ValueId v);
   void unmark_output(const std::string& name) { outputs_.erase(name); }
   const std::map<std::string, ValueId>& outputs() const { return outputs_; }
+  // The values marked as outputs, which passes must keep (not fold into a fused node).
+  std::set<ValueId> output_values() const;
   // Gradient of each parameter, filled by autodiff (param -> gradient value).
   std::map<ValueId, ValueId>& param_grads() { return param_grads_; }
   const std::map<ValueId, ValueId>& param_grads() const { return param_grads_; }

@@ -100,8 +100,7 @@ bool takes_blocked_attr(const std::string& op) {
 
 class LayoutPass {
  public:
-  LayoutPass(Graph& g, std::optional<bool> nhwc) : g_(g) {
-    for (const auto& [name, v] : g.outputs()) pinned_.insert(v);
+  LayoutPass(Graph& g, std::optional<bool> nhwc) : g_(g), pinned_(g.output_values()) {
     for (const Node& n : g.nodes()) {
       if (n.dead) continue;
       if (!nhwc && conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 &&

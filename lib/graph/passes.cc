@@ -51,8 +51,7 @@ void replace_uses(Graph& g, ValueId from, ValueId to) {
 void fuse_linear_gelu(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cuda) return;
   const auto consumers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   const std::vector<Node> snapshot = g.nodes();
   for (const Node& ge : snapshot) {
     if (ge.dead || ge.op != "gelu" || !ge.attrs.is("approximate", "tanh")) continue;
@@ -82,8 +81,7 @@ void fuse_linear_gelu(Graph& g, DeviceKind device) {
 void fuse_swiglu(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   const auto consumers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
   for (const Node& mul : snapshot) {
     if (mul.dead || mul.op != "mul") continue;
@@ -139,9 +137,8 @@ struct AttentionPattern {
   Graph& g;
   std::vector<std::vector<NodeId>> consumers;
   std::set<ValueId> outputs;
-  explicit AttentionPattern(Graph& graph) : g(graph), consumers(graph.consumers()) {
-    for (const auto& [name, v] : g.outputs()) outputs.insert(v);
-  }
+  explicit AttentionPattern(Graph& graph)
+      : g(graph), consumers(graph.consumers()), outputs(graph.output_values()) {}
   bool single_reader(ValueId v) const {
     return consumers[static_cast<size_t>(v)].size() == 1 && !outputs.count(v);
   }
@@ -302,8 +299,7 @@ void fuse_backward(Graph& g, DeviceKind device) {
   // tensors, a twelfth of its step).
   if (device != DeviceKind::cpu) return;
   const auto consumers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   for (Node& rg : g.nodes()) {
     if (rg.dead || rg.op != "relu_grad") continue;
     const Value& d = g.value(rg.inputs[0]);
@@ -402,8 +398,7 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   const OpDef& fused_def = OpRegistry::get().at("gelu_bias_grad");
   const auto readers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
   for (const Node& gg : snapshot) {
     if (gg.dead || gg.op != "gelu_grad") continue;
@@ -444,8 +439,7 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
 void fold_norm_casts(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   const auto readers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   for (Node& c : g.nodes()) {
     if (c.dead || c.op != "cast" || !c.attrs.is("dtype", "bf16")) continue;
     const Value& y = g.value(c.inputs[0]);
@@ -462,8 +456,7 @@ void fold_norm_casts(Graph& g, DeviceKind device) {
 
 void fuse_norm_grad_residual(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   const auto readers = g.consumers();
   for (Node& a : g.nodes()) {
     if (a.dead || a.op != "add" || a.inputs.size() != 2) continue;

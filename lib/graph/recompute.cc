@@ -45,8 +45,7 @@ void adopt_helpers(Graph& g, const std::vector<NodeId>& forward,
 void recompute_forward(Graph& g, const std::vector<NodeId>& forward) {
   const NodeId bb = g.backward_begin;
   const std::vector<std::vector<NodeId>> readers = g.consumers();
-  std::set<ValueId> outputs;
-  for (const auto& [name, v] : g.outputs()) outputs.insert(v);
+  const std::set<ValueId> outputs = g.output_values();
   adopt_helpers(g, forward, readers, outputs);
 
   // The segment of each value a segment's node makes (-1: none, or made by a node that mutates state, such as
