@@ -262,16 +262,6 @@ void forward_block(const Geometry& g, const T* qb, int64_t ldq, const T* kt, con
   }
 }
 
-// p[0, n) = 0 in register stores: std::fill_n of a head's row was a memset call per row, 2 S calls per head.
-template <typename T>
-inline void zero_row(T* p, int64_t n) {
-  using V = typename Vec<T>::type;
-  constexpr int64_t L = kLanes<T>;
-  int64_t j = 0;
-  for (; j + L <= n; j += L) vstore(p + j, V{});
-  for (; j < n; ++j) p[j] = T(0);
-}
-
 // out[r] = a row r . b row r for r < m (rows n long, lda and ldb apart): four rows at a time, so that their
 // chains of dependent adds interleave (one 64-wide row is four register products added in turn); each row's
 // lanes are folded in halves, then its tail past the last whole register added in order.
@@ -311,8 +301,8 @@ void backward_head(const Geometry& g, const HeadStrides& ld, const T* dout, cons
   transpose_scaled(g.s, d, k, kt, sc, ld.k);
   transpose_scaled(g.s, dvn, v, vt, T(1), ld.v);
   for (int64_t j = 0; j < g.s; ++j) {
-    zero_row(dk + j * ld.dk, d);
-    zero_row(dv + j * ld.dv, dvn);
+    std::fill_n(dk + j * ld.dk, d, T(0));
+    std::fill_n(dv + j * ld.dv, dvn, T(0));
   }
   for (int64_t i0 = 0; i0 < g.t; i0 += kBQ) {
     const int64_t m = std::min(kBQ, g.t - i0);
