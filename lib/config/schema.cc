@@ -109,8 +109,7 @@ std::vector<Section> build_schema() {
                "shuffle the training set every epoch"),
            key("prefetch", Type::integer, "2", field(d, &D::prefetch),
                "batches prepared ahead by the loader thread (0 = synchronous; a CPU run whose threads take "
-               "every "
-               "core prepares each batch when the step asks for it)",
+               "every core prepares each batch when the step asks for it)",
                non_negative),
            key("mean", Type::number_list, "[]", field(d, &D::mean),
                "image normalisation mean, one per channel; [] = the dataset's default"),

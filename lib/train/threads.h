@@ -9,6 +9,9 @@
 
 namespace flowrun {
 
+// The cores this process may run on: its CPU affinity mask (taskset, Slurm's cpuset), else every online one.
+int usable_cores();
+
 // With another busy process on the machine, an OpenMP team of every core waits at each barrier for a thread
 // the kernel has descheduled: a 2-thread step took 1.6x the 1-thread one here. ThreadAdapter runs most
 // steps at its current count and, now and then, a probe at a neighbouring count (one fewer or one more, up
@@ -20,9 +23,6 @@ namespace flowrun {
 // primitives. Changing the count changes no result: every CPU kernel gives the same bits for any thread count
 // (the convolution weight gradients and the long-K matmuls cut their sums into fixed blocks for this), tested
 // by cli.threads. Each process adapts by its own steps.
-// The cores this process may run on: its CPU affinity mask (taskset, Slurm's cpuset), else every online one.
-int usable_cores();
-
 class ThreadAdapter {
  public:
   // `max`: the count configured (train.threads, or the OpenMP default); `adapt`: false keeps it fixed.
