@@ -231,24 +231,21 @@ void product(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int6
   }
 }
 
+#if defined(__AVX512F__)  // the transposition back runs simd16::transpose16
 // An f32 weight gradient with fewer rows than columns (A transposed, m < n) ran at 0.88x the rate of its
 // transpose in oneDNN's matmul: gpt-tiny's MLP output projection, 256 x 1024 over 2048 rows, 4.17 ms
 // against 3.46 for the 1024 x 256 one (2 threads, alternating, operands in cache). So y^T = B^T A is
 // computed and transposed into y, 16 x 16 blocks through registers: in gpt-tiny's step that product took
 // 3.87-3.96 ms instead of 4.02-4.22 (two profiled runs of each build, alternating), kjv_llama's MLP down
-// projection (192 x 512) 2.83-2.96 ms instead of 3.11-3.45. Only for the long sums
-// cut into K chunks (splits_k): over the MLP's 128 rows the transposition cost more than the product gained
-// (its step 1.73-1.79 ms against 1.58-1.66).
+// projection (192 x 512) 2.83-2.96 ms instead of 3.11-3.45. Only for the long sums cut into K chunks
+// (splits_k): over the MLP's 128 rows the transposition cost more than the product gained (its step
+// 1.73-1.79 ms against 1.58-1.66).
 bool swaps(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
            float beta) {
-#if defined(__AVX512F__)
   return dtype == DType::f32 && ytype == DType::f32 && ta && !tb && m < n && beta == 0.0f &&
          splits_k(dtype, batch, m, n, k, ta);
-#else
-  (void)dtype, (void)ytype, (void)batch, (void)m, (void)n, (void)k, (void)ta, (void)tb, (void)beta;
-  return false;
-#endif
 }
+#endif
 
 }  // namespace
 
