@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/prefetch.h"
 #include "ops/cpu/reduce.h"
 #include "ops/cpu/simd16.h"
 
@@ -300,7 +301,10 @@ void map_range(int64_t s, int64_t e, S* out, const std::array<const S*, N>& in, 
   };
   auto run16 = [&](int64_t i, __mmask16 m) {
     __m512 v[N];
-    for (size_t k = 0; k < N; ++k) v[k] = load(in[k] + i, m);
+    for (size_t k = 0; k < N; ++k) {
+      prefetch_ahead(in[k] + i);
+      v[k] = load(in[k] + i, m);
+    }
     store(out + i, apply(v), m);
   };
   int64_t i = s;
@@ -308,7 +312,10 @@ void map_range(int64_t s, int64_t e, S* out, const std::array<const S*, N>& in, 
   if constexpr (std::is_same_v<S, bf16>) {
     for (; i + 32 <= e; i += 32) {
       __m512 ev[N], od[N];
-      for (size_t k = 0; k < N; ++k) simd16::load_pairs(in[k] + i, ev[k], od[k]);
+      for (size_t k = 0; k < N; ++k) {
+        prefetch_ahead(in[k] + i);
+        simd16::load_pairs(in[k] + i, ev[k], od[k]);
+      }
       simd16::store_pairs(out + i, apply(ev), apply(od));
     }
   }

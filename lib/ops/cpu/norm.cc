@@ -10,6 +10,7 @@
 #include "ops/cpu/conv.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/prefetch.h"
 #include "ops/cpu/simd16.h"
 
 namespace flowrun::cpu {
@@ -102,6 +103,8 @@ void row_norm(const KernelCtx& c) {
   parallel_for(rows, row_grain(d), [&](int64_t s, int64_t e) {
     for (int64_t r = s; r < e; ++r) {
       const S* xr = x + r * d;
+      prefetch_span_ahead(xr, static_cast<size_t>(d) * sizeof(S));
+      if (add) prefetch_span_ahead(add + r * d, static_cast<size_t>(d) * sizeof(S));
       if constexpr (std::is_same_v<S, float>) {
         if (add) {
           // The add kernel's a + b, stored, then normalised from the stored row while it is in L1.
@@ -191,6 +194,9 @@ void row_norm_grad(const KernelCtx& c) {
           const S* dyr = dy + r * d;
           const S* xr = x + r * d;
           S* __restrict dxr = dx + r * d;
+          prefetch_span_ahead(dyr, static_cast<size_t>(d) * sizeof(S));
+          prefetch_span_ahead(xr, static_cast<size_t>(d) * sizeof(S));
+          if (res) prefetch_span_ahead(res + r * d, static_cast<size_t>(d) * sizeof(float));
           mu[i] = kCentered ? mean[r] : T(0);
           rs[i] = rstd[r];
           const T m = mu[i], q = rs[i];
