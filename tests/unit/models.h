@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph/builder.h"
+#include "graph/passes.h"
 #include "runtime/executor.h"
 
 namespace flowrun::testing {
@@ -77,6 +78,15 @@ inline void init_params(Executor& ex, uint64_t seed) {
                      : (2.0 * r.uniform(i) - 1.0) / std::sqrt(fan_in);
     p.fill_from(vals);
   }
+}
+
+// The options train_sgd's programs are compiled with: SGD with momentum 0.9 (its learning rate the "lr"
+// input), fused or eager; callers set the rest (compute dtype, layouts).
+inline CompileOptions sgd_options(bool eager = false) {
+  CompileOptions opts;
+  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  opts.eager = eager;
+  return opts;
 }
 
 // Losses of `steps` SGD steps (lr 0.05, parameters from init_params(5)) on inputs "x" and "target" drawn

@@ -201,10 +201,8 @@ std::map<std::string, int> op_counts(const Program& p) {
 
 // compile() with SGD (momentum 0.9) in `compute`, eager or fused.
 Program compile_sgd(Graph g, DType compute, bool eager) {
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  CompileOptions opts = sgd_options(eager);
   opts.compute = compute;
-  opts.eager = eager;
   return compile(std::move(g), opts);
 }
 

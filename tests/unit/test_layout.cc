@@ -40,10 +40,8 @@ void build_cnn(Graph& g) {
 
 // A graph's training program (SGD with momentum), with or without the layout pass, or eager.
 Program compile_sgd(Graph g, bool blocked, bool eager) {
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  CompileOptions opts = sgd_options(eager);
   opts.blocked_layout = blocked;
-  opts.eager = eager;
   return compile(std::move(g), opts);
 }
 
@@ -92,8 +90,7 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
 Program compile_cnn_nhwc(DType compute, std::optional<bool> nhwc) {
   Graph g;
   build_cnn(g);
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  CompileOptions opts = sgd_options();
   opts.compute = compute;
   opts.nhwc_layout = nhwc;
   return compile(std::move(g), opts);
@@ -140,8 +137,7 @@ TEST(BlockedLayout, Bf16TrainsBitwiseAsThePlainProgram) {
   }
   Graph g;
   build_cnn(g);
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
+  CompileOptions opts = sgd_options();
   opts.compute = DType::bf16;
   opts.blocked_layout = false;
   const auto [plain_losses, plain] = train_sgd(compile(std::move(g), opts), 3);

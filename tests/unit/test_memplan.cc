@@ -142,10 +142,7 @@ TEST(MemoryPlan, AViewOfAnInputIsTheInputsBytes) {
     const ValueId flat = b.reshape(b.input("x", {8, 2, 8}), {8, 16});
     const ValueId h = b.op1("linear", {flat, b.param("fc/weight", {4, 16}), b.param("fc/bias", {4})});
     g.mark_output("loss", b.op1("mse_loss", {h, b.input("target", {8, 4})}));
-    CompileOptions opts;
-    opts.optimizer = {.type = "sgd", .momentum = 0.9};
-    opts.eager = eager;
-    return compile(std::move(g), opts);
+    return compile(std::move(g), sgd_options(eager));
   };
   const Program p = build(false);
   const ValueId x = p.graph.find_value("x");

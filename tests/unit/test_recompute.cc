@@ -48,9 +48,7 @@ void build_stack(Graph& g, int layers, bool recompute) {
 Program compile_stack(int layers, bool recompute) {
   Graph g;
   build_stack(g, layers, recompute);
-  CompileOptions opts;
-  opts.optimizer = {.type = "sgd", .momentum = 0.9};
-  return compile(std::move(g), opts);
+  return compile(std::move(g), sgd_options());
 }
 
 TEST(Recompute, BitwiseTheSameTrainingInASmallerArena) {
