@@ -305,6 +305,7 @@ void map_range(int64_t s, int64_t e, S* out, const std::array<const S*, N>& in, 
       prefetch_ahead(in[k] + i);
       v[k] = load(in[k] + i, m);
     }
+    prefetch_ahead_for_write(out + i);
     store(out + i, apply(v), m);
   };
   int64_t i = s;

@@ -25,6 +25,14 @@ inline void prefetch_ahead(const void* p) {
                      3);
 }
 
+// The same for a line the loop will write: asked for ownership early, its read-for-ownership from memory
+// overlaps the arithmetic. f32 GELU's forward in gpt-tiny's step: 2.36-2.68 -> 2.07-2.29 ms (six alternating
+// runs); its gradient, which reads two streams, and the bf16 loops, which write half as many lines, did not
+// move, and the bf16 loops go without.
+inline void prefetch_ahead_for_write(void* p) {
+  __builtin_prefetch(reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) + kPrefetchAhead), 1, 3);
+}
+
 // Every cache line of [p, p + bytes), `p` an address formed as an integer where it may lie past a tensor.
 inline void prefetch_span(std::uintptr_t p, std::size_t bytes) {
   for (std::size_t off = 0; off < bytes; off += 64)
