@@ -304,6 +304,7 @@ void backward_head(const Geometry& g, const HeadStrides& ld, const T* dout, cons
   // block's, with it and T == S the diagonal block's), that product stores its sums instead of adding them to
   // zeroed rows: the zeroing, a memset call per row of dk and of dv, was a twentieth of sdpa_qkv_grad. Both
   // start the sum from +0, so the bits are the same.
+  static_assert(kBQ == kBK, "the diagonal block of query block i0 is key block i0");
   const bool first_writes = !g.causal || g.off == 0;
   if (!first_writes)
     for (int64_t j = 0; j < g.s; ++j) {
