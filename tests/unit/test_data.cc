@@ -1,5 +1,6 @@
 // Tests of the datasets (conversion of the real data to HDF5, reading, normalisation) and the data loader.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -779,6 +781,71 @@ TEST(LoaderTrain, PrefetchMatchesSynchronousAndKeepsTheCurrentBatch) {
     EXPECT_EQ(a.position.index, s.position.index);
     EXPECT_EQ(ahead.position().index, a.position.index);
   }
+}
+
+// Samples of 1024 values (sample i: i + k / 1024), wide enough that a synchronous loader's batch of 64 rows
+// is filled on the OpenMP team; each fill records the OpenMP thread that ran it. `fail_at` as
+// CountingDataset's.
+class WideDataset final : public Dataset {
+ public:
+  static constexpr int64_t kWidth = 1024;
+  explicit WideDataset(int64_t fail_at = -1) : fail_at_(fail_at) {
+    spec_.sample_shape = {kWidth};
+    spec_.num_classes = 256;
+    spec_.train_size = 256;
+    spec_.val_size = 100;
+  }
+  const DataSpec& spec() const override { return spec_; }
+  int64_t size(Split s) const override { return s == Split::train ? spec_.train_size : spec_.val_size; }
+  void fill(Split, int64_t i, Tensor& x, Tensor& y, int64_t row) const override {
+    if (i == fail_at_) throw input_error(cat("sample ", i, " is unreadable"));
+    for (int64_t k = 0; k < kWidth; ++k)
+      x.data<float>()[row * kWidth + k] = static_cast<float>(i) + static_cast<float>(k) / kWidth;
+    y.data<int64_t>()[row] = i;
+#pragma omp critical(wide_dataset_threads)
+    threads_.insert(omp_get_thread_num());
+  }
+  int64_t memory_bytes() const override {
+    return 0;
+  }
+  // The OpenMP thread numbers that have filled a row since the last call.
+  std::set<int> take_threads() const {
+    std::set<int> t;
+#pragma omp critical(wide_dataset_threads)
+    t.swap(threads_);
+    return t;
+  }
+
+ private:
+  DataSpec spec_;
+  int64_t fail_at_;
+  mutable std::set<int> threads_;
+};
+
+// A synchronous loader fills a wide batch's rows on the OpenMP team, and its batches (train, and validation
+// with its padded last batch) are bitwise those a prefetching worker fills row by row on its own thread; a
+// row that fails there is an input_error from next().
+TEST(LoaderTrain, SynchronousTeamFillMatchesTheWorkersRows) {
+  const WideDataset data;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  for (Split split : {Split::train, Split::val}) {
+    Loader sync(data, split, 64, true, 7, 0), ahead(data, split, 64, true, 7, 2);
+    for (int k = 0; k < 6; ++k) {
+      data.take_threads();
+      const Batch& s = sync.next();
+      EXPECT_EQ(data.take_threads().size(), 3u) << "batch " << k;  // the team filled it
+      const Batch& a = ahead.next();
+      ASSERT_EQ(ids(a), ids(s)) << "batch " << k;
+      ASSERT_EQ(a.valid, s.valid);
+      ASSERT_EQ(0, std::memcmp(a.x.raw(), s.x.raw(), s.x.nbytes())) << "batch " << k;
+    }
+  }
+  const WideDataset failing(70);
+  Loader l(failing, Split::train, 64, false, 0, 0);
+  EXPECT_EQ(ids(l.next()).back(), 63);
+  expect_input_error([&] { l.next(); }, {"sample 70 is unreadable"});
+  omp_set_num_threads(saved);
 }
 
 TEST(LoaderVal, InOrderWithPaddedLastBatchThenWraps) {
