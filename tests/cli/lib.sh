@@ -2,6 +2,10 @@
 set -euo pipefail
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/flowrun-cli.XXXXXX")"
 trap 'rm -rf "$SCRATCH"' EXIT
+# Each test's mpiruns keep their session directories in its scratch directory. OpenMPI 4 puts every run's under
+# one /tmp/ompi.HOST.UID, which a finishing run removes once it is empty; a run of a concurrent test that was
+# starting meanwhile could not create its own there (orte_session_dir, cli.output, once in CI on 2026-12-06).
+export OMPI_MCA_orte_tmpdir_base="$SCRATCH"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
