@@ -1,14 +1,14 @@
 // The data loader: per-epoch shuffled train order, padded in-order validation, a background prefetch ring.
 #include "data/loader.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
+
+#include "ops/cpu/parallel.h"
 
 namespace flowrun {
 
@@ -94,29 +94,27 @@ struct Loader::Impl {
   }
 
   // fill(s, e) over the rows [0, n) of b. A synchronous loader (the training thread waits for the batch)
-  // splits them over the OpenMP team, whose other threads would otherwise spin idle meanwhile: the bench
-  // MLP's batch took about 3% of its step on one thread. A worker thread fills in order on its own: a team
-  // started from it would be a second one beside the trainer's. Each row is the same bytes either way.
+  // splits them over the OpenMP team as the kernels split their work (cpu::parallel_for), whose other threads
+  // would otherwise spin idle meanwhile: the bench MLP's batch took about 3% of its step on one thread. A
+  // worker thread fills in order on its own: a team started from it would be a second one beside the
+  // trainer's. Each row is the same bytes either way.
   template <typename F>
   void fill_rows(int64_t n, const Batch& b, F&& fill) {
-    const int64_t per_row = n > 0 ? b.x.numel() / b.x.shape()[0] : 0;
-    if (!team_fill || n * per_row < kTeamFillElements || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    if (!team_fill) {
       fill(int64_t{0}, n);
       return;
     }
+    const int64_t per_row = std::max<int64_t>(1, b.x.numel() / b.x.shape()[0]);
     // A failed row (a short read) is rethrown here: an exception must not leave an OpenMP region.
     std::exception_ptr failed;
-#pragma omp parallel
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t chunk = (n + nt - 1) / nt, s = std::min(n, t * chunk), e = std::min(n, s + chunk);
+    cpu::parallel_for(n, (kTeamFillElements - 1) / per_row, [&](int64_t s, int64_t e) {
       try {
-        if (s < e) fill(s, e);
+        fill(s, e);
       } catch (...) {
 #pragma omp critical(flowrun_loader_fill_error)
         if (!failed) failed = std::current_exception();
       }
-    }
+    });
     if (failed) std::rethrow_exception(failed);
   }
 
