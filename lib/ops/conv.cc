@@ -237,6 +237,11 @@ std::vector<OpSample> conv_samples() {
        false,
        {{"stride", Shape{2, 1}}, {"padding", Shape{0, 1}}, {"groups", int64_t{2}}}},
       {"winograd", {2, 32, 6, 5}, {32, 32, 3, 3}, false, {{"padding", Shape{1, 1}}}},
+      // cpu/conv_direct_f32.cc: a plane wider than a tile (16 + 2), more output than input blocks, and a
+      // one-pixel row whose tile touches both edges.
+      {"direct 3x3 bias", {2, 16, 3, 18}, {16, 16, 3, 3}, true, {{"padding", Shape{1, 1}}}},
+      {"direct 3x3 16 to 32", {1, 16, 4, 5}, {32, 16, 3, 3}, false, {{"padding", Shape{1, 1}}}},
+      {"direct 3x3 one column", {1, 32, 3, 1}, {16, 32, 3, 3}, false, {{"padding", Shape{1, 1}}}},
       {"1x1 bias", {2, 4, 5, 3}, {3, 4, 1, 1}, true, {}},
       {"1x1 groups 2", {2, 4, 3, 5}, {6, 2, 1, 1}, false, {{"groups", int64_t{2}}}},
       {"1x1 stride 2", {2, 3, 5, 6}, {2, 3, 1, 1}, true, {{"stride", Shape{2, 2}}}},

@@ -185,6 +185,11 @@ void register_cases() {
          {"w_shape", std::vector<int64_t>{64, 64, 3, 3}},
          {"x_blocked", true},
          {"y_blocked", true}}}},
+      // ResNet-20's 16-channel f32 forward pass as its step runs it, in nChw16c (direct3x3_f32).
+      {"conv2d/f32_nChw16c_64x16x32x32_k3x16",
+       {"conv2d",
+        {{{64, 16, 32, 32}, f32}, {{16, 16, 3, 3}, f32}},
+        {{"padding", std::vector<int64_t>{1, 1}}, {"x_blocked", true}, {"y_blocked", true}}}},
       // ResNet-20's three stages' bf16 forward and input-gradient passes in nChw16c (wino3x3_bf16).
       {"conv2d/bf16_nChw16c_64x16x32x32_k3x16",
        {"conv2d",

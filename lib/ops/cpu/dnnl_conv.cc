@@ -21,6 +21,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cpu/conv_direct_f32.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/dnnl_matmul.h"
@@ -278,6 +279,8 @@ struct Shared {
   GrowBuffer partials;
   GrowBuffer wino_weights;  // wino3x3_bf16's transformed weights
   GrowBuffer wino_copies;   // its operands' nChw16c copies (Blocked)
+  GrowBuffer direct_weights;  // direct3x3_f32's rearranged weights
+  GrowBuffer direct_copies;   // its operands' nChw16c copies
   // grad_weight's reorder of the summed partials from oneDNN's layout to f32 OIHW, per geometry.
   struct ToPlain {
     dnnl::memory from, to;
@@ -318,12 +321,12 @@ int wino_team(const ConvGeom& g) {
 // bits are the same in either layout, and an eager run's are the compiled one's.
 class Blocked {
  public:
-  // The operands in order, each (plain: in NCHW, channels).
-  Blocked(const ConvGeom& g, std::initializer_list<std::pair<bool, int64_t>> operands)
-      : n_(g.n), hw_(g.h * g.w), operands_(operands) {
+  // The operands in order, each (plain: in NCHW, channels), of `elem`-byte elements.
+  Blocked(const ConvGeom& g, size_t elem, std::initializer_list<std::pair<bool, int64_t>> operands)
+      : n_(g.n), hw_(g.h * g.w), elem_(elem), operands_(operands) {
     for (const auto& [plain, channels] : operands_) {
       offset_.push_back(bytes_);
-      if (plain) bytes_ += static_cast<size_t>(n_ * channels * hw_) * 2;
+      if (plain) bytes_ += static_cast<size_t>(n_ * channels * hw_) * elem_;
     }
   }
   size_t bytes() const { return bytes_; }
@@ -332,16 +335,17 @@ class Blocked {
   void* operand(GrowBuffer& buf, size_t i, const void* p, bool read) const {
     if (!plain(i)) return const_cast<void*>(p);
     char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
-    if (read) reorder_nchw16c(p, copy, n_, operands_[i].second, hw_, 2, true);
+    if (read) reorder_nchw16c(p, copy, n_, operands_[i].second, hw_, elem_, true);
     return copy;
   }
   // Operand i's copy written back to its NCHW memory `p` (an output).
   void write_back(size_t i, const void* copy, void* p) const {
-    if (plain(i)) reorder_nchw16c(copy, p, n_, operands_[i].second, hw_, 2, false);
+    if (plain(i)) reorder_nchw16c(copy, p, n_, operands_[i].second, hw_, elem_, false);
   }
 
  private:
   int64_t n_, hw_;
+  size_t elem_;
   std::vector<std::pair<bool, int64_t>> operands_;
   std::vector<size_t> offset_;
   size_t bytes_ = 0;
@@ -349,9 +353,9 @@ class Blocked {
 
 // The activation operands, x-shaped then y-shaped (a forward pass: x, y) or y-shaped first (an input
 // gradient: dy, dx; a weight gradient: dy, x).
-Blocked operands_of(const ConvGeom& g, bool y_first) {
-  if (y_first) return Blocked(g, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
-  return Blocked(g, {{!g.x_blocked, g.c}, {!g.y_blocked, g.o}});
+Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem = 2) {
+  if (y_first) return Blocked(g, elem, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
+  return Blocked(g, elem, {{!g.x_blocked, g.c}, {!g.y_blocked, g.o}});
 }
 
 // The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
@@ -375,6 +379,38 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
     void* own = s.slots[static_cast<size_t>(t)]->tiles.reserve(scratch);
     wino3x3_bf16(g, grad_input, static_cast<const bf16*>(in), v, static_cast<const bf16*>(bias),
                  static_cast<bf16*>(out), t * items / nt, (t + 1) * items / nt, own);
+  }
+  copies.write_back(1, out, out_);
+}
+
+// f32 convolutions that direct3x3_f32 runs: where oneDNN's Winograd does not (the forward pass and input
+// gradient share winograd_fits' thresholds). On ResNet-20's 16-channel layers (64x16x32x32, in nChw16c, 2
+// threads, Intel AMX host) oneDNN's direct kernel took 1.24 ms a pass.
+bool runs_direct(dt t, const ConvGeom& g) {
+  return t == dt::f32 && !g.nhwc && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g);
+}
+
+int direct_team(const ConvGeom& g) {
+  return static_cast<int>(
+      std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), direct3x3_f32_items(g)));
+}
+
+// The forward pass or input gradient through direct3x3_f32, as run_wino.
+void run_direct(const ConvGeom& g, bool grad_input, const void* in_, const void* w, const void* bias,
+                void* out_) {
+  Shared& s = shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const Blocked copies = operands_of(g, grad_input, 4);
+  const auto* in = static_cast<const float*>(copies.operand(s.direct_copies, 0, in_, true));
+  auto* out = static_cast<float*>(copies.operand(s.direct_copies, 1, out_, false));
+  auto* v = static_cast<float*>(s.direct_weights.reserve(direct3x3_f32_weight_bytes(g)));
+  direct3x3_f32_weights(g, grad_input, static_cast<const float*>(w), v);
+  const int64_t items = direct3x3_f32_items(g);
+#pragma omp parallel num_threads(direct_team(g))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    direct3x3_f32(g, grad_input, in, v, static_cast<const float*>(bias), out, t * items / nt,
+                  (t + 1) * items / nt);
   }
   copies.write_back(1, out, out_);
 }
@@ -632,6 +668,13 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     if (copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
     return out;
   }
+  if (runs_direct(dnnl_type(t), g)) {
+    std::vector<std::pair<std::string, size_t>> out = {
+        {"f32 direct 3x3 weights", direct3x3_f32_weight_bytes(g)}};
+    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4).bytes();
+    if (copies > 0) out.emplace_back("f32 direct 3x3 nChw16c copies", copies);
+    return out;
+  }
   const Kind k = pass == ConvPass::grad_input ? Kind::bwd_data : bias ? Kind::fwd_bias : Kind::fwd;
   const Entry e = build(k, dnnl_type(t), g, false);
   // The pools are run()'s shared buffers: port_buf[i] and scratch_buf.
@@ -651,7 +694,8 @@ size_t dnnl_conv2d_held_bytes() {
   }
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  n += s.scratch_buf.size() + s.partials.size() + s.wino_weights.size() + s.wino_copies.size();
+  n += s.scratch_buf.size() + s.partials.size() + s.wino_weights.size() + s.wino_copies.size() +
+       s.direct_weights.size() + s.direct_copies.size();
   for (const GrowBuffer& b : s.port_buf) n += b.size();
   for (const auto& slot : s.slots) {
     n += slot->scratch_buf.size() + slot->repack.size() + slot->tiles.size();
@@ -674,6 +718,7 @@ bool bf16_convs_take_nhwc() {
 
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {
   if (runs_wino(dnnl_type(t), g)) return run_wino(g, false, x, w, bias, y);
+  if (runs_direct(dnnl_type(t), g)) return run_direct(g, false, x, w, bias, y);
   if (bias)
     run(Kind::fwd_bias, dnnl_type(t), g, {x, w, y, bias});
   else
@@ -682,6 +727,7 @@ void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const
 
 void dnnl_conv2d_grad_input(DType t, const ConvGeom& g, const void* dy, const void* w, void* dx) {
   if (runs_wino(dnnl_type(t), g)) return run_wino(g, true, dy, w, nullptr, dx);
+  if (runs_direct(dnnl_type(t), g)) return run_direct(g, true, dy, w, nullptr, dx);
   run(Kind::bwd_data, dnnl_type(t), g, {dy, w, dx});
 }
 

@@ -1,0 +1,36 @@
+// f32 3x3 convolutions (stride 1, padding 1) and their input gradients as a direct sum on nChw16c
+// activations (conv_direct_f32.cc), for the geometries where oneDNN's Winograd does not serve (fewer than 32
+// channels: dnnl_conv.cc's winograd_fits). oneDNN 2.6's direct AVX-512 kernel ran ResNet-20's 16-channel
+// layers at 244 GFLOP/s on 2 threads here (54% of the FMA peak), in cache as in the step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cpu/conv.h"
+
+namespace flowrun::cpu {
+
+// Whether direct3x3_f32 computes this geometry's forward pass and input gradient: 3x3, stride 1, padding
+// 1, no dilation, one group, C and O multiples of 16, and a build and CPU with AVX-512. The kernels read and
+// write activations in nChw16c only, whatever g.x_blocked and g.y_blocked say (dnnl_conv.cc copies NCHW
+// ones).
+bool direct3x3_f32_serves(const ConvGeom& g);
+
+// Bytes of the rearranged weights.
+size_t direct3x3_f32_weight_bytes(const ConvGeom& g);
+
+// The weights (O, C, 3, 3) rearranged into `v` (direct3x3_f32_weight_bytes, 64-byte aligned) as one vector
+// of 16 output channels per (output block, input block, kh, kw, input channel): for the forward pass, or
+// flipped and transposed for the input gradient (the convolution of dy by those filters).
+void direct3x3_f32_weights(const ConvGeom& g, bool grad_input, const float* w, float* v);
+
+// Work items (an image's output row each) and the outputs of items [i0, i1): y from x (forward, plus `bias`
+// (O) when not null), or dx from dy (grad_input, bias null), with the weights `v` of that pass. Each output
+// is one sum in a fixed order (bias, then kh, input block, input channel, kw), so the bits depend on no
+// thread count or item split.
+int64_t direct3x3_f32_items(const ConvGeom& g);
+void direct3x3_f32(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,
+                   float* out, int64_t i0, int64_t i1);
+
+}  // namespace flowrun::cpu
