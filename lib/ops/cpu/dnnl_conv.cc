@@ -277,8 +277,8 @@ struct Shared {
   GrowBuffer scratch_buf;
   std::vector<std::unique_ptr<Slot>> slots;
   GrowBuffer partials;
-  GrowBuffer wino_weights;  // wino3x3_bf16's transformed weights
-  GrowBuffer wino_copies;   // its operands' nChw16c copies (Blocked)
+  GrowBuffer wino_weights;    // wino3x3_bf16's transformed weights
+  GrowBuffer wino_copies;     // its operands' nChw16c copies (Blocked)
   GrowBuffer direct_weights;  // direct3x3_f32's rearranged weights
   GrowBuffer direct_copies;   // its operands' nChw16c copies
   // grad_weight's reorder of the summed partials from oneDNN's layout to f32 OIHW, per geometry.
@@ -457,22 +457,66 @@ int weight_team(const Blocks& b) {
   return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));
 }
 
-// flowrun's own bf16 weight gradients: Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else the
-// direct wgrad3x3_bf16. Both take the same fixed batch blocks into f32 partials added in block order.
+// flowrun's own weight gradients: in bf16 Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else
+// the direct wgrad3x3_bf16; in f32 direct3x3_f32_wgrad. All take the same fixed batch blocks into f32
+// partials added in block order.
 struct OwnWeightGradient {
-  bool blocked_only;  // reads dy and x in nChw16c only (Blocked copies the NCHW ones)
+  bool blocked_only;           // reads dy and x in nChw16c only (Blocked copies the NCHW ones)
+  size_t elem;                 // bytes of an activation element
+  GrowBuffer Shared::*copies;  // the pool of those copies, and its name
+  const char* copies_pool;
   size_t (*scratch_bytes)(const ConvGeom&);
   int64_t (*partial_elems)(const ConvGeom&);
-  void (*run)(const ConvGeom&, int64_t, int64_t, const bf16*, const bf16*, float*, void*);
-  void (*finish)(const ConvGeom&, const float*, int64_t, int64_t, bf16*);
+  void (*run)(const ConvGeom&, int64_t, int64_t, const void*, const void*, float*, void*);
+  void (*finish)(const ConvGeom&, const float*, int64_t, int64_t, void*);
 };
 const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
-  static const OwnWeightGradient wino = {true, wino3x3_bf16_wgrad_scratch_bytes,
-                                         wino3x3_bf16_wgrad_partial_elems, wino3x3_bf16_wgrad,
-                                         wino3x3_bf16_wgrad_finish},
-                                 direct = {false, wgrad3x3_bf16_scratch_bytes, wgrad3x3_bf16_partial_elems,
-                                           wgrad3x3_bf16, wgrad3x3_bf16_finish};
-  if (t != dt::bf16 || !own_bf16_convs() || g.nhwc) return nullptr;
+  static const OwnWeightGradient
+      wino = {true,
+              2,
+              &Shared::wino_copies,
+              "bf16 Winograd nChw16c copies",
+              wino3x3_bf16_wgrad_scratch_bytes,
+              wino3x3_bf16_wgrad_partial_elems,
+              [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
+                wino3x3_bf16_wgrad(g, n0, n1, static_cast<const bf16*>(dy), static_cast<const bf16*>(x), p,
+                                   s);
+              },
+              [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
+                wino3x3_bf16_wgrad_finish(g, p, count, stride, static_cast<bf16*>(dw));
+              }},
+      direct = {false,
+                2,
+                nullptr,
+                nullptr,
+                wgrad3x3_bf16_scratch_bytes,
+                wgrad3x3_bf16_partial_elems,
+                [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
+                  wgrad3x3_bf16(g, n0, n1, static_cast<const bf16*>(dy), static_cast<const bf16*>(x), p, s);
+                },
+                [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
+                  wgrad3x3_bf16_finish(g, p, count, stride, static_cast<bf16*>(dw));
+                }},
+      direct_f32 = {
+          true,
+          4,
+          &Shared::direct_copies,
+          "f32 direct 3x3 nChw16c copies",
+          [](const ConvGeom&) { return size_t{0}; },
+          direct3x3_f32_wgrad_partial_elems,
+          [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*) {
+            direct3x3_f32_wgrad(g, n0, n1, static_cast<const float*>(dy), static_cast<const float*>(x), p);
+          },
+          [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
+            direct3x3_f32_wgrad_finish(g, p, count, stride, static_cast<float*>(dw));
+          }};
+  if (g.nhwc) return nullptr;
+  // In f32 below 64 channels (in or out): ResNet-20's weight gradients in cache (flowrun_bench, 2 threads,
+  // alternating runs) took 0.89-0.94 ms against oneDNN's 0.95-0.96 with 16 channels on 32x32 planes,
+  // 0.87-0.88 against 0.99-1.00 with 32 on 16x16, and 0.82 against 0.71-0.73 (oneDNN's Winograd) with 64
+  // on 8x8; in the step the 32-channel ones went from 6.4-6.8 to 5.7 ms, the 16-channel ones did not move.
+  if (t == dt::f32) return direct3x3_f32_serves(g) && std::min(g.c, g.o) < 64 ? &direct_f32 : nullptr;
+  if (t != dt::bf16 || !own_bf16_convs()) return nullptr;
   if (wino3x3_bf16_serves(g)) return &wino;
   return wgrad3x3_bf16_serves(g) ? &direct : nullptr;
 }
@@ -489,10 +533,9 @@ void grad_weight_own(const OwnWeightGradient& k, Shared& s, const ConvGeom& g, c
   const size_t scratch = k.scratch_bytes(g);
 #pragma omp parallel for schedule(static) num_threads(team)
   for (int64_t b = 0; b < bl.count; ++b)
-    k.run(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), static_cast<const bf16*>(dy),
-          static_cast<const bf16*>(x), partials + b * pelems,
+    k.run(g, bl.begin(b, g.n), bl.begin(b + 1, g.n), dy, x, partials + b * pelems,
           s.slots[static_cast<size_t>(omp_get_thread_num())]->repack.reserve(scratch));
-  k.finish(g, partials, bl.count, pelems, static_cast<bf16*>(dw));
+  k.finish(g, partials, bl.count, pelems, dw);
 }
 
 void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* dw) {
@@ -500,9 +543,9 @@ void grad_weight(dt t, const ConvGeom& g, const void* dy, const void* x, void* d
   std::lock_guard<std::mutex> lock(s.mu);
   if (const OwnWeightGradient* own = own_weight_gradient(t, g)) {
     if (own->blocked_only) {
-      const Blocked copies = operands_of(g, true);
-      dy = copies.operand(s.wino_copies, 0, dy, true);
-      x = copies.operand(s.wino_copies, 1, x, true);
+      const Blocked copies = operands_of(g, true, own->elem);
+      dy = copies.operand(s.*own->copies, 0, dy, true);
+      x = copies.operand(s.*own->copies, 1, x, true);
     }
     return grad_weight_own(*own, s, g, dy, x, dw);
   }
@@ -641,10 +684,12 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     const size_t team = static_cast<size_t>(weight_team(bl));
     if (const OwnWeightGradient* own = own_weight_gradient(dnnl_type(t), g)) {
       std::vector<std::pair<std::string, size_t>> out = {
-          {"convolution weight-gradient partials", static_cast<size_t>(bl.count * own->partial_elems(g)) * 4},
-          {"bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g)}};
-      const size_t copies = operands_of(g, true).bytes();
-      if (own->blocked_only && copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
+          {"convolution weight-gradient partials",
+           static_cast<size_t>(bl.count * own->partial_elems(g)) * 4}};
+      if (own->scratch_bytes(g) > 0)
+        out.emplace_back("bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g));
+      const size_t copies = operands_of(g, true, own->elem).bytes();
+      if (own->blocked_only && copies > 0) out.emplace_back(own->copies_pool, copies);
       return out;
     }
     const OneThread one;
