@@ -85,8 +85,27 @@ constexpr auto kTiles = tiles_of(std::make_integer_sequence<int, kTile>{});
 // into the three taps they reach, with dy at q + 1 (kw 0), q (kw 1) and q - 1 (kw 2), zero past the plane's
 // edges; 24 accumulators, three dy registers rolling along the row. dy and x point at the chunk's first
 // image's output block and image, `dy_step` and `x_step` elements apart.
+// The next chunk's dy and x prefetched into L2, a few lines per row of the current chunk's passes, so that
+// they arrive from memory while this chunk multiplies: ResNet-20's six 16-channel weight gradients (8 MB of
+// operands each, past the L3 cache's share) took 5.8-6.0 ms a step with it, 6.3-6.5 without (alternating
+// profiled runs); the hardware prefetchers start only once a pass reads the chunk.
+struct Ahead {
+  const char* p[2] = {nullptr, nullptr};
+  int64_t left[2] = {0, 0};  // lines
+  int64_t per_row = 0;
+  void row() {
+    for (int64_t i = 0; i < per_row; ++i) {
+      const int r = left[0] > 0 ? 0 : 1;
+      if (left[r] <= 0) return;
+      _mm_prefetch(p[r], _MM_HINT_T1);
+      p[r] += 64;
+      --left[r];
+    }
+  }
+};
+
 void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, const float* x,
-                int64_t x_step, int64_t kh, int64_t c0, float* acc_out) {
+                int64_t x_step, int64_t kh, int64_t c0, float* acc_out, Ahead& ahead) {
   const int64_t plane = d.h * d.w;
   __m512 acc[3][8];
   for (int kw = 0; kw < 3; ++kw)
@@ -95,6 +114,7 @@ void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, 
     for (int64_t y = 0; y < d.h; ++y) {
       const int64_t iy = y + kh - 1;
       if (iy < 0 || iy >= d.h) continue;
+      ahead.row();
       const float* dr = dy + n * dy_step + y * d.w * 16;
       const float* xr = x + n * x_step + (c0 / 16 * plane + iy * d.w) * 16 + c0 % 16;
       __m512 prev = _mm512_setzero_ps(), cur = _mm512_loadu_ps(dr);
@@ -196,11 +216,22 @@ void direct3x3_f32_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const float*
   const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / image_bytes);
   for (int64_t n = n0; n < n1; n += chunk) {
     const int64_t count = std::min(chunk, n1 - n);
+    Ahead ahead;
+    if (n + count < n1) {
+      // A 16-float pixel vector is one cache line.
+      const int64_t next = std::min(chunk, n1 - n - count);
+      ahead.p[0] = reinterpret_cast<const char*>(dy + (n + count) * obs * plane * 16);
+      ahead.p[1] = reinterpret_cast<const char*>(x + (n + count) * cbs * plane * 16);
+      ahead.left[0] = next * obs * plane;
+      ahead.left[1] = next * cbs * plane;
+      const int64_t rows = std::max<int64_t>(1, obs * 3 * (d.ci / 8) * count * (d.h - 1));
+      ahead.per_row = (ahead.left[0] + ahead.left[1] + rows - 1) / rows;
+    }
     for (int64_t ob = 0; ob < obs; ++ob)
       for (int64_t kh = 0; kh < 3; ++kh)
         for (int64_t c0 = 0; c0 < d.ci; c0 += 8)
           wgrad_rows(d, count, dy + (n * obs + ob) * plane * 16, obs * plane * 16, x + n * cbs * plane * 16,
-                     cbs * plane * 16, kh, c0, partial + (ob * 3 + kh) * 3 * d.ci * 16);
+                     cbs * plane * 16, kh, c0, partial + (ob * 3 + kh) * 3 * d.ci * 16, ahead);
   }
 }
 
