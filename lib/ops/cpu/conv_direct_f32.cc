@@ -80,11 +80,6 @@ constexpr std::array<TileFn, sizeof...(U)> tiles_of(std::integer_sequence<int, U
 // kTiles[k]: the tile of k + 1 pixels.
 constexpr auto kTiles = tiles_of(std::make_integer_sequence<int, kTile>{});
 
-// Images [0, count) of a chunk's contribution to the partial sums of one output block, tap row kh and the 8
-// input channels from c0: per input pixel q of a row, the 8 channels are broadcast once each and multiplied
-// into the three taps they reach, with dy at q + 1 (kw 0), q (kw 1) and q - 1 (kw 2), zero past the plane's
-// edges; 24 accumulators, three dy registers rolling along the row. dy and x point at the chunk's first
-// image's output block and image, `dy_step` and `x_step` elements apart.
 // The next chunk's dy and x prefetched into L2, a few lines per row of the current chunk's passes, so that
 // they arrive from memory while this chunk multiplies: ResNet-20's six 16-channel weight gradients (8 MB of
 // operands each, past the L3 cache's share) took 5.8-6.0 ms a step with it, 6.3-6.5 without (alternating
@@ -104,6 +99,11 @@ struct Ahead {
   }
 };
 
+// Images [0, count) of a chunk's contribution to the partial sums of one output block, tap row kh and the 8
+// input channels from c0: per input pixel q of a row, the 8 channels are broadcast once each and multiplied
+// into the three taps they reach, with dy at q + 1 (kw 0), q (kw 1) and q - 1 (kw 2), zero past the plane's
+// edges; 24 accumulators, three dy registers rolling along the row. dy and x point at the chunk's first
+// image's output block and image, `dy_step` and `x_step` elements apart.
 void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, const float* x,
                 int64_t x_step, int64_t kh, int64_t c0, float* acc_out, Ahead& ahead) {
   const int64_t plane = d.h * d.w;

@@ -311,9 +311,13 @@ bool runs_wino(dt t, const ConvGeom& g) {
   return t == dt::bf16 && own_bf16_convs() && !g.nhwc && wino3x3_bf16_serves(g);
 }
 
+// The threads an own kernel's region starts for `items` work items: one inside another region.
+int team_of(int64_t items) {
+  return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), items));
+}
+
 int wino_team(const ConvGeom& g) {
-  return static_cast<int>(
-      std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), wino3x3_bf16_items(g)));
+  return team_of(wino3x3_bf16_items(g));
 }
 
 // wino3x3_bf16's kernels read and write nChw16c only: an NCHW operand (an eager run's, or the gradient a
@@ -353,7 +357,7 @@ class Blocked {
 
 // The activation operands, x-shaped then y-shaped (a forward pass: x, y) or y-shaped first (an input
 // gradient: dy, dx; a weight gradient: dy, x).
-Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem = 2) {
+Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem) {
   if (y_first) return Blocked(g, elem, {{!g.y_blocked, g.o}, {!g.x_blocked, g.c}});
   return Blocked(g, elem, {{!g.x_blocked, g.c}, {!g.y_blocked, g.o}});
 }
@@ -364,7 +368,7 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
               void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  const Blocked copies = operands_of(g, grad_input);
+  const Blocked copies = operands_of(g, grad_input, 2);
   const void* in = copies.operand(s.wino_copies, 0, in_, true);
   void* out = copies.operand(s.wino_copies, 1, out_, false);
   void* v = s.wino_weights.reserve(wino3x3_bf16_weight_bytes(g));
@@ -390,11 +394,6 @@ bool runs_direct(dt t, const ConvGeom& g) {
   return t == dt::f32 && !g.nhwc && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g);
 }
 
-int direct_team(const ConvGeom& g) {
-  return static_cast<int>(
-      std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), direct3x3_f32_items(g)));
-}
-
 // The forward pass or input gradient through direct3x3_f32, as run_wino.
 void run_direct(const ConvGeom& g, bool grad_input, const void* in_, const void* w, const void* bias,
                 void* out_) {
@@ -406,7 +405,7 @@ void run_direct(const ConvGeom& g, bool grad_input, const void* in_, const void*
   auto* v = static_cast<float*>(s.direct_weights.reserve(direct3x3_f32_weight_bytes(g)));
   direct3x3_f32_weights(g, grad_input, static_cast<const float*>(w), v);
   const int64_t items = direct3x3_f32_items(g);
-#pragma omp parallel num_threads(direct_team(g))
+#pragma omp parallel num_threads(team_of(items))
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     direct3x3_f32(g, grad_input, in, v, static_cast<const float*>(bias), out, t * items / nt,
@@ -454,7 +453,7 @@ ConvGeom with_batch(ConvGeom g, int64_t n) {
 }
 
 int weight_team(const Blocks& b) {
-  return static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), b.count));
+  return team_of(b.count);
 }
 
 // flowrun's own weight gradients: in bf16 Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else
@@ -709,7 +708,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     std::vector<std::pair<std::string, size_t>> out = {
         {"bf16 Winograd weights", wino3x3_bf16_weight_bytes(g)},
         {"bf16 Winograd tile buffers", static_cast<size_t>(wino_team(g)) * wino3x3_bf16_scratch_bytes(g)}};
-    const size_t copies = operands_of(g, pass == ConvPass::grad_input).bytes();
+    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 2).bytes();
     if (copies > 0) out.emplace_back("bf16 Winograd nChw16c copies", copies);
     return out;
   }
