@@ -157,8 +157,13 @@ bool held_is_predicted(DType t, bool own = false) {
   cpu::set_own_bf16_convs(own);
   const Shape x = {16, 64, 64, 64}, w = {64, 64, 3, 3};
   auto ops = three_ops(x, w);
-  if (t == DType::f32)  // 16 channels: the forward pass and input gradient are cpu/conv_direct_f32.cc's
+  if (t == DType::f32) {  // 16 channels: the forward pass and input gradient are cpu/conv_direct_f32.cc's
     for (auto& op : three_ops({16, 16, 32, 32}, {16, 16, 3, 3})) ops.push_back(op);
+    // and at stride 2 the weight gradient, whose dy copy is a quarter of x's plane
+    for (auto& op :
+         three_ops({16, 32, 64, 64}, {64, 32, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}))
+      ops.push_back(op);
+  }
   if (t == DType::bf16) {
     for (auto& op : three_ops(x, w, {{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}}))
       ops.push_back(op);

@@ -27,11 +27,12 @@ namespace {
 
 constexpr int kTile = 16;  // output pixels per tile: 16 accumulators, 3 weight registers and spares
 
-// A pass as a convolution of `ci` input channels into `co` output channels on an h x w plane.
+// A pass as a convolution of `ci` input channels on an h x w plane into `co` output channels on an oh x ow
+// one (the same plane but in a stride-2 weight gradient).
 struct Dims {
-  int64_t ci, co, h, w;
+  int64_t ci, co, h, w, oh, ow;
   Dims(const ConvGeom& g, bool grad_input)
-      : ci(grad_input ? g.o : g.c), co(grad_input ? g.c : g.o), h(g.h), w(g.w) {}
+      : ci(grad_input ? g.o : g.c), co(grad_input ? g.c : g.o), h(g.h), w(g.w), oh(g.oh), ow(g.ow) {}
 };
 
 // UR pixels from `x0` of one output row and one block of output channels: `rows[kh]` the input rows
@@ -136,12 +137,59 @@ void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, 
     for (int c = 0; c < 8; ++c) _mm512_storeu_ps(acc_out + (kw * d.ci + c0 + c) * 16, acc[kw][c]);
 }
 
+// wgrad_rows at stride 2, where output pixel q of a row reads input pixels 2q - 1, 2q and 2q + 1: the even
+// input pixel 2q reaches output q alone (kw 1), the odd one 2q + 1 outputs q (kw 2) and q + 1 (kw 0), so
+// each row costs two broadcasts of the 8 channels per output pixel for three multiply-adds each (pixel -1
+// is padding, and 2q + 1 past an odd-width plane's edge too). Each accumulator still sums in pixel order.
+void wgrad_rows_s2(const Dims& d, int64_t count, const float* dy, int64_t dy_step, const float* x,
+                   int64_t x_step, int64_t kh, int64_t c0, float* acc_out, Ahead& ahead) {
+  const int64_t plane = d.h * d.w;
+  __m512 acc[3][8];
+  for (int kw = 0; kw < 3; ++kw)
+    for (int c = 0; c < 8; ++c) acc[kw][c] = _mm512_loadu_ps(acc_out + (kw * d.ci + c0 + c) * 16);
+  for (int64_t n = 0; n < count; ++n)
+    for (int64_t y = 0; y < d.oh; ++y) {
+      const int64_t iy = 2 * y + kh - 1;
+      if (iy < 0 || iy >= d.h) continue;
+      ahead.row();
+      const float* dr = dy + n * dy_step + y * d.ow * 16;
+      const float* xr = x + n * x_step + (c0 / 16 * plane + iy * d.w) * 16 + c0 % 16;
+      __m512 cur = _mm512_loadu_ps(dr);
+      for (int64_t q = 0; q < d.ow; ++q) {
+        const __m512 next = q + 1 < d.ow ? _mm512_loadu_ps(dr + (q + 1) * 16) : _mm512_setzero_ps();
+        const float* xe = xr + 2 * q * 16;
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) acc[1][c] = _mm512_fmadd_ps(_mm512_set1_ps(xe[c]), cur, acc[1][c]);
+        if (2 * q + 1 < d.w) {
+          const float* xo = xe + 16;
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) {
+            const __m512 b = _mm512_set1_ps(xo[c]);
+            acc[2][c] = _mm512_fmadd_ps(b, cur, acc[2][c]);
+            acc[0][c] = _mm512_fmadd_ps(b, next, acc[0][c]);
+          }
+        }
+        cur = next;
+      }
+    }
+  for (int kw = 0; kw < 3; ++kw)
+    for (int c = 0; c < 8; ++c) _mm512_storeu_ps(acc_out + (kw * d.ci + c0 + c) * 16, acc[kw][c]);
+}
+
 }  // namespace
 
 bool direct3x3_f32_serves(const ConvGeom& g) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   return avx512 && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.ph == 1 && g.pw == 1 && g.dh == 1 &&
          g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.oh == g.h && g.ow == g.w;
+}
+
+bool direct3x3_f32_wgrad_serves(const ConvGeom& g) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool same = g.sh == 1 && g.sw == 1 && g.oh == g.h && g.ow == g.w;
+  const bool half = g.sh == 2 && g.sw == 2 && g.oh == (g.h + 1) / 2 && g.ow == (g.w + 1) / 2;
+  return avx512 && g.kh == 3 && g.kw == 3 && (same || half) && g.ph == 1 && g.pw == 1 && g.dh == 1 &&
+         g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0;
 }
 
 size_t direct3x3_f32_weight_bytes(const ConvGeom& g) {
@@ -204,15 +252,16 @@ int64_t direct3x3_f32_wgrad_partial_elems(const ConvGeom& g) {
 
 void direct3x3_f32_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const float* dy, const float* x,
                          float* partial) {
-  FR_CHECK(direct3x3_f32_serves(g), "direct3x3_f32_wgrad: unsupported geometry");
+  FR_CHECK(direct3x3_f32_wgrad_serves(g), "direct3x3_f32_wgrad: unsupported geometry");
   const Dims d(g, false);
-  const int64_t obs = d.co / 16, cbs = d.ci / 16, plane = d.h * d.w;
+  const int64_t obs = d.co / 16, cbs = d.ci / 16, plane = d.h * d.w, oplane = d.oh * d.ow;
+  const auto rows = g.sh == 1 ? wgrad_rows : wgrad_rows_s2;
   std::fill(partial, partial + direct3x3_f32_wgrad_partial_elems(g), 0.f);
   // Chunks of images whose dy and x fit half of a 2 MiB L2 cache, read once per (output block, kh, 8 input
   // channels) with the accumulators in registers: one image at a time, ResNet-20's 64-channel 8x8 layers
   // spent as long loading and storing accumulators as multiplying. Each partial still sums image by image,
   // row by row and pixel by pixel, whatever the chunk.
-  const int64_t image_bytes = (d.ci + d.co) * plane * 4;
+  const int64_t image_bytes = (d.ci * plane + d.co * oplane) * 4;
   const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / image_bytes);
   for (int64_t n = n0; n < n1; n += chunk) {
     const int64_t count = std::min(chunk, n1 - n);
@@ -220,18 +269,18 @@ void direct3x3_f32_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const float*
     if (n + count < n1) {
       // A 16-float pixel vector is one cache line.
       const int64_t next = std::min(chunk, n1 - n - count);
-      ahead.p[0] = reinterpret_cast<const char*>(dy + (n + count) * obs * plane * 16);
+      ahead.p[0] = reinterpret_cast<const char*>(dy + (n + count) * obs * oplane * 16);
       ahead.p[1] = reinterpret_cast<const char*>(x + (n + count) * cbs * plane * 16);
-      ahead.left[0] = next * obs * plane;
+      ahead.left[0] = next * obs * oplane;
       ahead.left[1] = next * cbs * plane;
-      const int64_t rows = std::max<int64_t>(1, obs * 3 * (d.ci / 8) * count * (d.h - 1));
-      ahead.per_row = (ahead.left[0] + ahead.left[1] + rows - 1) / rows;
+      const int64_t visits = std::max<int64_t>(1, obs * 3 * (d.ci / 8) * count * (d.oh - 1));
+      ahead.per_row = (ahead.left[0] + ahead.left[1] + visits - 1) / visits;
     }
     for (int64_t ob = 0; ob < obs; ++ob)
       for (int64_t kh = 0; kh < 3; ++kh)
         for (int64_t c0 = 0; c0 < d.ci; c0 += 8)
-          wgrad_rows(d, count, dy + (n * obs + ob) * plane * 16, obs * plane * 16, x + n * cbs * plane * 16,
-                     cbs * plane * 16, kh, c0, partial + (ob * 3 + kh) * 3 * d.ci * 16, ahead);
+          rows(d, count, dy + (n * obs + ob) * oplane * 16, obs * oplane * 16, x + n * cbs * plane * 16,
+               cbs * plane * 16, kh, c0, partial + (ob * 3 + kh) * 3 * d.ci * 16, ahead);
   }
 }
 
@@ -270,6 +319,9 @@ int64_t direct3x3_f32_items(const ConvGeom&) {
 void direct3x3_f32(const ConvGeom&, bool, const float*, const float*, const float*, float*, int64_t,
                    int64_t) {
   FR_CHECK(false, "direct3x3_f32: built without AVX-512");
+}
+bool direct3x3_f32_wgrad_serves(const ConvGeom&) {
+  return false;
 }
 int64_t direct3x3_f32_wgrad_partial_elems(const ConvGeom&) {
   return 0;

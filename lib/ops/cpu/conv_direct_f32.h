@@ -1,8 +1,8 @@
 // f32 3x3 convolutions (stride 1, padding 1) and their input and weight gradients as direct sums on nChw16c
 // activations (conv_direct_f32.cc), where dnnl_conv.cc finds them faster than oneDNN's: the forward pass and
 // input gradient where its Winograd does not serve (fewer than 32 channels, winograd_fits), the weight
-// gradient below 64 channels. oneDNN 2.6's direct AVX-512 kernel ran ResNet-20's 16-channel forward pass at
-// 244 GFLOP/s on 2 threads here (54% of the FMA peak), in cache as in the step.
+// gradient below 64 channels, also at stride 2. oneDNN 2.6's direct AVX-512 kernel ran ResNet-20's 16-channel
+// forward pass at 244 GFLOP/s on 2 threads here (54% of the FMA peak), in cache as in the step.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +34,11 @@ int64_t direct3x3_f32_items(const ConvGeom& g);
 void direct3x3_f32(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,
                    float* out, int64_t i0, int64_t i1);
 
-// The weight gradient of the same geometries, as wgrad3x3_bf16's interface (conv_wgrad_bf16.h) for
+// Whether direct3x3_f32_wgrad computes this geometry's weight gradient: those of direct3x3_f32_serves, and
+// the same at stride 2 (output planes of ceil(h / 2) x ceil(w / 2)).
+bool direct3x3_f32_wgrad_serves(const ConvGeom& g);
+
+// The weight gradient of those geometries, as wgrad3x3_bf16's interface (conv_wgrad_bf16.h) for
 // dnnl_conv.cc's fixed batch blocks: the gradient of images [n0, n1) (dy and x in nChw16c) into `partial`
 // (f32, [O/16][3][3][C][16]: a vector of 16 output channels per (output block, kh, kw, input channel)),
 // summed image by image, row by row and pixel by pixel in order; then the partials added in order into dw
