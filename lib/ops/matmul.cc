@@ -91,8 +91,12 @@ std::vector<OpSample> matmul_samples() {
     Shape a, b;
     bool ta, tb;
   };
+  // The last two: a classifier head's input and weight gradients in f32 (cpu/skinny_gemm.cc: an inner side,
+  // or op(A)'s rows, of at most 16, over 32 columns).
   for (const Case& k : std::vector<Case>{{{3, 5}, {5, 4}, false, false},
                                          {{5, 3}, {5, 4}, true, false},
+                                         {{5, 3}, {3, 32}, false, false},
+                                         {{7, 4}, {7, 32}, true, false},
                                          {{3, 5}, {4, 5}, false, true},
                                          {{5, 3}, {4, 5}, true, true},
                                          {{2, 3, 5}, {2, 5, 7}, false, false},
@@ -257,12 +261,15 @@ void register_matmul_ops(OpRegistry& r) {
                  {DeviceKind::cpu, {DType::bf16}, cpu::linear_bf16, cpu::has_native_bf16}};
   lin.samples = [] {
     std::vector<OpSample> s;
-    for (const Shape& x : std::vector<Shape>{{4, 3}, {2, 5, 3}}) {
+    // The last two: a classifier head in f32 (cpu/skinny_gemm.cc: at most 16 outputs over a multiple of 16
+    // inputs), two rows at a time with a row left over, and one at a time past 10 outputs.
+    for (const auto& [x, out] :
+         std::vector<std::pair<Shape, int64_t>>{{{4, 3}, 6}, {{2, 5, 3}, 6}, {{5, 32}, 10}, {{3, 16}, 12}}) {
       OpSample o;
-      o.label = shape_str(x) + " with bias";
-      o.inputs = {{x, DType::f64}, {{6, 3}, DType::f64}, {{6}, DType::f64}};
+      o.label = shape_str(x) + " x [" + std::to_string(out) + "] with bias";
+      o.inputs = {{x, DType::f64}, {{out, x.back()}, DType::f64}, {{out}, DType::f64}};
       s.push_back(o);
-      o.label = shape_str(x) + " no bias";
+      o.label = shape_str(x) + " x [" + std::to_string(out) + "] no bias";
       o.inputs.pop_back();
       s.push_back(o);
     }

@@ -8,6 +8,7 @@
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/skinny_gemm.h"
 
 namespace flowrun::cpu {
 
@@ -17,6 +18,7 @@ namespace flowrun::cpu {
 template <>
 void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                  float beta, float* c) {
+  if (alpha == 1.0f && beta == 0.0f && !tb && skinny_gemm(ta, m, n, k, a, b, c)) return;
   dnnl_matmul(DType::f32, DType::f32, 1, m, n, k, ta, tb, 0, 0, alpha, beta, a, b, c);
 }
 
@@ -108,8 +110,10 @@ void linear(const KernelCtx& c) {
   const int64_t out = c.in[1].dim(0), in = c.in[1].dim(1);
   const int64_t rows = c.in[0].numel() / in;
   if (c.in[0].dtype == DType::f32) {
-    dnnl_linear(DType::f32, DType::f32, rows, out, in, c.in[0].data, c.in[1].data,
-                c.num_in == 3 ? c.in[2].data : nullptr, gemm_out(c).data);
+    const float* bias = c.num_in == 3 ? c.in[2].as<float>() : nullptr;
+    if (!skinny_linear(rows, out, in, c.in[0].as<float>(), c.in[1].as<float>(), bias,
+                       gemm_out(c).as<float>()))
+      dnnl_linear(DType::f32, DType::f32, rows, out, in, c.in[0].data, c.in[1].data, bias, gemm_out(c).data);
   } else {
     FR_CHECK(c.in[0].dtype == DType::f64, "no CPU kernel for dtype ", dtype_name(c.in[0].dtype));
     // f64 (the reference kernels' type, through BLAS): every row seeded with the bias, then x W^T added on

@@ -1,4 +1,5 @@
-// CPU matmul kernels: OpenBLAS GEMM for f32/f64, oneDNN for bf16 (avx512_bf16, f32 accumulation).
+// CPU matmul kernels: f32 and bf16 through oneDNN (f32 products with a side of at most 16 through
+// skinny_gemm.h), f64 through OpenBLAS.
 #pragma once
 
 #include "ops/registry.h"

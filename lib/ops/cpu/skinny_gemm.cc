@@ -1,0 +1,168 @@
+// Skinny f32 products (skinny_gemm.h). The bench MLP's 10-class head took three oneDNN calls of 18-19 us
+// each in its 1.7 ms step, about 70 GFLOP/s: each call's setup and its split between the threads cost more
+// than its 1.3 M multiply-adds. Here the short side stays in registers: the forward pass keeps the out
+// sums of two rows (one row past 10 outputs) in registers along `in`, sharing each weight load between the
+// rows; the input gradient keeps the k <= 16 weight vectors of a 16-column chunk in registers and runs down
+// the rows four at a time; the weight gradient keeps the m <= 16 output rows of a chunk in registers and
+// runs down the k rows of x. Threads take whole rows (forward) or whole 16-column chunks, so each output is
+// computed whole by one thread in a fixed order.
+#include "ops/cpu/skinny_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "ops/cpu/parallel.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace flowrun::cpu {
+
+#if defined(__AVX512F__)
+
+namespace {
+
+constexpr int kMax = 16;
+
+// The 16 lanes added in halves (lane k and k + 8, then 4, 2, 1 apart): a fixed order. Masked shuffles in
+// 512-bit registers, because GCC 12 reports the 256-bit extracts (and _mm512_reduce_add_ps) as maybe
+// uninitialised.
+inline float fold(__m512 v) {
+  constexpr __mmask16 kAll = 0xffff;
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(kAll, v, v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(kAll, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(kAll, v, 0xb1));
+  return _mm512_cvtss_f32(v);
+}
+
+// Rows [r0, r1) of y = x w^T (+ bias) for N outputs, R rows at a time (each row's sums are the same
+// whatever R is: lane-wise FMAs along `in`, the lanes folded (fold), then the bias).
+template <int N, int R>
+void linear_rows(int64_t r0, int64_t r1, int64_t in, const float* x, const float* w, const float* bias,
+                 float* y) {
+  for (int64_t r = r0; r < r1; r += R) {
+    const int rows = r + R <= r1 ? R : 1;
+    if (rows < R) return linear_rows<N, 1>(r, r1, in, x, w, bias, y);
+    __m512 acc[R][N];
+    for (int u = 0; u < R; ++u)
+      for (int o = 0; o < N; ++o) acc[u][o] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in; k += 16) {
+      __m512 xv[R];
+      for (int u = 0; u < R; ++u) xv[u] = _mm512_loadu_ps(x + (r + u) * in + k);
+      for (int o = 0; o < N; ++o) {
+        const __m512 wv = _mm512_loadu_ps(w + o * in + k);
+        for (int u = 0; u < R; ++u) acc[u][o] = _mm512_fmadd_ps(xv[u], wv, acc[u][o]);
+      }
+    }
+    for (int u = 0; u < R; ++u)
+      for (int o = 0; o < N; ++o) {
+        const float s = fold(acc[u][o]);
+        y[(r + u) * N + o] = bias ? s + bias[o] : s;
+      }
+  }
+}
+
+template <int N>
+void linear_n(int64_t rows, int64_t in, const float* x, const float* w, const float* bias, float* y) {
+  // Two rows share each weight load while their 2 N sums and operands fit the 32 registers.
+  constexpr int R = N <= 10 ? 2 : 1;
+  const int64_t groups = (rows + R - 1) / R;
+  parallel_for(groups, 8, [&](int64_t s, int64_t e) {
+    linear_rows<N, R>(s * R, std::min(rows, e * R), in, x, w, bias, y);
+  });
+}
+
+// C[m, n] = A[m, K] B[K, n], 16-column chunks [j0, j1): B's K vectors of the chunk in registers, four rows
+// of C at a time (four independent chains of K multiply-adds).
+template <int K>
+void small_k(int64_t j0, int64_t j1, int64_t m, int64_t n, const float* a, const float* b, float* c) {
+  for (int64_t j = j0; j < j1; ++j) {
+    __m512 bv[K];
+    for (int p = 0; p < K; ++p) bv[p] = _mm512_loadu_ps(b + p * n + j * 16);
+    const auto rows = [&]<int U>(int64_t r0) {
+      __m512 acc[U];
+      for (int u = 0; u < U; ++u) acc[u] = _mm512_mul_ps(_mm512_set1_ps(a[(r0 + u) * K]), bv[0]);
+      for (int p = 1; p < K; ++p)
+        for (int u = 0; u < U; ++u)
+          acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(a[(r0 + u) * K + p]), bv[p], acc[u]);
+      for (int u = 0; u < U; ++u) _mm512_storeu_ps(c + (r0 + u) * n + j * 16, acc[u]);
+    };
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) rows.template operator()<4>(r);
+    for (; r < m; ++r) rows.template operator()<1>(r);
+  }
+}
+
+// C[M, n] = A^T B with A stored (k x M) and B (k x n), 16-column chunks [j0, j1): the chunk's M output
+// vectors in registers, summed over the k rows in order.
+template <int M>
+void small_m(int64_t j0, int64_t j1, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  for (int64_t j = j0; j < j1; ++j) {
+    __m512 acc[M];
+    const __m512 b0 = _mm512_loadu_ps(b + j * 16);
+    for (int o = 0; o < M; ++o) acc[o] = _mm512_mul_ps(_mm512_set1_ps(a[o]), b0);
+    for (int64_t p = 1; p < k; ++p) {
+      const __m512 bv = _mm512_loadu_ps(b + p * n + j * 16);
+      for (int o = 0; o < M; ++o) acc[o] = _mm512_fmadd_ps(_mm512_set1_ps(a[p * M + o]), bv, acc[o]);
+    }
+    for (int o = 0; o < M; ++o) _mm512_storeu_ps(c + o * n + j * 16, acc[o]);
+  }
+}
+
+using LinearFn = void (*)(int64_t, int64_t, const float*, const float*, const float*, float*);
+using ChunkFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const float*, float*);
+
+template <int... I>
+constexpr std::array<LinearFn, sizeof...(I)> linear_fns(std::integer_sequence<int, I...>) {
+  return {&linear_n<I + 1>...};
+}
+template <int... I>
+constexpr std::array<ChunkFn, sizeof...(I)> small_k_fns(std::integer_sequence<int, I...>) {
+  return {&small_k<I + 1>...};
+}
+template <int... I>
+constexpr std::array<ChunkFn, sizeof...(I)> small_m_fns(std::integer_sequence<int, I...>) {
+  return {&small_m<I + 1>...};
+}
+// [s - 1]: the kernel for a short side of s.
+constexpr auto kLinear = linear_fns(std::make_integer_sequence<int, kMax>{});
+constexpr auto kSmallK = small_k_fns(std::make_integer_sequence<int, kMax>{});
+constexpr auto kSmallM = small_m_fns(std::make_integer_sequence<int, kMax>{});
+
+bool avx512() {
+  static const bool on = __builtin_cpu_supports("avx512f");
+  return on;
+}
+
+}  // namespace
+
+bool skinny_linear(int64_t rows, int64_t out, int64_t in, const float* x, const float* w, const float* bias,
+                   float* y) {
+  if (!avx512() || out < 1 || out > kMax || in < 16 || in % 16 != 0 || rows < 1) return false;
+  kLinear[static_cast<size_t>(out - 1)](rows, in, x, w, bias, y);
+  return true;
+}
+
+bool skinny_gemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  const int64_t side = ta ? m : k;
+  if (!avx512() || side < 1 || side > kMax || n < 16 || n % 16 != 0 || m < 1 || k < 1) return false;
+  const ChunkFn f = ta ? kSmallM[static_cast<size_t>(m - 1)] : kSmallK[static_cast<size_t>(k - 1)];
+  parallel_for(n / 16, 2, [&](int64_t s, int64_t e) { f(s, e, ta ? n : m, ta ? k : n, a, b, c); });
+  return true;
+}
+
+#else
+
+bool skinny_linear(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*) {
+  return false;
+}
+bool skinny_gemm(bool, int64_t, int64_t, int64_t, const float*, const float*, float*) {
+  return false;
+}
+
+#endif
+
+}  // namespace flowrun::cpu
