@@ -101,10 +101,17 @@ struct Ahead {
 };
 
 // Images [0, count) of a chunk's contribution to the partial sums of one output block, tap row kh and the 8
-// input channels from c0: per input pixel q of a row, the 8 channels are broadcast once each and multiplied
-// into the three taps they reach, with dy at q + 1 (kw 0), q (kw 1) and q - 1 (kw 2), zero past the plane's
-// edges; 24 accumulators, three dy registers rolling along the row. dy and x point at the chunk's first
-// image's output block and image, `dy_step` and `x_step` elements apart.
+// input channels from c0, at stride S (1 or 2); 24 accumulators (kw x channel) in registers. dy and x point
+// at the chunk's first image's output block and image, `dy_step` and `x_step` elements apart.
+// Stride 1: per input pixel q of a row, the 8 channels are broadcast once each and multiplied into the three
+// taps they reach, with dy at q + 1 (kw 0), q (kw 1) and q - 1 (kw 2), zero past the plane's edges, three dy
+// registers rolling along the row.
+// Stride 2, where output pixel q reads input pixels 2q - 1, 2q and 2q + 1: the even input pixel 2q reaches
+// output q alone (kw 1), the odd one 2q + 1 outputs q (kw 2) and q + 1 (kw 0), so each output pixel costs
+// two broadcasts of the 8 channels for three multiply-adds each (pixel -1 is padding, and 2q + 1 past an
+// odd-width plane's edge too).
+// Either way each accumulator sums in pixel order.
+template <int S>
 void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, const float* x,
                 int64_t x_step, int64_t kh, int64_t c0, float* acc_out, Ahead& ahead) {
   const int64_t plane = d.h * d.w;
@@ -112,61 +119,37 @@ void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, 
   for (int kw = 0; kw < 3; ++kw)
     for (int c = 0; c < 8; ++c) acc[kw][c] = _mm512_loadu_ps(acc_out + (kw * d.ci + c0 + c) * 16);
   for (int64_t n = 0; n < count; ++n)
-    for (int64_t y = 0; y < d.h; ++y) {
-      const int64_t iy = y + kh - 1;
-      if (iy < 0 || iy >= d.h) continue;
-      ahead.row();
-      const float* dr = dy + n * dy_step + y * d.w * 16;
-      const float* xr = x + n * x_step + (c0 / 16 * plane + iy * d.w) * 16 + c0 % 16;
-      __m512 prev = _mm512_setzero_ps(), cur = _mm512_loadu_ps(dr);
-      for (int64_t q = 0; q < d.w; ++q) {
-        const __m512 next = q + 1 < d.w ? _mm512_loadu_ps(dr + (q + 1) * 16) : _mm512_setzero_ps();
-        const float* xq = xr + q * 16;
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
-          const __m512 b = _mm512_set1_ps(xq[c]);
-          acc[0][c] = _mm512_fmadd_ps(b, next, acc[0][c]);
-          acc[1][c] = _mm512_fmadd_ps(b, cur, acc[1][c]);
-          acc[2][c] = _mm512_fmadd_ps(b, prev, acc[2][c]);
-        }
-        prev = cur;
-        cur = next;
-      }
-    }
-  for (int kw = 0; kw < 3; ++kw)
-    for (int c = 0; c < 8; ++c) _mm512_storeu_ps(acc_out + (kw * d.ci + c0 + c) * 16, acc[kw][c]);
-}
-
-// wgrad_rows at stride 2, where output pixel q of a row reads input pixels 2q - 1, 2q and 2q + 1: the even
-// input pixel 2q reaches output q alone (kw 1), the odd one 2q + 1 outputs q (kw 2) and q + 1 (kw 0), so
-// each row costs two broadcasts of the 8 channels per output pixel for three multiply-adds each (pixel -1
-// is padding, and 2q + 1 past an odd-width plane's edge too). Each accumulator still sums in pixel order.
-void wgrad_rows_s2(const Dims& d, int64_t count, const float* dy, int64_t dy_step, const float* x,
-                   int64_t x_step, int64_t kh, int64_t c0, float* acc_out, Ahead& ahead) {
-  const int64_t plane = d.h * d.w;
-  __m512 acc[3][8];
-  for (int kw = 0; kw < 3; ++kw)
-    for (int c = 0; c < 8; ++c) acc[kw][c] = _mm512_loadu_ps(acc_out + (kw * d.ci + c0 + c) * 16);
-  for (int64_t n = 0; n < count; ++n)
     for (int64_t y = 0; y < d.oh; ++y) {
-      const int64_t iy = 2 * y + kh - 1;
+      const int64_t iy = S * y + kh - 1;
       if (iy < 0 || iy >= d.h) continue;
       ahead.row();
       const float* dr = dy + n * dy_step + y * d.ow * 16;
       const float* xr = x + n * x_step + (c0 / 16 * plane + iy * d.w) * 16 + c0 % 16;
-      __m512 cur = _mm512_loadu_ps(dr);
+      __m512 prev = _mm512_setzero_ps(), cur = _mm512_loadu_ps(dr);
       for (int64_t q = 0; q < d.ow; ++q) {
         const __m512 next = q + 1 < d.ow ? _mm512_loadu_ps(dr + (q + 1) * 16) : _mm512_setzero_ps();
-        const float* xe = xr + 2 * q * 16;
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) acc[1][c] = _mm512_fmadd_ps(_mm512_set1_ps(xe[c]), cur, acc[1][c]);
-        if (2 * q + 1 < d.w) {
-          const float* xo = xe + 16;
+        if constexpr (S == 1) {
+          const float* xq = xr + q * 16;
 #pragma GCC unroll 8
           for (int c = 0; c < 8; ++c) {
-            const __m512 b = _mm512_set1_ps(xo[c]);
-            acc[2][c] = _mm512_fmadd_ps(b, cur, acc[2][c]);
+            const __m512 b = _mm512_set1_ps(xq[c]);
             acc[0][c] = _mm512_fmadd_ps(b, next, acc[0][c]);
+            acc[1][c] = _mm512_fmadd_ps(b, cur, acc[1][c]);
+            acc[2][c] = _mm512_fmadd_ps(b, prev, acc[2][c]);
+          }
+          prev = cur;
+        } else {
+          const float* xe = xr + 2 * q * 16;
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) acc[1][c] = _mm512_fmadd_ps(_mm512_set1_ps(xe[c]), cur, acc[1][c]);
+          if (2 * q + 1 < d.w) {
+            const float* xo = xe + 16;
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) {
+              const __m512 b = _mm512_set1_ps(xo[c]);
+              acc[2][c] = _mm512_fmadd_ps(b, cur, acc[2][c]);
+              acc[0][c] = _mm512_fmadd_ps(b, next, acc[0][c]);
+            }
           }
         }
         cur = next;
@@ -255,7 +238,7 @@ void direct3x3_f32_wgrad(const ConvGeom& g, int64_t n0, int64_t n1, const float*
   FR_CHECK(direct3x3_f32_wgrad_serves(g), "direct3x3_f32_wgrad: unsupported geometry");
   const Dims d(g, false);
   const int64_t obs = d.co / 16, cbs = d.ci / 16, plane = d.h * d.w, oplane = d.oh * d.ow;
-  const auto rows = g.sh == 1 ? wgrad_rows : wgrad_rows_s2;
+  const auto rows = g.sh == 1 ? wgrad_rows<1> : wgrad_rows<2>;
   std::fill(partial, partial + direct3x3_f32_wgrad_partial_elems(g), 0.f);
   // Chunks of images whose dy and x fit half of a 2 MiB L2 cache, read once per (output block, kh, 8 input
   // channels) with the accumulators in registers: one image at a time, ResNet-20's 64-channel 8x8 layers
