@@ -1,5 +1,5 @@
-// Skinny f32 products (skinny_gemm.h). The bench MLP's 10-class head took three oneDNN calls of 18-19 us
-// each in its 1.7 ms step, about 70 GFLOP/s: each call's setup and its split between the threads cost more
+// Skinny f32 products (skinny_gemm.h). The bench MLP's 10-class head took three oneDNN calls of 18-24 us
+// each in its 1.7 ms step, 55-70 GFLOP/s: each call's setup and its split between the threads cost more
 // than its 1.3 M multiply-adds. Here the short side stays in registers: the forward pass keeps the out
 // sums of two rows (one row past 10 outputs) in registers along `in`, sharing each weight load between the
 // rows; the input gradient keeps the k <= 16 weight vectors of a 16-column chunk in registers and runs down
@@ -44,8 +44,7 @@ template <int N, int R>
 void linear_rows(int64_t r0, int64_t r1, int64_t in, const float* x, const float* w, const float* bias,
                  float* y) {
   for (int64_t r = r0; r < r1; r += R) {
-    const int rows = r + R <= r1 ? R : 1;
-    if (rows < R) return linear_rows<N, 1>(r, r1, in, x, w, bias, y);
+    if (r + R > r1) return linear_rows<N, 1>(r, r1, in, x, w, bias, y);
     __m512 acc[R][N];
     for (int u = 0; u < R; ++u)
       for (int o = 0; o < N; ++o) acc[u][o] = _mm512_setzero_ps();
