@@ -9,8 +9,6 @@
 #include "ops/cpu/conv_direct_f32.h"
 
 #include <algorithm>
-#include <array>
-#include <utility>
 
 #include "core/error.h"
 #include "ops/cpu/parallel.h"
@@ -74,12 +72,8 @@ void tile(const Dims& d, const float* const* rows, const float* vb, const float*
 
 using TileFn = void (*)(const Dims&, const float* const*, const float*, const float*, float*, int64_t);
 
-template <int... U>
-constexpr std::array<TileFn, sizeof...(U)> tiles_of(std::integer_sequence<int, U...>) {
-  return {&tile<U + 1>...};
-}
 // kTiles[k]: the tile of k + 1 pixels.
-constexpr auto kTiles = tiles_of(std::make_integer_sequence<int, kTile>{});
+constexpr auto kTiles = kernel_table<TileFn, kTile>([](auto u) -> TileFn { return &tile<u()>; });
 
 // The next chunk's dy and x prefetched into L2, a few lines per row of the current chunk's passes, so that
 // they arrive from memory while this chunk multiplies: ResNet-20's six 16-channel weight gradients (8 MB of
@@ -161,18 +155,17 @@ void wgrad_rows(const Dims& d, int64_t count, const float* dy, int64_t dy_step, 
 
 }  // namespace
 
-bool direct3x3_f32_serves(const ConvGeom& g) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  return avx512 && g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.ph == 1 && g.pw == 1 && g.dh == 1 &&
-         g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0 && g.oh == g.h && g.ow == g.w;
-}
-
 bool direct3x3_f32_wgrad_serves(const ConvGeom& g) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool same = g.sh == 1 && g.sw == 1 && g.oh == g.h && g.ow == g.w;
   const bool half = g.sh == 2 && g.sw == 2 && g.oh == (g.h + 1) / 2 && g.ow == (g.w + 1) / 2;
   return avx512 && g.kh == 3 && g.kw == 3 && (same || half) && g.ph == 1 && g.pw == 1 && g.dh == 1 &&
          g.dw == 1 && g.groups == 1 && g.c % 16 == 0 && g.o % 16 == 0;
+}
+
+// The weight gradient's geometries at stride 1.
+bool direct3x3_f32_serves(const ConvGeom& g) {
+  return g.sh == 1 && direct3x3_f32_wgrad_serves(g);
 }
 
 size_t direct3x3_f32_weight_bytes(const ConvGeom& g) {

@@ -4,7 +4,10 @@
 
 #include <omp.h>
 
+#include <array>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -39,6 +42,16 @@ class OneThread {
  private:
   int saved_;
 };
+
+// {make(1), ..., make(N)}, each argument a std::integral_constant<int, i>: a table of a kernel template's
+// instances for a size known only at run time (entry i - 1 for size i).
+template <typename Fn, int N, typename Make>
+constexpr std::array<Fn, N> kernel_table(Make make) {
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    return std::array<Fn, N>{make(std::integral_constant<int, I + 1>{})...};
+  }
+  (std::make_integer_sequence<int, N>{});
+}
 
 // Calls f with a typed null pointer (float* or double*) matching a floating compute dtype.
 template <typename F>

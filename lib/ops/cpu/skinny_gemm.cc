@@ -9,8 +9,6 @@
 #include "ops/cpu/skinny_gemm.h"
 
 #include <algorithm>
-#include <array>
-#include <utility>
 
 #include "ops/cpu/parallel.h"
 
@@ -114,22 +112,10 @@ void small_m(int64_t j0, int64_t j1, int64_t n, int64_t k, const float* a, const
 using LinearFn = void (*)(int64_t, int64_t, const float*, const float*, const float*, float*);
 using ChunkFn = void (*)(int64_t, int64_t, int64_t, int64_t, const float*, const float*, float*);
 
-template <int... I>
-constexpr std::array<LinearFn, sizeof...(I)> linear_fns(std::integer_sequence<int, I...>) {
-  return {&linear_n<I + 1>...};
-}
-template <int... I>
-constexpr std::array<ChunkFn, sizeof...(I)> small_k_fns(std::integer_sequence<int, I...>) {
-  return {&small_k<I + 1>...};
-}
-template <int... I>
-constexpr std::array<ChunkFn, sizeof...(I)> small_m_fns(std::integer_sequence<int, I...>) {
-  return {&small_m<I + 1>...};
-}
 // [s - 1]: the kernel for a short side of s.
-constexpr auto kLinear = linear_fns(std::make_integer_sequence<int, kMax>{});
-constexpr auto kSmallK = small_k_fns(std::make_integer_sequence<int, kMax>{});
-constexpr auto kSmallM = small_m_fns(std::make_integer_sequence<int, kMax>{});
+constexpr auto kLinear = kernel_table<LinearFn, kMax>([](auto s) -> LinearFn { return &linear_n<s()>; });
+constexpr auto kSmallK = kernel_table<ChunkFn, kMax>([](auto s) -> ChunkFn { return &small_k<s()>; });
+constexpr auto kSmallM = kernel_table<ChunkFn, kMax>([](auto s) -> ChunkFn { return &small_m<s()>; });
 
 bool avx512() {
   static const bool on = __builtin_cpu_supports("avx512f");
