@@ -228,5 +228,41 @@ TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {
   for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
 }
 
+// Batchnorm's sums over planes that are not a multiple of its 16 lanes (7 x 7: three whole rounds and one
+// pixel; 3 x 3: fewer pixels than lanes), blocked, against the eager program's plain planes.
+Program compile_ragged_bn(bool blocked, bool eager = false) {
+  Graph g;
+  GraphBuilder b(g);
+  auto conv = [&](ValueId v, const std::string& name) {
+    return b.op1("conv2d", {v, b.param(name + "/weight", {16, 16, 3, 3})}, {{"padding", int64_t{1}}}, name);
+  };
+  auto bn = [&](ValueId v, const std::string& name) {
+    return b.op("batchnorm",
+                {v, b.param(name + "/gamma", {16}), b.param(name + "/beta", {16}),
+                 b.state(name + "/mean", {16}), b.state(name + "/var", {16})},
+                {}, name)[0];
+  };
+  const ValueId h = b.op1("relu", {bn(conv(b.input("x", {3, 16, 7, 7}), "a"), "bn_a")});
+  const ValueId p = b.op("maxpool2d", {h}, {{"kernel", int64_t{2}}})[0];
+  const ValueId q = conv(b.op1("relu", {bn(conv(p, "b"), "bn_b")}), "c");
+  g.mark_output("loss", b.op1("mse_loss", {b.op1("global_avgpool", {q}), b.input("target", {3, 16})}));
+  return compile_sgd(std::move(g), blocked, eager);
+}
+
+TEST(BlockedLayout, BatchnormOverRaggedPlanesTrainsBitwiseAsEager) {
+  const Program blocked = compile_ragged_bn(true);
+  int blocked_bns = 0;
+  for (NodeId id : blocked.order) {
+    const Node& n = blocked.graph.node(id);
+    blocked_bns += (n.op == "batchnorm" || n.op == "batchnorm_grad") && n.attrs.b("blocked");
+  }
+  EXPECT_EQ(blocked_bns, 4);
+  const auto [plain_losses, plain] = train_sgd(compile_ragged_bn(false, /*eager=*/true), 3);
+  const auto [blocked_losses, trained] = train_sgd(compile_ragged_bn(true), 3);
+  EXPECT_EQ(plain_losses, blocked_losses);
+  for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
+  EXPECT_GT(plain.count("bn_b/var"), 0u);
+}
+
 }  // namespace
 }  // namespace flowrun::testing

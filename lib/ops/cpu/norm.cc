@@ -276,6 +276,85 @@ void row_norm_grad(const KernelCtx& c) {
   });
 }
 
+// Batchnorm's order over the elements of one channel in one image (a plane of NCHW, a channel of an nChw16c
+// block): element i into lane i % kPlaneLanes, the lanes folded pairwise as fold() does. 16 lanes, so that
+// a blocked block keeps one register per lane for its 16 channels (block_sum), in half the registers.
+constexpr int kPlaneLanes = 16;
+template <typename T, typename F>
+inline T plane_sum(int64_t n, F f) {
+  T acc[kPlaneLanes] = {};
+  int64_t i = 0;
+  for (; i + kPlaneLanes <= n; i += kPlaneLanes)
+    for (int k = 0; k < kPlaneLanes; ++k) acc[k] += f(i + k);
+  for (int k = 0; i + k < n; ++k) acc[k] += f(i + k);
+  return fold(acc);
+}
+
+// The terms batchnorm sums per channel: at(k, ch), element k of channel ch, and with AVX-512 at16(k, c0), the
+// 16 channels from c0 of the blocked pixel at element k, computed as at() computes each.
+template <typename S, typename T>
+struct XTerm {
+  const S* x;
+  T at(int64_t k, int64_t) const { return ld(x[k]); }
+#if defined(__AVX512F__)
+  __m512 at16(int64_t k, int64_t) const {
+    return simd16::load(x + k);
+  }
+  void ahead(int64_t k) const {
+    prefetch_ahead(x + k);
+  }
+#endif
+};
+// (x - mean[ch - c_base])^2: the squares about a plane's own mean (c_base its first channel) or the batch's.
+template <typename S, typename T>
+struct SquaredDeviationTerm {
+  const S* x;
+  const T* mean;
+  int64_t c_base;
+  T at(int64_t k, int64_t ch) const {
+    const T d = ld(x[k]) - mean[ch - c_base];
+    return d * d;
+  }
+#if defined(__AVX512F__)
+  __m512 at16(int64_t k, int64_t c0) const {
+    const __m512 d = _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + (c0 - c_base)));
+    return _mm512_mul_ps(d, d);
+  }
+  void ahead(int64_t k) const {
+    prefetch_ahead(x + k);
+  }
+#endif
+};
+// The gradient dy, 0 where the mask (a fused relu_grad's relu output) is not > 0; with kXc times x - mean.
+template <typename S, typename T, bool kMask, bool kXc>
+struct GradTerm {
+  const S* dy;
+  const S* mask;
+  const S* x;
+  const T* mean;
+  T at(int64_t k, int64_t ch) const {
+    // Both loads unconditional, so that the select vectorises.
+    T d = ld(dy[k]);
+    if constexpr (kMask) d = ld(mask[k]) > T(0) ? d : T(0);
+    if constexpr (kXc) d *= ld(x[k]) - mean[ch];
+    return d;
+  }
+#if defined(__AVX512F__)
+  __m512 at16(int64_t k, int64_t c0) const {
+    __m512 d = simd16::load(dy + k);
+    if constexpr (kMask)
+      d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), _mm512_setzero_ps(), _CMP_GT_OQ), d);
+    if constexpr (kXc) d = _mm512_mul_ps(d, _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + c0)));
+    return d;
+  }
+  void ahead(int64_t k) const {
+    prefetch_ahead(dy + k);
+    if constexpr (kMask) prefetch_ahead(mask + k);
+    if constexpr (kXc) prefetch_ahead(x + k);
+  }
+#endif
+};
+
 // x viewed as (n, c, s): s = product of the spatial dims (1 for (N, C)).
 struct NCS {
   int64_t n, c, s;
@@ -315,8 +394,8 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
           const int64_t k0 = n * c;
 #pragma omp simd
           for (int64_t ch = 0; ch < c; ++ch) {
-            p0[ch] += f0(k0 + ch, ch);
-            if constexpr (kTwo) p1[ch] += f1(k0 + ch, ch);
+            p0[ch] += f0.at(k0 + ch, ch);
+            if constexpr (kTwo) p1[ch] += f1.at(k0 + ch, ch);
           }
         }
       }
@@ -336,12 +415,9 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t s, int64_t e) {
     for (int64_t p = s; p < e; ++p) {
       const int64_t ch = p % v.c, k0 = p * v.s;
-      auto g0 = [&f0, k0, ch](int64_t i) { return f0(k0 + i, ch); };
+      ws[kSums * p] = plane_sum<T>(v.s, [&f0, k0, ch](int64_t i) { return f0.at(k0 + i, ch); });
       if constexpr (kTwo)
-        lane_sum2<T>(
-            v.s, g0, [&f1, k0, ch](int64_t i) { return f1(k0 + i, ch); }, ws[2 * p], ws[2 * p + 1]);
-      else
-        ws[p] = lane_sum<T>(v.s, g0);
+        ws[2 * p + 1] = plane_sum<T>(v.s, [&f1, k0, ch](int64_t i) { return f1.at(k0 + i, ch); });
     }
   });
   for (int64_t q = 0; q < kSums; ++q) {
@@ -352,41 +428,50 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   }
 }
 
-// The sums of f0(k, ch) (and f1) over one block of an nChw16c tensor (the layout pass's, graph/layout.cc; C a
-// multiple of 16, s > 1): 16 channels from c0, s elements each from element k0, where element (n, ch, i) is
-// element ((n * C/16 + ch/16) * s + i) * 16 + ch % 16, into out0[j] (out1[j]) for channel c0 + j. Each
-// plane's sum is the plain path's, lane for lane: element i goes to lane i % L (lane_sum's and lane_sum2's L)
-// of its channel, and the lanes fold in fold()'s order, so a blocked step computes bitwise what a plain
-// (eager) one does. The 16 channels are summed side by side, a vector per lane.
-template <typename T, typename F0, typename F1 = std::nullptr_t>
-void block_sums(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out0, F0 f0, T* out1 = nullptr,
-                F1 f1 = nullptr) {
-  constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
-  constexpr int L = (kTwo ? 2 : 4) * 64 / static_cast<int>(sizeof(T));
-  T a[L][16] = {}, b[kTwo ? L : 1][16] = {};
-  for (int64_t i = 0; i < s; ++i) {
-    T* __restrict ai = a[i % L];
-    T* __restrict bi = b[kTwo ? i % L : 0];
-#pragma omp simd
-    for (int64_t j = 0; j < 16; ++j) {
-      ai[j] += f0(k0 + i * step + j, c0 + j);
-      if constexpr (kTwo) bi[j] += f1(k0 + i * step + j, c0 + j);
+// The sum of f(k, ch) over one block of an nChw16c (or blocked NHWC) tensor (the layout pass's,
+// graph/layout.cc; C a multiple of 16, s > 1): 16 channels from c0, s pixels from element k0, pixel i's 16 at
+// k0 + i * step, into out[j] for channel c0 + j: each channel in plane_sum's order, so that a blocked step
+// computes bitwise what a plain (eager) one does. With AVX-512 a pixel's 16 channels are one register (the
+// term's at16), and the 16 lanes of all of them 16 registers.
+template <typename T, typename Term>
+void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Term& f) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    __m512 a[kPlaneLanes];
+    for (auto& r : a) r = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + kPlaneLanes <= s; i += kPlaneLanes) {
+#pragma GCC unroll 16
+      for (int l = 0; l < kPlaneLanes; ++l) {
+        f.ahead(k0 + (i + l) * step);
+        a[l] = _mm512_add_ps(a[l], f.at16(k0 + (i + l) * step, c0));
+      }
     }
+#pragma GCC unroll 16
+    for (int l = 0; l < kPlaneLanes; ++l)
+      if (i + l < s) a[l] = _mm512_add_ps(a[l], f.at16(k0 + (i + l) * step, c0));
+#pragma GCC unroll 8
+    for (int w = kPlaneLanes / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) a[l] = _mm512_add_ps(a[l], a[l + w]);
+    _mm512_storeu_ps(out, a[0]);
+    return;
   }
-  for (int w = L / 2; w > 0; w /= 2)
+#endif
+  T a[kPlaneLanes][16] = {};
+  for (int64_t i = 0; i < s; ++i) {
+    T* __restrict ai = a[i % kPlaneLanes];
+#pragma omp simd
+    for (int64_t j = 0; j < 16; ++j) ai[j] += f.at(k0 + i * step + j, c0 + j);
+  }
+  for (int w = kPlaneLanes / 2; w > 0; w /= 2)
     for (int k = 0; k < w; ++k)
 #pragma omp simd
-      for (int64_t j = 0; j < 16; ++j) {
-        a[k][j] += a[k + w][j];
-        if constexpr (kTwo) b[k][j] += b[k + w][j];
-      }
-  for (int64_t j = 0; j < 16; ++j) {
-    out0[j] = a[0][j];
-    if constexpr (kTwo) out1[j] = b[0][j];
-  }
+      for (int64_t j = 0; j < 16; ++j) a[k][j] += a[k + w][j];
+  for (int64_t j = 0; j < 16; ++j) out[j] = a[0][j];
 }
 
-// channel_sums over an nChw16c tensor: one block_sums per (n, channel block).
+// channel_sums over an nChw16c tensor: block_sum per (n, channel block) and term (a second term's pass
+// finds the block in cache).
 template <typename T, typename F0, typename F1 = std::nullptr_t>
 void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
   constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
@@ -396,7 +481,8 @@ void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr
     for (int64_t p = s; p < e; ++p) {
       T s0[16], s1[16];
       const int64_t c0 = (p % cb) * 16;
-      block_sums<T>(v.s, v.block_base(p), v.pixel_step(), c0, s0, f0, s1, f1);
+      block_sum<T>(v.s, v.block_base(p), v.pixel_step(), c0, s0, f0);
+      if constexpr (kTwo) block_sum<T>(v.s, v.block_base(p), v.pixel_step(), c0, s1, f1);
       T* to = ws + ((p / cb) * v.c + c0) * kSums;
       for (int64_t j = 0; j < 16; ++j) {
         to[j * kSums] = s0[j];
@@ -417,7 +503,7 @@ void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr
 // still in cache, into ws; the planes merge over n in order (Chan, Golub and LeVeque's pairwise update):
 // ss = sum_n [M2_n + s (mean_n - mean)^2], without the cancellation of a sum of squares. A separate pass for
 // the squares about the batch mean took a third of ResNet-20's batchnorm time. Both layouts give the same
-// bits (block_sums).
+// bits (block_sum).
 template <typename T, typename S>
 void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* ss) {
   const T s = static_cast<T>(v.s);
@@ -427,12 +513,9 @@ void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* 
       for (int64_t p = b; p < e; ++p) {
         T sum[16], m2[16], mp[16];
         const int64_t k0 = v.block_base(p), step = v.pixel_step(), c0 = (p % cb) * 16;
-        block_sums<T>(v.s, k0, step, c0, sum, [x](int64_t k, int64_t) { return ld(x[k]); });
+        block_sum<T>(v.s, k0, step, c0, sum, XTerm<S, T>{x});
         for (int64_t j = 0; j < 16; ++j) mp[j] = sum[j] / s;
-        block_sums<T>(v.s, k0, step, c0, m2, [x, &mp, c0](int64_t k, int64_t ch) {
-          const T d = ld(x[k]) - mp[ch - c0];
-          return d * d;
-        });
+        block_sum<T>(v.s, k0, step, c0, m2, SquaredDeviationTerm<S, T>{x, mp, c0});
         T* to = ws + ((p / cb) * v.c + c0) * 2;
         for (int64_t j = 0; j < 16; ++j) {
           to[2 * j] = sum[j];
@@ -443,14 +526,13 @@ void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* 
   } else {
     parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
-        const S* xp = x + p * v.s;
-        const T sum = lane_sum<T>(v.s, [xp](int64_t i) { return ld(xp[i]); });
+        const int64_t k0 = p * v.s, ch = p % v.c;
+        const XTerm<S, T> value{x};
+        const T sum = plane_sum<T>(v.s, [&](int64_t i) { return value.at(k0 + i, ch); });
         const T mp = sum / s;
+        const SquaredDeviationTerm<S, T> square{x, &mp, ch};
         ws[2 * p] = sum;
-        ws[2 * p + 1] = lane_sum<T>(v.s, [xp, mp](int64_t i) {
-          const T d = ld(xp[i]) - mp;
-          return d * d;
-        });
+        ws[2 * p + 1] = plane_sum<T>(v.s, [&](int64_t i) { return square.at(k0 + i, ch); });
       }
     });
   }
@@ -530,6 +612,8 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
         const __m512 vm = _mm512_loadu_ps(mu), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(bb);
         for (int64_t i = 0; i < v.s; ++i) {
           const int64_t k = k0 + i * v.pixel_step();
+          prefetch_ahead(x + k);
+          if constexpr (kRes) prefetch_ahead(r + k);
           __m512 u = _mm512_fmadd_ps(_mm512_sub_ps(simd16::load(x + k), vm), va, vb);
           if constexpr (kRes) u = _mm512_add_ps(simd16::rounded<S>(u), simd16::load(r + k));
           // max returns its second operand for a NaN: 0, as relu does.
@@ -588,12 +672,9 @@ void batchnorm_kernel(const KernelCtx& c) {
     if (v.s > 1) {
       channel_moments<T>(v, blocked, x, ws, mean, rstd);
     } else {
-      channel_sums<T>(v, ws, mean, [x](int64_t k, int64_t) { return ld(x[k]); });
+      channel_sums<T>(v, ws, mean, XTerm<S, T>{x});
       for (int64_t ch = 0; ch < v.c; ++ch) mean[ch] /= static_cast<T>(m);
-      channel_sums<T>(v, ws, rstd, [x, mean](int64_t k, int64_t ch) {
-        const T d = ld(x[k]) - mean[ch];
-        return d * d;
-      });
+      channel_sums<T>(v, ws, rstd, SquaredDeviationTerm<S, T>{x, mean, 0});
     }
     for (int64_t ch = 0; ch < v.c; ++ch) {
       const T ss = rstd[ch];
@@ -643,8 +724,8 @@ void batchnorm_grad_with(const KernelCtx& c) {
     else
       return d;
   };
-  const auto grad = [dyk](int64_t k, int64_t) { return dyk(k); };
-  const auto grad_xc = [dyk, x, mean](int64_t k, int64_t ch) { return dyk(k) * (ld(x[k]) - mean[ch]); };
+  const GradTerm<S, T, kMask, false> grad{dy, mask, x, mean};
+  const GradTerm<S, T, kMask, true> grad_xc{dy, mask, x, mean};
   if (blocked)
     channel_sums_blocked<T>(v, ws, dbeta, grad, dgamma, grad_xc);
   else
@@ -668,6 +749,9 @@ void batchnorm_grad_with(const KernelCtx& c) {
                      vgt = _mm512_loadu_ps(gt), zero = _mm512_setzero_ps();
         for (int64_t i = 0; i < v.s; ++i) {
           const int64_t k = k0 + i * v.pixel_step();
+          prefetch_ahead(dy + k);
+          prefetch_ahead(x + k);
+          if constexpr (kMask) prefetch_ahead(mask + k);
           __m512 d = simd16::load(dy + k);
           if constexpr (kMask)
             d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), zero, _CMP_GT_OQ), d);
