@@ -277,28 +277,30 @@ void row_norm_grad(const KernelCtx& c) {
 }
 
 // Batchnorm's order over the elements of one channel in one image (a plane of NCHW, a channel of an nChw16c
-// block): element i into lane i % kPlaneLanes, the lanes folded pairwise as fold() does. 16 lanes, so that
-// a blocked block keeps one register per lane for its 16 channels (block_sum), in half the registers.
+// block): element i into lane i % kPlaneLanes (lane = f(lane, i)), the lanes folded pairwise as fold()
+// does. 16 lanes, so that a blocked block keeps one register per lane for its 16 channels (block_sum).
 constexpr int kPlaneLanes = 16;
 template <typename T, typename F>
 inline T plane_sum(int64_t n, F f) {
   T acc[kPlaneLanes] = {};
   int64_t i = 0;
   for (; i + kPlaneLanes <= n; i += kPlaneLanes)
-    for (int k = 0; k < kPlaneLanes; ++k) acc[k] += f(i + k);
-  for (int k = 0; i + k < n; ++k) acc[k] += f(i + k);
+    for (int k = 0; k < kPlaneLanes; ++k) acc[k] = f(acc[k], i + k);
+  for (int k = 0; i + k < n; ++k) acc[k] = f(acc[k], i + k);
   return fold(acc);
 }
 
-// The terms batchnorm sums per channel: at(k, ch), element k of channel ch, and with AVX-512 at16(k, c0), the
-// 16 channels from c0 of the blocked pixel at element k, computed as at() computes each.
+// The terms batchnorm sums per channel, added to a running sum: add(a, k, ch) for element k of channel ch,
+// and with AVX-512 add16(a, k, c0) for the 16 channels from c0 of the blocked pixel at element k, each lane
+// as add() computes it. A product's add is an explicit fma in both, so that the plain (eager) and blocked
+// programs agree whatever the compiler contracts. ahead(k) prefetches the pixel's lines 2 KiB on.
 template <typename S, typename T>
 struct XTerm {
   const S* x;
-  T at(int64_t k, int64_t) const { return ld(x[k]); }
+  T add(T a, int64_t k, int64_t) const { return a + ld(x[k]); }
 #if defined(__AVX512F__)
-  __m512 at16(int64_t k, int64_t) const {
-    return simd16::load(x + k);
+  __m512 add16(__m512 a, int64_t k, int64_t) const {
+    return _mm512_add_ps(a, simd16::load(x + k));
   }
   void ahead(int64_t k) const {
     prefetch_ahead(x + k);
@@ -311,14 +313,14 @@ struct SquaredDeviationTerm {
   const S* x;
   const T* mean;
   int64_t c_base;
-  T at(int64_t k, int64_t ch) const {
+  T add(T a, int64_t k, int64_t ch) const {
     const T d = ld(x[k]) - mean[ch - c_base];
-    return d * d;
+    return std::fma(d, d, a);
   }
 #if defined(__AVX512F__)
-  __m512 at16(int64_t k, int64_t c0) const {
+  __m512 add16(__m512 a, int64_t k, int64_t c0) const {
     const __m512 d = _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + (c0 - c_base)));
-    return _mm512_mul_ps(d, d);
+    return _mm512_fmadd_ps(d, d, a);
   }
   void ahead(int64_t k) const {
     prefetch_ahead(x + k);
@@ -332,20 +334,24 @@ struct GradTerm {
   const S* mask;
   const S* x;
   const T* mean;
-  T at(int64_t k, int64_t ch) const {
+  T add(T a, int64_t k, int64_t ch) const {
     // Both loads unconditional, so that the select vectorises.
     T d = ld(dy[k]);
     if constexpr (kMask) d = ld(mask[k]) > T(0) ? d : T(0);
-    if constexpr (kXc) d *= ld(x[k]) - mean[ch];
-    return d;
+    if constexpr (kXc)
+      return std::fma(d, ld(x[k]) - mean[ch], a);
+    else
+      return a + d;
   }
 #if defined(__AVX512F__)
-  __m512 at16(int64_t k, int64_t c0) const {
+  __m512 add16(__m512 a, int64_t k, int64_t c0) const {
     __m512 d = simd16::load(dy + k);
     if constexpr (kMask)
       d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), _mm512_setzero_ps(), _CMP_GT_OQ), d);
-    if constexpr (kXc) d = _mm512_mul_ps(d, _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + c0)));
-    return d;
+    if constexpr (kXc)
+      return _mm512_fmadd_ps(d, _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + c0)), a);
+    else
+      return _mm512_add_ps(a, d);
   }
   void ahead(int64_t k) const {
     prefetch_ahead(dy + k);
@@ -394,8 +400,8 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
           const int64_t k0 = n * c;
 #pragma omp simd
           for (int64_t ch = 0; ch < c; ++ch) {
-            p0[ch] += f0.at(k0 + ch, ch);
-            if constexpr (kTwo) p1[ch] += f1.at(k0 + ch, ch);
+            p0[ch] = f0.add(p0[ch], k0 + ch, ch);
+            if constexpr (kTwo) p1[ch] = f1.add(p1[ch], k0 + ch, ch);
           }
         }
       }
@@ -415,9 +421,9 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   parallel_for(v.n * v.c, row_grain(v.s), [&](int64_t s, int64_t e) {
     for (int64_t p = s; p < e; ++p) {
       const int64_t ch = p % v.c, k0 = p * v.s;
-      ws[kSums * p] = plane_sum<T>(v.s, [&f0, k0, ch](int64_t i) { return f0.at(k0 + i, ch); });
+      ws[kSums * p] = plane_sum<T>(v.s, [&f0, k0, ch](T a, int64_t i) { return f0.add(a, k0 + i, ch); });
       if constexpr (kTwo)
-        ws[2 * p + 1] = plane_sum<T>(v.s, [&f1, k0, ch](int64_t i) { return f1.at(k0 + i, ch); });
+        ws[2 * p + 1] = plane_sum<T>(v.s, [&f1, k0, ch](T a, int64_t i) { return f1.add(a, k0 + i, ch); });
     }
   });
   for (int64_t q = 0; q < kSums; ++q) {
@@ -432,7 +438,7 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
 // graph/layout.cc; C a multiple of 16, s > 1): 16 channels from c0, s pixels from element k0, pixel i's 16 at
 // k0 + i * step, into out[j] for channel c0 + j: each channel in plane_sum's order, so that a blocked step
 // computes bitwise what a plain (eager) one does. With AVX-512 a pixel's 16 channels are one register (the
-// term's at16), and the 16 lanes of all of them 16 registers.
+// term's add16), and the 16 lanes of all of them 16 registers.
 template <typename T, typename Term>
 void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Term& f) {
 #if defined(__AVX512F__)
@@ -444,12 +450,12 @@ void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Te
 #pragma GCC unroll 16
       for (int l = 0; l < kPlaneLanes; ++l) {
         f.ahead(k0 + (i + l) * step);
-        a[l] = _mm512_add_ps(a[l], f.at16(k0 + (i + l) * step, c0));
+        a[l] = f.add16(a[l], k0 + (i + l) * step, c0);
       }
     }
 #pragma GCC unroll 16
     for (int l = 0; l < kPlaneLanes; ++l)
-      if (i + l < s) a[l] = _mm512_add_ps(a[l], f.at16(k0 + (i + l) * step, c0));
+      if (i + l < s) a[l] = f.add16(a[l], k0 + (i + l) * step, c0);
 #pragma GCC unroll 8
     for (int w = kPlaneLanes / 2; w > 0; w /= 2)
       for (int l = 0; l < w; ++l) a[l] = _mm512_add_ps(a[l], a[l + w]);
@@ -461,7 +467,7 @@ void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Te
   for (int64_t i = 0; i < s; ++i) {
     T* __restrict ai = a[i % kPlaneLanes];
 #pragma omp simd
-    for (int64_t j = 0; j < 16; ++j) ai[j] += f.at(k0 + i * step + j, c0 + j);
+    for (int64_t j = 0; j < 16; ++j) ai[j] = f.add(ai[j], k0 + i * step + j, c0 + j);
   }
   for (int w = kPlaneLanes / 2; w > 0; w /= 2)
     for (int k = 0; k < w; ++k)
@@ -528,11 +534,11 @@ void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* 
       for (int64_t p = b; p < e; ++p) {
         const int64_t k0 = p * v.s, ch = p % v.c;
         const XTerm<S, T> value{x};
-        const T sum = plane_sum<T>(v.s, [&](int64_t i) { return value.at(k0 + i, ch); });
+        const T sum = plane_sum<T>(v.s, [&](T a, int64_t i) { return value.add(a, k0 + i, ch); });
         const T mp = sum / s;
         const SquaredDeviationTerm<S, T> square{x, &mp, ch};
         ws[2 * p] = sum;
-        ws[2 * p + 1] = plane_sum<T>(v.s, [&](int64_t i) { return square.at(k0 + i, ch); });
+        ws[2 * p + 1] = plane_sum<T>(v.s, [&](T a, int64_t i) { return square.add(a, k0 + i, ch); });
       }
     });
   }
