@@ -191,6 +191,13 @@ void register_cases() {
         {{{64, 16, 32, 32}, f32}, {{16, 16, 3, 3}, f32}},
         {{"padding", std::vector<int64_t>{1, 1}}, {"x_blocked", true}, {"y_blocked", true}}}},
       // ResNet-20's 32-channel f32 weight gradient as its step runs it (direct3x3_f32_wgrad).
+      {"conv2d_grad_weight/f32_nChw16c_64x16x32x32_k3x16",
+       {"conv2d_grad_weight",
+        {{{64, 16, 32, 32}, f32}, {{64, 16, 32, 32}, f32}},
+        {{"padding", std::vector<int64_t>{1, 1}},
+         {"w_shape", std::vector<int64_t>{16, 16, 3, 3}},
+         {"x_blocked", true},
+         {"y_blocked", true}}}},
       {"conv2d_grad_weight/f32_nChw16c_64x32x16x16_k3x32",
        {"conv2d_grad_weight",
         {{{64, 32, 16, 16}, f32}, {{64, 32, 16, 16}, f32}},
