@@ -620,6 +620,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
           const int64_t k = k0 + i * v.pixel_step();
           prefetch_ahead(x + k);
           if constexpr (kRes) prefetch_ahead(r + k);
+          prefetch_ahead_for_write(y + k);
           __m512 u = _mm512_fmadd_ps(_mm512_sub_ps(simd16::load(x + k), vm), va, vb);
           if constexpr (kRes) u = _mm512_add_ps(simd16::rounded<S>(u), simd16::load(r + k));
           // max returns its second operand for a NaN: 0, as relu does.
@@ -758,6 +759,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
           prefetch_ahead(dy + k);
           prefetch_ahead(x + k);
           if constexpr (kMask) prefetch_ahead(mask + k);
+          prefetch_ahead_for_write(dx + k);
           __m512 d = simd16::load(dy + k);
           if constexpr (kMask)
             d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), zero, _CMP_GT_OQ), d);
