@@ -405,10 +405,17 @@ void relu_grad(const KernelCtx& c) {
     parallel_for(c.out[0].numel(), kGrain, [&](int64_t s, int64_t e) {
 #if defined(__AVX512F__)
       // The generic loop's bf16 rounding does not vectorise: 16 times slower than f32 in a ResNet step. The
-      // sum is masked, then rounded once: the same bits, as rounding keeps 0.
+      // sum is masked, then rounded once: the same bits, as rounding keeps 0. The three inputs come from L3
+      // (a ResNet block's gradients and its forward output): asked for 2 KiB ahead, with the output line for
+      // writing, ResNet-20's 9 took 1.25-1.30 ms a step rather than 1.53-1.61 in f32, 0.67 rather than 0.89
+      // in bf16 (alternating profiled runs).
       if constexpr (std::is_same_v<C, float>) {
         for (int64_t i = s; i < e; i += 16) {
           const __mmask16 m = simd16::lanes(e - i);
+          prefetch_ahead(dy + i);
+          prefetch_ahead(dy2 + i);
+          prefetch_ahead(y + i);
+          prefetch_ahead_for_write(dx + i);
           const __m512 sum = _mm512_add_ps(simd16::load(dy + i, m), simd16::load(dy2 + i, m));
           const __mmask16 pos = _mm512_cmp_ps_mask(simd16::load(y + i, m), _mm512_setzero_ps(), _CMP_GT_OQ);
           simd16::store(dx + i, _mm512_maskz_mov_ps(pos, sum), m);
