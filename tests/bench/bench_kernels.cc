@@ -124,6 +124,11 @@ void register_cases() {
       {"matmul/mlp_128x784x512", {"matmul", {{{128, 784}, f32}, {{784, 512}, f32}}, {}}},
       {"matmul/1024^3", {"matmul", {{{1024, 1024}, f32}, {{1024, 1024}, f32}}, {}}},
       {"matmul/gpt_2048x256x1024", {"matmul", {{{2048, 256}, f32}, {{256, 1024}, f32}}, {}}},
+      {"matmul/gpt_dw_256x2048x1024",
+       {"matmul", {{{2048, 256}, f32}, {{2048, 1024}, f32}}, {{"trans_a", true}}}},
+      {"matmul/gpt_dw_1024x2048x256",
+       {"matmul", {{{2048, 1024}, f32}, {{2048, 256}, f32}}, {{"trans_a", true}}}},
+      {"matmul/gpt_dx_2048x1024x256", {"matmul", {{{2048, 1024}, f32}, {{1024, 256}, f32}}, {}}},
       {"matmul/bf16_1024^3", {"matmul", {{{1024, 1024}, DType::bf16}, {{1024, 1024}, DType::bf16}}, {}}},
       // gpt-tiny's MLP products in bf16: an input gradient (dy W) and the weight gradients (dy^T x, f32 out).
       {"matmul/bf16_gpt_dx_2048x1024x256", {"matmul", {{{2048, 1024}, bf16}, {{1024, 256}, bf16}}, {}}},
