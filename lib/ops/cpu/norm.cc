@@ -376,7 +376,7 @@ NCS ncs_of(const TensorView& x) {
   return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
 }
 
-// Per-channel sums of f0(k, ch) (and f1) over the elements k of each channel, into out0[ch] (out1[ch]).
+// Per-channel sums of the term f0 (and f1) over the elements k of each channel, into out0[ch] (out1[ch]).
 // (N, C): blocks of rows (norm_row_blocks) sum into partials in ws, added in block order; with spatial
 // dims: one sum per (n, ch) plane into ws, added over n in order. Either way independent of the thread count.
 template <typename T, typename F0, typename F1 = std::nullptr_t>
@@ -434,7 +434,7 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   }
 }
 
-// The sum of f(k, ch) over one block of an nChw16c (or blocked NHWC) tensor (the layout pass's,
+// The sum of the term f over one block of an nChw16c (or blocked NHWC) tensor (the layout pass's,
 // graph/layout.cc; C a multiple of 16, s > 1): 16 channels from c0, s pixels from element k0, pixel i's 16 at
 // k0 + i * step, into out[j] for channel c0 + j: each channel in plane_sum's order, so that a blocked step
 // computes bitwise what a plain (eager) one does. With AVX-512 a pixel's 16 channels are one register (the
