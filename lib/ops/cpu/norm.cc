@@ -334,20 +334,31 @@ struct GradTerm {
   const S* mask;
   const S* x;
   const T* mean;
-  T add(T a, int64_t k, int64_t ch) const {
-    // Both loads unconditional, so that the select vectorises.
-    T d = ld(dy[k]);
-    if constexpr (kMask) d = ld(mask[k]) > T(0) ? d : T(0);
-    if constexpr (kXc)
-      return std::fma(d, ld(x[k]) - mean[ch], a);
+  // Element k's gradient (the dx pass reads it too). Both loads unconditional, so that the select vectorises.
+  T dy_at(int64_t k) const {
+    const T d = ld(dy[k]);
+    if constexpr (kMask)
+      return ld(mask[k]) > T(0) ? d : T(0);
     else
-      return a + d;
+      return d;
+  }
+  T add(T a, int64_t k, int64_t ch) const {
+    if constexpr (kXc)
+      return std::fma(dy_at(k), ld(x[k]) - mean[ch], a);
+    else
+      return a + dy_at(k);
   }
 #if defined(__AVX512F__)
-  __m512 add16(__m512 a, int64_t k, int64_t c0) const {
-    __m512 d = simd16::load(dy + k);
+  __m512 dy16(int64_t k) const {
+    const __m512 d = simd16::load(dy + k);
     if constexpr (kMask)
-      d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), _mm512_setzero_ps(), _CMP_GT_OQ), d);
+      return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), _mm512_setzero_ps(), _CMP_GT_OQ),
+                                 d);
+    else
+      return d;
+  }
+  __m512 add16(__m512 a, int64_t k, int64_t c0) const {
+    const __m512 d = dy16(k);
     if constexpr (kXc)
       return _mm512_fmadd_ps(d, _mm512_sub_ps(simd16::load(x + k), _mm512_loadu_ps(mean + c0)), a);
     else
@@ -723,14 +734,6 @@ void batchnorm_grad_with(const KernelCtx& c) {
   T* dgamma = param_data<S>(c.out[1]);
   T* dbeta = param_data<S>(c.out[2]);
   T* ws = static_cast<T*>(c.workspace);
-  // Both loads unconditional, so that the select vectorises.
-  const auto dyk = [dy, mask](int64_t k) {
-    const T d = ld(dy[k]);
-    if constexpr (kMask)
-      return ld(mask[k]) > T(0) ? d : T(0);
-    else
-      return d;
-  };
   const GradTerm<S, T, kMask, false> grad{dy, mask, x, mean};
   const GradTerm<S, T, kMask, true> grad_xc{dy, mask, x, mean};
   if (blocked)
@@ -753,16 +756,12 @@ void batchnorm_grad_with(const KernelCtx& c) {
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<T, float>) {
         const __m512 vp = _mm512_loadu_ps(p), vm = _mm512_loadu_ps(mu), vbt = _mm512_loadu_ps(bt),
-                     vgt = _mm512_loadu_ps(gt), zero = _mm512_setzero_ps();
+                     vgt = _mm512_loadu_ps(gt);
         for (int64_t i = 0; i < v.s; ++i) {
           const int64_t k = k0 + i * v.pixel_step();
-          prefetch_ahead(dy + k);
-          prefetch_ahead(x + k);
-          if constexpr (kMask) prefetch_ahead(mask + k);
+          grad_xc.ahead(k);
           prefetch_ahead_for_write(dx + k);
-          __m512 d = simd16::load(dy + k);
-          if constexpr (kMask)
-            d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(simd16::load(mask + k), zero, _CMP_GT_OQ), d);
+          const __m512 d = grad.dy16(k);
           const __m512 xc = _mm512_sub_ps(simd16::load(x + k), vm);
           simd16::store(dx + k, _mm512_mul_ps(vp, _mm512_fnmadd_ps(xc, vgt, _mm512_sub_ps(d, vbt))));
         }
@@ -775,7 +774,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
         S* __restrict dxp = dx + k;
 #pragma omp simd
         for (int64_t j = 0; j < 16; ++j)
-          dxp[j] = st<S>(p[j] * std::fma(-(ld(xp[j]) - mu[j]), gt[j], dyk(k + j) - bt[j]));
+          dxp[j] = st<S>(p[j] * std::fma(-(ld(xp[j]) - mu[j]), gt[j], grad.dy_at(k + j) - bt[j]));
       }
     });
     return;
@@ -787,9 +786,9 @@ void batchnorm_grad_with(const KernelCtx& c) {
         S* __restrict dxr = dx + k0;
 #pragma omp simd
         for (int64_t ch = 0; ch < v.c; ++ch)
-          dxr[ch] = st<S>(
-              g[ch] * rstd[ch] *
-              std::fma(-(ld(xr[ch]) - mean[ch]), t * rstd[ch] * dgamma[ch], dyk(k0 + ch) - t * dbeta[ch]));
+          dxr[ch] = st<S>(g[ch] * rstd[ch] *
+                          std::fma(-(ld(xr[ch]) - mean[ch]), t * rstd[ch] * dgamma[ch],
+                                   grad.dy_at(k0 + ch) - t * dbeta[ch]));
       },
       [&](int64_t k0, int64_t ch) {
         const T p = g[ch] * rstd[ch], mu = mean[ch], bt = t * dbeta[ch], gt = t * rstd[ch] * dgamma[ch];
@@ -797,7 +796,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
         S* __restrict dxp = dx + k0;
 #pragma omp simd
         for (int64_t i = 0; i < v.s; ++i)
-          dxp[i] = st<S>(p * std::fma(-(ld(xp[i]) - mu), gt, dyk(k0 + i) - bt));
+          dxp[i] = st<S>(p * std::fma(-(ld(xp[i]) - mu), gt, grad.dy_at(k0 + i) - bt));
       });
 }
 
