@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <queue>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -129,8 +131,9 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
   // Phase by phase (the apply phase after the every-step phase, so that it reads the state the every-step
   // mutations, e.g. gradient accumulation, left), Kahn's algorithm within a phase, always taking the lowest
   // ready id so that the order follows construction where it can (passes that append replacement nodes
-  // still yield a valid order), except that eager ops (collectives to overlap) go first once ready. Nodes that only mutate their inputs (optimizer updates) go last in their
-  // phase, so that every reader of the old value has run first.
+  // still yield a valid order), except that eager ops (collectives to overlap) go first once ready. Nodes
+  // that only mutate their inputs (optimizer updates) go last in their phase, so that every reader of the
+  // old value has run first; one with a schedule_as instead waits for those readers alone.
   int last_phase = 0;
   for (const auto& n : nodes_)
     if (!n.dead) last_phase = std::max(last_phase, n.phase);
@@ -147,12 +150,42 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
       return Key{as >= 0 ? as : id, id};
     };
     std::vector<NodeId> last;
+    // Readers in this phase of each value that a placed update (below) mutates.
+    std::map<ValueId, std::vector<NodeId>> mutated;
+    for (const auto& n : nodes_) {
+      if (n.dead || n.phase != phase || n.schedule_as < 0 || !n.outputs.empty()) continue;
+      const OpDef* def = OpRegistry::get().find(n.op);
+      if (!def) continue;
+      for (int m : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
+        mutated[n.inputs[static_cast<size_t>(m)]];
+    }
+    for (const auto& n : nodes_)
+      if (!n.dead && n.phase == phase)
+        for (ValueId v : n.inputs)
+          if (auto it = mutated.find(v); it != mutated.end()) it->second.push_back(n.id);
     for (const auto& n : nodes_) {
       if (n.dead || n.phase != phase) continue;
       const OpDef* def = OpRegistry::get().find(n.op);
       if (def && def->updates_in_place() && n.outputs.empty()) {
-        last.push_back(n.id);
-        continue;
+        // A placed update (schedule_as: sgd_product_update where its product was) runs as soon as its inputs
+        // exist and every other reader of what it mutates has run, unless one of those goes last itself.
+        std::set<NodeId> before;
+        if (n.schedule_as >= 0)
+          for (int m : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
+            for (NodeId r : mutated.at(n.inputs[static_cast<size_t>(m)]))
+              if (r != n.id) before.insert(r);
+        if (n.schedule_as < 0 || std::any_of(before.begin(), before.end(), [&](NodeId r) {
+              const Node& rn = nodes_[static_cast<size_t>(r)];
+              const OpDef* rd = OpRegistry::get().find(rn.op);
+              return rd && rd->updates_in_place() && rn.outputs.empty();
+            })) {
+          last.push_back(n.id);
+          continue;
+        }
+        for (NodeId r : before) {
+          ++pending[static_cast<size_t>(n.id)];
+          readers[static_cast<size_t>(r)].push_back(n.id);
+        }
       }
       for (ValueId v : n.inputs) {
         const NodeId p = values_[static_cast<size_t>(v)].producer;

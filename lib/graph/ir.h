@@ -139,7 +139,8 @@ struct Node {
   // Activation recompute (graph/recompute.cc). `segment`: the recompute segment (a model layer marked for
   // it) this forward node belongs to, -1 for none. On a node the recompute pass re-emitted in the backward
   // pass: `recomputes`, the forward node it repeats (whose name keys its random draws, so that a dropout
-  // mask is drawn again as it was), and `schedule_as`, the backward node it is scheduled just before.
+  // mask is drawn again as it was), and `schedule_as`, the backward node it is scheduled just before. An
+  // update given a schedule_as (sgd_product_update) runs there, not last (live_nodes_topological).
   int segment = -1;
   NodeId recomputes = -1;
   NodeId schedule_as = -1;
@@ -173,7 +174,8 @@ class Graph {
   // Gradient of each parameter, filled by autodiff (param -> gradient value).
   std::map<ValueId, ValueId>& param_grads() { return param_grads_; }
   const std::map<ValueId, ValueId>& param_grads() const { return param_grads_; }
-  // Nodes that must run after every reader of what they mutate (optimizer updates, running statistics).
+  // The live nodes in run order. Nodes that only mutate their inputs (optimizer updates) run after every
+  // reader of what they mutate: last in their phase, or, given a schedule_as, as soon as those readers have.
   std::vector<NodeId> live_nodes_topological() const;
   // Consumers of each value among live nodes.
   std::vector<std::vector<NodeId>> consumers() const;

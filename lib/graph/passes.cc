@@ -9,6 +9,7 @@
 
 #include "core/cuda_backend.h"
 #include "graph/builder.h"
+#include "ops/cpu/matmul.h"
 #include "ops/registry.h"
 
 namespace flowrun {
@@ -436,6 +437,48 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
   }
 }
 
+void fuse_momentum_products(Graph& g, DeviceKind device) {
+  if (device != DeviceKind::cpu) return;
+  const auto readers = g.consumers();
+  const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
+  for (const Node& u : snapshot) {
+    // Momentum without dampening, Nesterov, weight decay or a coefficient (clipping, accumulation, loss
+    // scaling): buf = momentum * buf + grad, one fma, which the GEMM's beta computes alike.
+    if (u.dead || u.op != "sgd_update" || u.inputs.size() != 5 || u.attrs.f("momentum", 0) == 0 ||
+        u.attrs.f("dampening", 0) != 0 || u.attrs.b("nesterov") || u.attrs.f("weight_decay", 0) != 0)
+      continue;
+    const Value grad = g.value(u.inputs[1]);
+    // Autodiff hands each gradient out as "grad/<param>"; any other name a caller reads keeps it.
+    const std::string handed_out = "grad/" + g.value(u.inputs[0]).name;
+    const bool read_elsewhere = std::any_of(g.outputs().begin(), g.outputs().end(), [&](const auto& o) {
+      return o.second == grad.id && o.first != handed_out;
+    });
+    if (grad.producer < 0 || grad.dtype() != DType::f32 || read_elsewhere ||
+        readers[static_cast<size_t>(grad.id)].size() != 1)
+      continue;
+    const Node mm = g.node(grad.producer);
+    if (mm.dead || mm.op != "matmul" || mm.phase != u.phase || mm.attrs.has("out_dtype")) continue;
+    const Value x = g.value(mm.inputs[0]), y = g.value(mm.inputs[1]);
+    if (x.shape().size() != 2 || y.shape().size() != 2 || x.dtype() != DType::f32 || y.dtype() != DType::f32)
+      continue;
+    const bool ta = mm.attrs.b("trans_a"), tb = mm.attrs.b("trans_b");
+    const int64_t k = ta ? x.shape()[0] : x.shape()[1];
+    if (!cpu::gemm_fuses_beta(ta, tb, grad.shape()[0], grad.shape()[1], k)) continue;
+    const Attrs attrs{{"momentum", u.attrs.f("momentum")}, {"trans_a", ta}, {"trans_b", tb}};
+    g.add_node("sgd_product_update", {u.inputs[0], x.id, y.id, u.inputs[2], u.inputs[3]}, attrs, u.name);
+    g.nodes().back().phase = u.phase;
+    // Where the product was, once the parameter's other readers (its input gradient's product) have run:
+    // at the end of the step it would keep its factors, the backward pass's activations, alive until then.
+    g.nodes().back().schedule_as = mm.schedule_as >= 0 ? mm.schedule_as : mm.id;
+    g.node(u.id).dead = true;
+    g.node(mm.id).dead = true;
+    g.unmark_output(handed_out);
+    // The gradient is never made: nothing holds memory for it (flowrun plan's gradient bytes).
+    for (auto it = g.param_grads().begin(); it != g.param_grads().end();)
+      it = it->second == grad.id ? g.param_grads().erase(it) : std::next(it);
+  }
+}
+
 void fold_norm_casts(Graph& g, DeviceKind device) {
   if (device != DeviceKind::cpu) return;
   const auto readers = g.consumers();
@@ -815,6 +858,9 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   if (opts.fuse && !opts.eager) {
     p.push_back(
         {"fuse_bias_gradients", [](Graph& g, const CompileOptions& o) { fuse_bias_gradients(g, o.device); }});
+    if (!opts.keep_gradients)
+      p.push_back({"fuse_momentum_products",
+                   [](Graph& g, const CompileOptions& o) { fuse_momentum_products(g, o.device); }});
     if (opts.compute != DType::f32)
       p.push_back(
           {"fold_norm_casts", [](Graph& g, const CompileOptions& o) { fold_norm_casts(g, o.device); }});

@@ -74,6 +74,9 @@ struct CompileOptions {
   // Multi-tensor updates (group_updates); unset: on the GPU only, where each update is a kernel launch (on
   // the CPU it was not measurably faster, lib/ops/cuda/README.md).
   std::optional<bool> group_updates;
+  // Every parameter's gradient is a value of the step (--dump-step records them): fuse_momentum_products,
+  // which computes some into the momentum buffer instead, is off.
+  bool keep_gradients = false;
 };
 
 struct Pass {
@@ -105,6 +108,13 @@ void fuse_backward(Graph& g, DeviceKind device);
 // the reduce_sum read the whole gradient back from memory; the same bits (ops/cpu/reduce.h). The reduce_sum's
 // out_dtype (fold_f32_casts) carries over, hence the pass's place after that one.
 void fuse_bias_gradients(Graph& g, DeviceKind device);
+// On the CPU, after the optimizer: an f32 matmul (a weight's gradient, read by nothing else) feeding an
+// sgd_update with momentum (no dampening, Nesterov, weight decay or coef input) -> sgd_product_update, whose
+// GEMM adds momentum * buf to the product and writes it into the momentum buffer: the gradient is neither
+// written nor read back, 0.12 ms of a 2 ms MLP step (ops/cpu/optim.cc). The same bits, where
+// gemm_fuses_beta says the GEMM rounds each sum once as without beta; the product then runs with the
+// updates, at the end of the step.
+void fuse_momentum_products(Graph& g, DeviceKind device);
 // On the CPU, in mixed precision: a cast to bf16 that alone reads an f32 layernorm's or rmsnorm's y (the
 // norm of the f32 residual stream, on its way into a bf16 GEMM) is folded into the norm, which rounds y to
 // bf16 as it writes it (attribute out_dtype: bf16): one pass over y fewer and half its bytes, the same bits.

@@ -104,6 +104,79 @@ OpDef sgd_def() {
   return d;
 }
 
+// sgd_product_update: the gradient op(a) op(b) of a weight, then PyTorch's SGD with momentum (dampening 0,
+// no weight decay), in double, for the samples.
+std::vector<Tensor> sgd_product_reference(const std::vector<Tensor>& in, const Attrs& a) {
+  Tensor p = in[0].clone(), buf = in[3].clone();
+  const bool ta = a.b("trans_a"), tb = a.b("trans_b");
+  const int64_t m = p.shape()[0], n = p.shape()[1], k = in[1].shape()[ta ? 0 : 1];
+  const double lr = in[4].data<double>()[0], mom = a.f("momentum");
+  const double *x = in[1].data<double>(), *y = in[2].data<double>();
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double g = 0;
+      for (int64_t l = 0; l < k; ++l) g += x[ta ? l * m + i : i * k + l] * y[tb ? j * k + l : l * n + j];
+      double& b = buf.data<double>()[i * n + j];
+      b = mom * b + g;
+      p.data<double>()[i * n + j] -= lr * b;
+    }
+  return {p, buf};
+}
+
+OpDef sgd_product_def() {
+  OpDef d;
+  d.name = "sgd_product_update";
+  d.doc =
+      "sgd_update of a weight whose gradient is the product op(a) op(b), computed by the GEMM into the "
+      "momentum buffer: buf = op(a) op(b) + momentum * buf, p -= lr * buf (momentum, no dampening, Nesterov "
+      "or weight decay); inputs (param m x n, a, b, momentum buffer, lr scalar), attrs momentum, trans_a, "
+      "trans_b. Made on the CPU by graph/passes.cc fuse_momentum_products";
+  d.num_inputs = 5;
+  d.num_outputs = [](const Attrs&) { return 0; };
+  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+    const Shape &p = in[0].shape, &x = in[1].shape, &y = in[2].shape;
+    if (p.size() != 2 || x.size() != 2 || y.size() != 2)
+      throw input_error("sgd_product_update: the parameter and both factors must be matrices");
+    const bool ta = a.b("trans_a"), tb = a.b("trans_b");
+    if ((ta ? x[1] : x[0]) != p[0] || (tb ? y[0] : y[1]) != p[1] || (ta ? x[0] : x[1]) != (tb ? y[1] : y[0]))
+      throw input_error(cat("sgd_product_update: the product of ", shape_str(x), " and ", shape_str(y),
+                            " is not the parameter's ", shape_str(p)));
+    if (in[3].shape != p) throw input_error("sgd_product_update: momentum buffer shape");
+    if (in[1].dtype != in[0].dtype || in[2].dtype != in[0].dtype || in[3].dtype != in[0].dtype)
+      throw input_error("sgd_product_update: the factors and the buffer must have the parameter's dtype");
+    if (a.f("momentum", 0) == 0) throw input_error("sgd_product_update: momentum must be nonzero");
+    check_scalar(in[4], "sgd_product_update", "lr");
+    return {};
+  };
+  // The matmul's and the sgd_update's costs together, so that a step counts the same FLOPs fused or not.
+  d.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
+    const double n = static_cast<double>(numel(in[0].shape));
+    const double k = static_cast<double>(in[1].shape[a.b("trans_a") ? 0 : 1]);
+    const double bytes = static_cast<double>(numel(in[1].shape) + numel(in[2].shape)) + 4 * n;
+    return Cost{2 * n * k + 5 * n, bytes * static_cast<double>(dtype_size(in[0].dtype))};
+  };
+  d.nondiff_inputs = {0, 1, 2, 3, 4};
+  d.mutates = {0, 3};
+  d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_product_update}};
+  d.samples = [] {
+    std::vector<OpSample> s;
+    // A weight gradient dy^T x (a transposed) and the product with b transposed.
+    for (const bool ta : {true, false}) {
+      OpSample o;
+      o.label = ta ? "a transposed" : "b transposed";
+      const Shape x = ta ? Shape{6, 5} : Shape{5, 6}, y = ta ? Shape{6, 7} : Shape{7, 6};
+      o.inputs = {
+          {{5, 7}, DType::f64}, {x, DType::f64}, {y, DType::f64}, {{5, 7}, DType::f64}, {{}, DType::f64}};
+      o.fill = sample_fill({{4, 0.375}});
+      o.attrs = Attrs{{"momentum", 0.9}, {"trans_a", ta}, {"trans_b", !ta}};
+      o.reference = sgd_product_reference;
+      s.push_back(o);
+    }
+    return s;
+  };
+  return d;
+}
+
 // PyTorch's Adam/AdamW step in double, for the samples.
 std::vector<Tensor> adamw_reference(const std::vector<Tensor>& in, const Attrs& a) {
   Tensor p = in[0].clone(), m = in[2].clone(), v = in[3].clone();
@@ -520,6 +593,7 @@ OpDef grad_accumulate_def() {
 
 void register_optim_ops(OpRegistry& r) {
   r.add(sgd_def());
+  r.add(sgd_product_def());
   r.add(adamw_def());
   OpDef sgd_multi = multi_def(sgd_def(), {"sgd_update_multi", 3, 2, {0, 2}});
   sgd_multi.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_update_multi}};

@@ -88,7 +88,7 @@ void check_device(const RunConfig& c) {
 
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
                       BuiltModel* built, int64_t tensor_rank, int64_t stage, int64_t data_rank,
-                      const std::vector<std::string>& layer_outputs) {
+                      const std::vector<std::string>& layer_outputs, bool keep_gradients) {
   Graph g;
   // Training under data parallelism compiles the global micro-batch, which the data axis's SBP deduction
   // splits into each rank's `batch`.
@@ -112,6 +112,7 @@ Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch,
       if (g.node(id).op == "mlm_mask") g.node(id).attrs.set("micro_batches", cfg.train.grad_accumulation);
   CompileOptions o;
   o.eager = cfg.train.eager;
+  o.keep_gradients = keep_gradients;
   o.device = device_of(cfg).kind;
   o.compute = compute_dtype(cfg.precision);
   o.tensor_parallel = cfg.parallel.tensor;
@@ -171,7 +172,8 @@ Mesh join_world(const RunConfig& cfg) {
   return make_mesh(world_communicator(launch), cfg.parallel.tensor, cfg.parallel.pipeline);
 }
 
-TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(const Mesh&)>& joined) {
+TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(const Mesh&)>& joined,
+                                bool keep_gradients) {
   check_device(cfg);
   TrainProgram t;
   t.mesh = join_world(cfg);
@@ -200,7 +202,7 @@ TrainProgram make_train_program(const RunConfig& cfg, const std::function<void(c
                           " samples is larger than the ", samples,
                           " samples of the train split: an epoch needs at least one full batch"));
   Program p = compile_model(cfg, t.data->spec(), cfg.train.micro_batch_size, true, &t.model,
-                            t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank());
+                            t.mesh.tensor->rank(), t.mesh.stage(), t.mesh.data->rank(), {}, keep_gradients);
   // Each pipeline micro-batch slot has an arena of its own (see below).
   const int64_t slots =
       t.mesh.stages() > 1 ? std::min(t.mesh.stages() - t.mesh.stage(), cfg.train.grad_accumulation) : 1;

@@ -30,10 +30,11 @@ void check_device(const RunConfig& cfg);
 // a training program is the local program of the mesh coordinates given (data rank, tensor rank, pipeline
 // stage) under the config's layout.
 // `layer_outputs` (evaluation: `flowrun eval --layer`) names top-level layers (as `flowrun check`'s table
-// does) whose outputs the program also hands out, as outputs "layer/<name>".
+// does) whose outputs the program also hands out, as outputs "layer/<name>". `keep_gradients` (--dump-step)
+// keeps every parameter's gradient a value of the step (CompileOptions::keep_gradients).
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
                       BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0, int64_t data_rank = 0,
-                      const std::vector<std::string>& layer_outputs = {});
+                      const std::vector<std::string>& layer_outputs = {}, bool keep_gradients = false);
 
 // The training program of a config, its data, and an executor with freshly initialised parameters.
 struct TrainProgram {
@@ -49,9 +50,10 @@ struct TrainProgram {
 // `joined`, when given, runs right after the world is joined, before anything is compiled or allocated
 // (the trainer takes the run directory's lock there, all ranks together). The batch is checked against the
 // train split, and on a CPU the planned memory against what the process may use (check_memory_fits), before
-// any tensor is allocated.
+// any tensor is allocated. `keep_gradients` as for compile_model.
 TrainProgram make_train_program(const RunConfig& cfg,
-                                const std::function<void(const Mesh&)>& joined = nullptr);
+                                const std::function<void(const Mesh&)>& joined = nullptr,
+                                bool keep_gradients = false);
 
 // This process's place in the job the launcher started (see detect_launch), checked against the config's
 // layout (an input_error unless the world has data x tensor x pipeline processes), as a device mesh.

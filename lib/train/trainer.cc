@@ -255,28 +255,32 @@ void Run::setup() {
   fs::create_directories(ckpt_dir_);
   // Rank 0 locks the run directory as soon as the world is joined, before anything is compiled, allocated
   // or written; the other ranks learn the outcome from it, so that every rank stops together.
-  TrainProgram t = make_train_program(cfg_, [&](const Mesh& mesh) {
-    // Every rank refuses alike, before anything is compiled: the dump is one process's whole step.
-    if (!opts_.dump_step.empty() && mesh.world->size() > 1)
-      throw input_error(cat(cfg_.where("parallel.data"),
-                            "--dump-step records one process's step, but this run has ", mesh.world->size(),
-                            " processes (parallel.data x tensor x pipeline); dump it without mpirun/srun"));
-    std::exception_ptr refused;
-    int64_t code = 0;
-    if (mesh.world->rank() == 0) {
-      try {
-        lock_ = std::make_unique<RunDirLock>(run_dir_);
-      } catch (const Error& e) {
-        refused = std::current_exception();
-        code = static_cast<int64_t>(e.code());
-      }
-    }
-    if (mesh.world->size() > 1) mesh.world->broadcast(&code, 1, DType::i64, 0);
-    if (refused) std::rethrow_exception(refused);
-    if (code != 0)
-      throw Error(static_cast<ExitCode>(code),
-                  cat("rank 0 could not lock the run directory ", run_dir_, " (its message says why)"));
-  });
+  TrainProgram t = make_train_program(
+      cfg_,
+      [&](const Mesh& mesh) {
+        // Every rank refuses alike, before anything is compiled: the dump is one process's whole step.
+        if (!opts_.dump_step.empty() && mesh.world->size() > 1)
+          throw input_error(
+              cat(cfg_.where("parallel.data"), "--dump-step records one process's step, but this run has ",
+                  mesh.world->size(),
+                  " processes (parallel.data x tensor x pipeline); dump it without mpirun/srun"));
+        std::exception_ptr refused;
+        int64_t code = 0;
+        if (mesh.world->rank() == 0) {
+          try {
+            lock_ = std::make_unique<RunDirLock>(run_dir_);
+          } catch (const Error& e) {
+            refused = std::current_exception();
+            code = static_cast<int64_t>(e.code());
+          }
+        }
+        if (mesh.world->size() > 1) mesh.world->broadcast(&code, 1, DType::i64, 0);
+        if (refused) std::rethrow_exception(refused);
+        if (code != 0)
+          throw Error(static_cast<ExitCode>(code),
+                      cat("rank 0 could not lock the run directory ", run_dir_, " (its message says why)"));
+      },
+      /*keep_gradients=*/!opts_.dump_step.empty());
   mesh_ = std::move(t.mesh);
   comm_ = mesh_.world.get();
   lead_ = comm_->rank() == 0;

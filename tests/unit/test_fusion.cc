@@ -11,6 +11,7 @@
 #include "graph/passes.h"
 #include "models.h"
 #include "op_harness.h"
+#include "ops/cpu/matmul.h"
 #include "ops/registry.h"
 
 namespace flowrun::testing {
@@ -274,6 +275,47 @@ TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
     EXPECT_EQ(norm_grads, 1);
     expect_trains_as_eager([&](bool eager) { return compile_mlp(t, eager); });
   }
+}
+
+// x (rows, 40) -> linear 48 -> relu -> linear 10 -> mse against target (rows, 10), SGD with momentum 0.9 and
+// `weight_decay`; `keep` sets keep_gradients.
+Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, bool keep = false) {
+  Graph g;
+  GraphBuilder b(g);
+  auto linear = [&](ValueId v, int64_t in, int64_t out, const std::string& name) {
+    return b.op1("linear", {v, b.param(name + "/weight", {out, in}), b.param(name + "/bias", {out})}, {},
+                 name);
+  };
+  const ValueId h = b.op1("relu", {linear(b.input("x", {rows, 40}), 40, 48, "fc")});
+  g.mark_output("loss", b.op1("mse_loss", {linear(h, 48, 10, "head"), b.input("target", {rows, 10})}));
+  CompileOptions opts = sgd_options(eager);
+  opts.optimizer.weight_decay = weight_decay;
+  opts.keep_gradients = keep;
+  return compile(std::move(g), opts);
+}
+
+// fuse_momentum_products: fc's weight gradient is computed into its momentum buffer where its product was in
+// the backward pass (not with the other updates at the end), the same bits as eager; the head's (10 rows,
+// gemm_fuses_beta's skinny kernel on AVX-512) is fused only where that kernel does not take it; nothing is
+// fused under weight decay, with keep_gradients, or over 2048 rows (the product's K sum is cut into chunks).
+TEST(Fusion, MomentumProductsTrainBitwiseAsEager) {
+  const Program p = compile_momentum_mlp(false, 64);
+  const int head_fused = cpu::gemm_fuses_beta(true, false, 10, 48, 64) ? 1 : 0;
+  EXPECT_EQ(op_counts(p)["sgd_product_update"], 1 + head_fused);
+  EXPECT_EQ(op_counts(p)["sgd_update"], 3 - head_fused);
+  EXPECT_FALSE(p.graph.outputs().count("grad/fc/weight"));
+  EXPECT_TRUE(p.graph.outputs().count("grad/fc/bias"));
+  size_t fused_at = 0, first_update = p.order.size();
+  for (size_t i = 0; i < p.order.size(); ++i) {
+    const Node& n = p.graph.node(p.order[i]);
+    if (n.op == "sgd_product_update" && n.name == "update/fc/weight") fused_at = i;
+    if (n.op == "sgd_update") first_update = std::min(first_update, i);
+  }
+  EXPECT_LT(fused_at, first_update);
+  expect_trains_as_eager([](bool eager) { return compile_momentum_mlp(eager, 64); });
+  EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, 0.01))["sgd_product_update"], 0);
+  EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, 0, true))["sgd_product_update"], 0);
+  EXPECT_EQ(op_counts(compile_momentum_mlp(false, 2048))["sgd_product_update"], 0);
 }
 
 // x (3, 100, 24) -> down(silu(gate(x)) * up(x)) -> mse: a Llama MLP. Its 21600 hidden values split between

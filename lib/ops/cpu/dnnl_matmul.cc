@@ -277,6 +277,10 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
   product(dtype, ytype, batch, m, n, k, ta, tb, a_stride, b_stride, alpha, beta, a, b, y);
 }
 
+bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta) {
+  return !splits_k(DType::f32, 1, m, n, k, ta);
+}
+
 void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
                  const void* w, const void* bias, void* y) {
   check_types(dtype, ytype);

@@ -16,6 +16,11 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
                  int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
                  void* y);
 
+// Whether dnnl_matmul computes this f32 product (batch 1) in one oneDNN call over its whole K sum, not in K
+// chunks. There a beta adds beta * y to each finished sum within the call's one rounding, fma(beta, y, sum):
+// the bits of the product with beta 0 followed by that fma (graph/passes.cc fuse_momentum_products).
+bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta);
+
 // y (rows x out) = x (rows x in) w^T (w: out x in) [+ bias (out, the operands' dtype), added to the f32 sum
 // before the one rounding], f32 or bf16, y in `ytype` as for dnnl_matmul, as a linear layer computes it: the
 // bias through the primitive's bias argument, one pass over y.

@@ -22,6 +22,10 @@ void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
   dnnl_matmul(DType::f32, DType::f32, 1, m, n, k, ta, tb, 0, 0, alpha, beta, a, b, c);
 }
 
+bool gemm_fuses_beta(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
+  return (tb || !skinny_gemm_applies(ta, m, n, k)) && dnnl_matmul_whole_k(m, n, k, ta);
+}
+
 template <>
 void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, const double* b,
                   double beta, double* c) {

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "ops/cpu/matmul.h"
 #include "ops/cpu/parallel.h"
 #include "parallel/comm.h"
 
@@ -54,21 +56,30 @@ bool sgd_first_step(const KernelCtx& c, int step_index) {
 template <typename T>
 struct SgdCoefs {
   T k, w, m, d, rate;
-  bool momentum, first, nesterov;
+  bool decay, momentum, first, nesterov;
 };
 
-// SGD's elements [s, e) (a function of its own so that the loop vectorizes, as adamw_range).
+// SGD's elements [s, e) (a function of its own so that the loop vectorizes, as adamw_range). The fused
+// multiply-adds are written out, not left to the compiler's contraction, because sgd_product_update must
+// give the same bits: its GEMM adds momentum * buf to each gradient in one rounding.
 template <typename T>
 void sgd_range(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t s, int64_t e,
                const SgdCoefs<T> c) {
   for (int64_t i = s; i < e; ++i) {
-    T gi = c.k * g[i] + c.w * p[i];
+    T gi = c.k * g[i];
+    if (c.decay) gi = std::fma(c.w, p[i], gi);
     if (c.momentum) {
-      buf[i] = c.first ? gi : c.m * buf[i] + c.d * gi;
-      gi = c.nesterov ? gi + c.m * buf[i] : buf[i];
+      buf[i] = c.first ? gi : std::fma(c.m, buf[i], c.d * gi);
+      gi = c.nesterov ? std::fma(c.m, buf[i], gi) : buf[i];
     }
-    p[i] -= c.rate * gi;
+    p[i] = std::fma(-c.rate, gi, p[i]);
   }
+}
+
+// p -= rate * buf over [s, e): the last line of sgd_range with momentum, for sgd_product_update.
+template <typename T>
+void descend_range(T* __restrict p, const T* __restrict buf, int64_t s, int64_t e, const T rate) {
+  for (int64_t i = s; i < e; ++i) p[i] = std::fma(-rate, buf[i], p[i]);
 }
 
 // One parameter's SGD step, the learning rate and gradient coefficient given: the single and multi-tensor
@@ -85,7 +96,7 @@ void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad,
     const T rate = static_cast<T>(lr);
     // (1 - dampening) in double, then rounded: 1 - T(dampening) would round twice.
     const T m = T(mom), d = T(1 - damp), w = T(wd), k = T(coef);
-    const SgdCoefs<T> co{k, w, m, d, rate, mom != 0, first, nesterov};
+    const SgdCoefs<T> co{k, w, m, d, rate, wd != 0, mom != 0, first, nesterov};
     parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) { sgd_range(p, g, buf, s, e, co); });
   });
 }
@@ -150,6 +161,29 @@ void sgd_update(const KernelCtx& c) {
   if (!std::isfinite(coef)) return;  // a skipped step (the loss scaler found non-finite gradients)
   sgd_tensor(c.attrs(), c.in[0], c.in[1], c.in[2], load_as_f64(c.in[3].data, c.in[3].dtype, 0),
              sgd_first_step(c, 4), coef);
+}
+
+// Inputs (param, a, b, momentum buffer, lr): buf = op(a) op(b) + momentum * buf, the GEMM adding the
+// momentum term within its one rounding of each sum, then p -= lr * buf. The bits of matmul then
+// sgd_update (dampening 0, no weight decay or coef) where gemm_fuses_beta holds, which the pass that makes
+// this op checks; the gradient is neither written nor read back.
+void sgd_product_update(const KernelCtx& c) {
+  const Attrs& a = c.attrs();
+  const bool ta = a.b("trans_a"), tb = a.b("trans_b");
+  const TensorView &p = c.in[0], &x = c.in[1], &y = c.in[2], &buf = c.in[3];
+  const int64_t m = p.dim(0), n = p.dim(1), k = ta ? x.dim(0) : x.dim(1);
+  const double lr = load_as_f64(c.in[4].data, c.in[4].dtype, 0);
+  dispatch_float(p.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if constexpr (std::is_same_v<T, float>)
+      FR_CHECK(gemm_fuses_beta(ta, tb, m, n, k), c.node->op, " (", c.node->name, "): a ", m, " x ", n, " x ",
+               k, " product that gemm<float> does not compute in one call");
+    gemm<T>(ta, tb, m, n, k, T(1), x.as<T>(), y.as<T>(), T(a.f("momentum")), buf.as<T>());
+    T* pp = p.as<T>();
+    const T* b = buf.as<T>();
+    const T rate = static_cast<T>(lr);
+    parallel_for(p.numel(), kGrain, [&](int64_t s, int64_t e) { descend_range(pp, b, s, e, rate); });
+  });
 }
 
 void adamw_update(const KernelCtx& c) {

@@ -9,6 +9,7 @@ namespace flowrun::cpu {
 inline constexpr int64_t kNormBlock = 1 << 14;
 
 void sgd_update(const KernelCtx& c);
+void sgd_product_update(const KernelCtx& c);
 void adamw_update(const KernelCtx& c);
 void sgd_update_multi(const KernelCtx& c);
 void adamw_update_multi(const KernelCtx& c);

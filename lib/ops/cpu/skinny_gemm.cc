@@ -131,9 +131,13 @@ bool skinny_linear(int64_t rows, int64_t out, int64_t in, const float* x, const 
   return true;
 }
 
-bool skinny_gemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+bool skinny_gemm_applies(bool ta, int64_t m, int64_t n, int64_t k) {
   const int64_t side = ta ? m : k;
-  if (!avx512() || side < 1 || side > kMax || n < 16 || n % 16 != 0 || m < 1 || k < 1) return false;
+  return avx512() && side >= 1 && side <= kMax && n >= 16 && n % 16 == 0 && m >= 1 && k >= 1;
+}
+
+bool skinny_gemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  if (!skinny_gemm_applies(ta, m, n, k)) return false;
   const ChunkFn f = ta ? kSmallM[static_cast<size_t>(m - 1)] : kSmallK[static_cast<size_t>(k - 1)];
   parallel_for(n / 16, 2, [&](int64_t s, int64_t e) { f(s, e, ta ? n : m, ta ? k : n, a, b, c); });
   return true;
@@ -142,6 +146,9 @@ bool skinny_gemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, const
 #else
 
 bool skinny_linear(int64_t, int64_t, int64_t, const float*, const float*, const float*, float*) {
+  return false;
+}
+bool skinny_gemm_applies(bool, int64_t, int64_t, int64_t) {
   return false;
 }
 bool skinny_gemm(bool, int64_t, int64_t, int64_t, const float*, const float*, float*) {

@@ -18,5 +18,7 @@ bool skinny_linear(int64_t rows, int64_t out, int64_t in, const float* x, const 
 // transposed, m <= 16: its weight gradient dy^T x); false (nothing written) for any other shape or build.
 // Each output sums over k in order.
 bool skinny_gemm(bool ta, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c);
+// Whether skinny_gemm takes this shape on this build and CPU.
+bool skinny_gemm_applies(bool ta, int64_t m, int64_t n, int64_t k);
 
 }  // namespace flowrun::cpu
