@@ -1,6 +1,7 @@
 // Core types: dtype conversions, the CPU allocator, shapes, the counter-based RNG, graph dumps, registry
 // errors, autodiff fan-out, and bitwise determinism of a training step.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "models.h"
 #include "ops/cpu/dnnl_matmul.h"
+#include "ops/cpu/matmul.h"
 
 namespace flowrun::testing {
 namespace {
@@ -257,6 +259,45 @@ TEST(Matmul, F32ProductsMatchFloat64) {
         ASSERT_NEAR(y[at], want, 1e-6 * (mag + 1)) << i << ", " << j;
       }
   }
+}
+
+// What fuse_momentum_products rests on: where gemm_fuses_beta holds, gemm<float> with beta gives
+// fma(beta, y, product) bit for bit, the product being gemm's with beta 0 (oneDNN adds the sum post-op's term
+// within its one rounding), at 1 and 2 threads: weight gradients (A transposed) of the bench MLP, gpt-tiny
+// and odd sizes, K up to 2047 (at 2048 the sum is cut into chunks and gemm_fuses_beta says no), and the
+// other transpose combinations.
+TEST(Matmul, BetaIsOneFmaOnTheProduct) {
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+  };
+  const RngStream r{5, 6};
+  const int threads = omp_get_max_threads();
+  for (const int t : {1, 2}) {
+    omp_set_num_threads(t);
+    for (const Case& c : {Case{512, 784, 128, true, false}, Case{512, 512, 128, true, false},
+                          Case{1024, 256, 2047, true, false}, Case{256, 1024, 1000, true, false},
+                          Case{37, 530, 300, true, false}, Case{70, 33, 300, false, true},
+                          Case{200, 48, 1500, false, false}, Case{48, 200, 65, true, true}}) {
+      SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << " x " << c.k << (c.ta ? " ta" : "")
+                                        << (c.tb ? " tb" : "") << ", " << t << " threads");
+      ASSERT_TRUE(cpu::gemm_fuses_beta(c.ta, c.tb, c.m, c.n, c.k));
+      std::vector<float> a(static_cast<size_t>(c.m * c.k)), b(static_cast<size_t>(c.k * c.n)),
+          y(static_cast<size_t>(c.m * c.n)), product(y.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(2 * r.uniform(i) - 1);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(2 * r.uniform(i + a.size()) - 1);
+      for (size_t i = 0; i < y.size(); ++i)
+        y[i] = static_cast<float>(r.uniform(i + a.size() + b.size()) - 0.5);
+      const float beta = 0.9f;
+      std::vector<float> want = y;
+      cpu::gemm<float>(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 0.0f, product.data());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = std::fma(beta, want[i], product[i]);
+      cpu::gemm<float>(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), beta, y.data());
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+    }
+  }
+  omp_set_num_threads(threads);
+  EXPECT_FALSE(cpu::gemm_fuses_beta(true, false, 512, 512, 2048));
 }
 
 // A small GPT block (x and target 2 x 8 x 16) trained by SGD with momentum.
