@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # flowrun train --dump-step: the file holds the step's batch, loss, every parameter and its gradient; the
-# gradient is the one the update used (plain SGD: the checkpoint after the step is before - lr * grad);
+# gradient is the one the update used (plain SGD: the checkpoint after the step is before - lr * grad), also
+# where a compiled step would not make it (SGD with momentum);
 # under accumulation the batch is the whole step's and the loss the micro-batches' mean; and the cases it
 # cannot record (several processes, fp16, --detect-anomaly, no step left, no such directory) exit 2 before
 # training, leaving no file.
@@ -48,6 +49,15 @@ for p in head/w head/b hidden.0/fc/w hidden.0/fc/b; do
                    END { if (n == 0 || !moved || worst > 1e-6 * scale) { print p ": " n " values, worst " worst; exit 1 } }' ||
     fail "the step did not apply the dumped gradient to $p"
 done
+
+# SGD with momentum, whose weight gradients a compiled step computes into the momentum buffers
+# (fuse_momentum_products): the dump still holds every parameter's gradient.
+expect_exit 0 "$FLOWRUN" train "${MLP[@]}" --set optimizer.momentum=0.9 --run-dir "$SCRATCH/mlp-momentum" \
+  --dump-step "$SCRATCH/momentum.h5"
+h5ls -r "$SCRATCH/momentum.h5" | tr -s ' ' >"$SCRATCH/list"
+grep -qxF "/grads/hidden.0/fc/w Dataset {64, 784}" "$SCRATCH/list" || fail "the momentum dump lacks a gradient"
+diff <(grep '^/params/.* Dataset' "$SCRATCH/list" | sed 's|^/params/||') \
+  <(grep '^/grads/.*Dataset' "$SCRATCH/list" | sed 's|^/grads/||') || fail "momentum: parameters and gradients differ"
 
 # Accumulation (the tiny GPT, 2 micro-batches of 4): the step's 8 rows, 2 losses whose mean is the loss.
 GPT=("$SRC/tests/configs/tiny_gpt.yaml" --set train.steps=1 --set model.dropout=0.0 --set train.micro_batch_size=4

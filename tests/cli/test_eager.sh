@@ -31,6 +31,8 @@ case_() {
 
 ONE=(--set train.threads=2)
 case_ mlp -- "$T/tiny_mlp.yaml" "${ONE[@]}"
+# Momentum without Nesterov: the weight gradients go into the momentum buffers (fuse_momentum_products).
+case_ mlp-momentum -- "$T/tiny_mlp.yaml" "${ONE[@]}" --set optimizer.nesterov=false
 case_ cnn -- "$SRC/configs/bench/cnn.yaml" "${ONE[@]}" --set train.batch_size=16
 case_ resnet -- "$SRC/configs/bench/resnet.yaml" "${ONE[@]}" --set train.batch_size=8
 case_ gpt -- "$T/tiny_gpt.yaml" "${ONE[@]}"
