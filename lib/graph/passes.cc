@@ -442,10 +442,10 @@ void fuse_momentum_products(Graph& g, DeviceKind device) {
   const auto readers = g.consumers();
   const std::vector<Node> snapshot = g.nodes();  // add_node below may reallocate the node list
   for (const Node& u : snapshot) {
-    // Momentum without dampening, Nesterov, weight decay or a coefficient (clipping, accumulation, loss
-    // scaling): buf = momentum * buf + grad, one fma, which the GEMM's beta computes alike.
+    // Momentum without dampening, Nesterov or a coefficient (clipping, accumulation, loss scaling): buf =
+    // momentum * buf + grad, one fma, which the GEMM's beta computes alike (weight decay is added after it).
     if (u.dead || u.op != "sgd_update" || u.inputs.size() != 5 || u.attrs.f("momentum", 0) == 0 ||
-        u.attrs.f("dampening", 0) != 0 || u.attrs.b("nesterov") || u.attrs.f("weight_decay", 0) != 0)
+        u.attrs.f("dampening", 0) != 0 || u.attrs.b("nesterov"))
       continue;
     const Value grad = g.value(u.inputs[1]);
     // Autodiff hands each gradient out as "grad/<param>"; any other name a caller reads keeps it.
@@ -464,7 +464,10 @@ void fuse_momentum_products(Graph& g, DeviceKind device) {
     const bool ta = mm.attrs.b("trans_a"), tb = mm.attrs.b("trans_b");
     const int64_t k = ta ? x.shape()[0] : x.shape()[1];
     if (!cpu::gemm_fuses_beta(ta, tb, grad.shape()[0], grad.shape()[1], k)) continue;
-    const Attrs attrs{{"momentum", u.attrs.f("momentum")}, {"trans_a", ta}, {"trans_b", tb}};
+    const Attrs attrs{{"momentum", u.attrs.f("momentum")},
+                      {"weight_decay", u.attrs.f("weight_decay", 0)},
+                      {"trans_a", ta},
+                      {"trans_b", tb}};
     g.add_node("sgd_product_update", {u.inputs[0], x.id, y.id, u.inputs[2], u.inputs[3]}, attrs, u.name);
     g.nodes().back().phase = u.phase;
     // Where the product was, once the parameter's other readers (its input gradient's product) have run:

@@ -104,21 +104,22 @@ OpDef sgd_def() {
   return d;
 }
 
-// sgd_product_update: the gradient op(a) op(b) of a weight, then PyTorch's SGD with momentum (dampening 0,
-// no weight decay), in double, for the samples.
+// sgd_product_update: the gradient op(a) op(b) of a weight, then PyTorch's SGD with momentum and weight
+// decay (no dampening or Nesterov), in double, for the samples.
 std::vector<Tensor> sgd_product_reference(const std::vector<Tensor>& in, const Attrs& a) {
   Tensor p = in[0].clone(), buf = in[3].clone();
   const bool ta = a.b("trans_a"), tb = a.b("trans_b");
   const int64_t m = p.shape()[0], n = p.shape()[1], k = in[1].shape()[ta ? 0 : 1];
-  const double lr = in[4].data<double>()[0], mom = a.f("momentum");
+  const double lr = in[4].data<double>()[0], mom = a.f("momentum"), wd = a.f("weight_decay", 0);
   const double *x = in[1].data<double>(), *y = in[2].data<double>();
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double g = 0;
       for (int64_t l = 0; l < k; ++l) g += x[ta ? l * m + i : i * k + l] * y[tb ? j * k + l : l * n + j];
       double& b = buf.data<double>()[i * n + j];
-      b = mom * b + g;
-      p.data<double>()[i * n + j] -= lr * b;
+      double& w = p.data<double>()[i * n + j];
+      b = mom * b + g + wd * w;
+      w -= lr * b;
     }
   return {p, buf};
 }
@@ -128,9 +129,9 @@ OpDef sgd_product_def() {
   d.name = "sgd_product_update";
   d.doc =
       "sgd_update of a weight whose gradient is the product op(a) op(b), computed by the GEMM into the "
-      "momentum buffer: buf = op(a) op(b) + momentum * buf, p -= lr * buf (momentum, no dampening, Nesterov "
-      "or weight decay); inputs (param m x n, a, b, momentum buffer, lr scalar), attrs momentum, trans_a, "
-      "trans_b. Made on the CPU by graph/passes.cc fuse_momentum_products";
+      "momentum buffer: buf = op(a) op(b) + momentum * buf + weight_decay * p, p -= lr * buf (momentum, no "
+      "dampening or Nesterov); inputs (param m x n, a, b, momentum buffer, lr scalar), attrs momentum, "
+      "weight_decay, trans_a, trans_b. Made on the CPU by graph/passes.cc fuse_momentum_products";
   d.num_inputs = 5;
   d.num_outputs = [](const Attrs&) { return 0; };
   d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
@@ -160,15 +161,16 @@ OpDef sgd_product_def() {
   d.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64}, cpu::sgd_product_update}};
   d.samples = [] {
     std::vector<OpSample> s;
-    // A weight gradient dy^T x (a transposed) and the product with b transposed.
+    // A weight gradient dy^T x (a transposed), and the product with b transposed under weight decay.
     for (const bool ta : {true, false}) {
       OpSample o;
-      o.label = ta ? "a transposed" : "b transposed";
+      o.label = ta ? "a transposed" : "b transposed, weight decay";
       const Shape x = ta ? Shape{6, 5} : Shape{5, 6}, y = ta ? Shape{6, 7} : Shape{7, 6};
       o.inputs = {
           {{5, 7}, DType::f64}, {x, DType::f64}, {y, DType::f64}, {{5, 7}, DType::f64}, {{}, DType::f64}};
       o.fill = sample_fill({{4, 0.375}});
-      o.attrs = Attrs{{"momentum", 0.9}, {"trans_a", ta}, {"trans_b", !ta}};
+      o.attrs =
+          Attrs{{"momentum", 0.9}, {"weight_decay", ta ? 0.0 : 0.01}, {"trans_a", ta}, {"trans_b", !ta}};
       o.reference = sgd_product_reference;
       s.push_back(o);
     }

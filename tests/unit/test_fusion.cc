@@ -277,9 +277,10 @@ TEST(Fusion, FusedProgramTrainsBitwiseAsEager) {
   }
 }
 
-// x (rows, 40) -> linear 48 -> relu -> linear 10 -> mse against target (rows, 10), SGD with momentum 0.9 and
-// `weight_decay`; `keep` sets keep_gradients.
-Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, bool keep = false) {
+// x (rows, 40) -> linear 48 -> relu -> linear 10 -> mse against target (rows, 10), SGD with momentum 0.9,
+// `weight_decay` and `nesterov`; `keep` sets keep_gradients.
+Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, bool nesterov = false,
+                             bool keep = false) {
   Graph g;
   GraphBuilder b(g);
   auto linear = [&](ValueId v, int64_t in, int64_t out, const std::string& name) {
@@ -290,14 +291,16 @@ Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, 
   g.mark_output("loss", b.op1("mse_loss", {linear(h, 48, 10, "head"), b.input("target", {rows, 10})}));
   CompileOptions opts = sgd_options(eager);
   opts.optimizer.weight_decay = weight_decay;
+  opts.optimizer.nesterov = nesterov;
   opts.keep_gradients = keep;
   return compile(std::move(g), opts);
 }
 
 // fuse_momentum_products: fc's weight gradient is computed into its momentum buffer where its product was in
-// the backward pass (not with the other updates at the end), the same bits as eager; the head's (10 rows,
-// gemm_fuses_beta's skinny kernel on AVX-512) is fused only where that kernel does not take it; nothing is
-// fused under weight decay, with keep_gradients, or over 2048 rows (the product's K sum is cut into chunks).
+// the backward pass (not with the other updates at the end), the same bits as eager, with and without
+// weight decay; the head's (10 rows, gemm_fuses_beta's skinny kernel on AVX-512) is fused only where that
+// kernel does not take it; nothing is fused under Nesterov, with keep_gradients, or over 2048 rows (the
+// product's K sum is cut into chunks).
 TEST(Fusion, MomentumProductsTrainBitwiseAsEager) {
   const Program p = compile_momentum_mlp(false, 64);
   const int head_fused = cpu::gemm_fuses_beta(true, false, 10, 48, 64) ? 1 : 0;
@@ -312,9 +315,13 @@ TEST(Fusion, MomentumProductsTrainBitwiseAsEager) {
     if (n.op == "sgd_update") first_update = std::min(first_update, i);
   }
   EXPECT_LT(fused_at, first_update);
-  expect_trains_as_eager([](bool eager) { return compile_momentum_mlp(eager, 64); });
-  EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, 0.01))["sgd_product_update"], 0);
+  for (const double wd : {0.0, 0.01}) {
+    SCOPED_TRACE(::testing::Message() << "weight decay " << wd);
+    EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, wd))["sgd_product_update"], 1 + head_fused);
+    expect_trains_as_eager([&](bool eager) { return compile_momentum_mlp(eager, 64, wd); });
+  }
   EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, 0, true))["sgd_product_update"], 0);
+  EXPECT_EQ(op_counts(compile_momentum_mlp(false, 64, 0, false, true))["sgd_product_update"], 0);
   EXPECT_EQ(op_counts(compile_momentum_mlp(false, 2048))["sgd_product_update"], 0);
 }
 

@@ -57,6 +57,10 @@ template <typename T>
 struct SgdCoefs {
   T k, w, m, d, rate;
   bool decay, momentum, first, nesterov;
+  // Plain momentum (no dampening or Nesterov) with weight decay adds the decay term to the momentum sum
+  // last, buf = fma(w, p, fma(m, buf, g)), where PyTorch adds it to the gradient first: the same sum in
+  // another order, so that sgd_product_update can give its bits (its GEMM rounds fma(m, buf, g) itself).
+  bool decay_last;
 };
 
 // SGD's elements [s, e) (a function of its own so that the loop vectorizes, as adamw_range). The fused
@@ -67,19 +71,30 @@ void sgd_range(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_
                const SgdCoefs<T> c) {
   for (int64_t i = s; i < e; ++i) {
     T gi = c.k * g[i];
-    if (c.decay) gi = std::fma(c.w, p[i], gi);
+    if (c.decay && !c.decay_last) gi = std::fma(c.w, p[i], gi);
     if (c.momentum) {
-      buf[i] = c.first ? gi : std::fma(c.m, buf[i], c.d * gi);
-      gi = c.nesterov ? std::fma(c.m, buf[i], gi) : buf[i];
+      T b = c.first ? gi : std::fma(c.m, buf[i], c.d * gi);
+      if (c.decay_last) b = std::fma(c.w, p[i], b);
+      buf[i] = b;
+      gi = c.nesterov ? std::fma(c.m, b, gi) : b;
     }
     p[i] = std::fma(-c.rate, gi, p[i]);
   }
 }
 
-// p -= rate * buf over [s, e): the last line of sgd_range with momentum, for sgd_product_update.
+// The end of sgd_range's plain momentum over [s, e), the momentum sum fma(m, buf, g) already in buf: the
+// decay term (w = 0: none), then p -= rate * buf. For sgd_product_update.
 template <typename T>
-void descend_range(T* __restrict p, const T* __restrict buf, int64_t s, int64_t e, const T rate) {
-  for (int64_t i = s; i < e; ++i) p[i] = std::fma(-rate, buf[i], p[i]);
+void descend_range(T* __restrict p, T* __restrict buf, int64_t s, int64_t e, const T w, const T rate) {
+  if (w == T(0)) {
+    for (int64_t i = s; i < e; ++i) p[i] = std::fma(-rate, buf[i], p[i]);
+    return;
+  }
+  for (int64_t i = s; i < e; ++i) {
+    const T b = std::fma(w, p[i], buf[i]);
+    buf[i] = b;
+    p[i] = std::fma(-rate, b, p[i]);
+  }
 }
 
 // One parameter's SGD step, the learning rate and gradient coefficient given: the single and multi-tensor
@@ -96,7 +111,8 @@ void sgd_tensor(const Attrs& a, const TensorView& param, const TensorView& grad,
     const T rate = static_cast<T>(lr);
     // (1 - dampening) in double, then rounded: 1 - T(dampening) would round twice.
     const T m = T(mom), d = T(1 - damp), w = T(wd), k = T(coef);
-    const SgdCoefs<T> co{k, w, m, d, rate, wd != 0, mom != 0, first, nesterov};
+    const bool decay_last = wd != 0 && mom != 0 && damp == 0 && !nesterov;
+    const SgdCoefs<T> co{k, w, m, d, rate, wd != 0, mom != 0, first, nesterov, decay_last};
     parallel_for(param.numel(), kGrain, [&](int64_t s, int64_t e) { sgd_range(p, g, buf, s, e, co); });
   });
 }
@@ -164,9 +180,9 @@ void sgd_update(const KernelCtx& c) {
 }
 
 // Inputs (param, a, b, momentum buffer, lr): buf = op(a) op(b) + momentum * buf, the GEMM adding the
-// momentum term within its one rounding of each sum, then p -= lr * buf. The bits of matmul then
-// sgd_update (dampening 0, no weight decay or coef) where gemm_fuses_beta holds, which the pass that makes
-// this op checks; the gradient is neither written nor read back.
+// momentum term within its one rounding of each sum, then buf += weight_decay * p and p -= lr * buf. The
+// bits of matmul then sgd_update (no dampening, Nesterov or coef) where gemm_fuses_beta holds, which the
+// pass that makes this op checks; the gradient is neither written nor read back.
 void sgd_product_update(const KernelCtx& c) {
   const Attrs& a = c.attrs();
   const bool ta = a.b("trans_a"), tb = a.b("trans_b");
@@ -180,9 +196,9 @@ void sgd_product_update(const KernelCtx& c) {
                k, " product that gemm<float> does not compute in one call");
     gemm<T>(ta, tb, m, n, k, T(1), x.as<T>(), y.as<T>(), T(a.f("momentum")), buf.as<T>());
     T* pp = p.as<T>();
-    const T* b = buf.as<T>();
-    const T rate = static_cast<T>(lr);
-    parallel_for(p.numel(), kGrain, [&](int64_t s, int64_t e) { descend_range(pp, b, s, e, rate); });
+    T* b = buf.as<T>();
+    const T w = T(a.f("weight_decay", 0)), rate = static_cast<T>(lr);
+    parallel_for(p.numel(), kGrain, [&](int64_t s, int64_t e) { descend_range(pp, b, s, e, w, rate); });
   });
 }
 
