@@ -50,6 +50,9 @@ grep -q '"skipped_steps": [1-9]' "$SCRATCH/gpt-fp16-eager/metrics.jsonl" || fail
 TWO=(--set train.threads=1)
 case_ gpt-dp2-zero3 "${MPI[@]}" -- "$T/tiny_gpt.yaml" "${TWO[@]}" --set parallel.data=2 --set parallel.zero=3
 case_ gpt-tp2 "${MPI[@]}" -- "$T/tiny_gpt.yaml" "${TWO[@]}" --set parallel.tensor=2
+# SGD with momentum and weight decay, unclipped: each rank's weight gradients go into its momentum shards.
+case_ gpt-tp2-sgd "${MPI[@]}" -- "$T/tiny_gpt.yaml" "${TWO[@]}" --set parallel.tensor=2 --set train.clip_grad_norm=0 \
+  --set optimizer.type=sgd --set optimizer.momentum=0.9 --set optimizer.weight_decay=0.01
 case_ gpt-pp2 "${MPI[@]}" -- "$T/tiny_gpt.yaml" "${TWO[@]}" --set parallel.pipeline=2 --set parallel.micro_batches=4
 
 # A learning rate that overflows the weights: the eager run stops at the first op to make an inf, with the
