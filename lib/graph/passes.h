@@ -74,8 +74,8 @@ struct CompileOptions {
   // Multi-tensor updates (group_updates); unset: on the GPU only, where each update is a kernel launch (on
   // the CPU it was not measurably faster, lib/ops/cuda/README.md).
   std::optional<bool> group_updates;
-  // Every parameter's gradient is a value of the step (--dump-step records them): fuse_momentum_products,
-  // which computes some into the momentum buffer instead, is off.
+  // Every parameter's gradient is a value of the step (--dump-step records them, --detect-anomaly checks
+  // them): fuse_momentum_products, which computes some into the momentum buffer instead, is off.
   bool keep_gradients = false;
 };
 

@@ -30,8 +30,8 @@ void check_device(const RunConfig& cfg);
 // a training program is the local program of the mesh coordinates given (data rank, tensor rank, pipeline
 // stage) under the config's layout.
 // `layer_outputs` (evaluation: `flowrun eval --layer`) names top-level layers (as `flowrun check`'s table
-// does) whose outputs the program also hands out, as outputs "layer/<name>". `keep_gradients` (--dump-step)
-// keeps every parameter's gradient a value of the step (CompileOptions::keep_gradients).
+// does) whose outputs the program also hands out, as outputs "layer/<name>". `keep_gradients` (--dump-step,
+// --detect-anomaly) keeps every parameter's gradient a value of the step (CompileOptions::keep_gradients).
 Program compile_model(const RunConfig& cfg, const DataSpec& spec, int64_t batch, bool training,
                       BuiltModel* built, int64_t tensor_rank = 0, int64_t stage = 0, int64_t data_rank = 0,
                       const std::vector<std::string>& layer_outputs = {}, bool keep_gradients = false);

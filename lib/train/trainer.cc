@@ -280,7 +280,7 @@ void Run::setup() {
           throw Error(static_cast<ExitCode>(code),
                       cat("rank 0 could not lock the run directory ", run_dir_, " (its message says why)"));
       },
-      /*keep_gradients=*/!opts_.dump_step.empty());
+      /*keep_gradients=*/!opts_.dump_step.empty() || opts_.detect_anomaly);
   mesh_ = std::move(t.mesh);
   comm_ = mesh_.world.get();
   lead_ = comm_->rank() == 0;

@@ -72,3 +72,17 @@ expect_log "(op linear) produced a non-finite value (--detect-anomaly)"
 culprit=$(grep -o '[^ ]* (op [a-z_]*)' "$SCRATCH/last.log" | head -1)
 expect_exit 0 "$FLOWRUN" inspect "$SCRATCH/anomaly/checkpoints/step_00000002.h5"
 echo "non-finite values stop the run; --detect-anomaly names $culprit"
+
+# --detect-anomaly checks the weight gradients too: it keeps them as values of the step (keep_gradients),
+# where a compiled step with SGD momentum computes them straight into the momentum buffers
+# (fuse_momentum_products), so its arena holds them and is the larger.
+arena() { grep -o 'arena [0-9.]* MiB (train)' "$SCRATCH/last.log" | awk '{print $2}'; }
+MOM=(train "$SRC/tests/configs/tiny_mlp.yaml" --no-progress --set optimizer.nesterov=false --set train.steps=1
+  --set train.eval_every=0)
+expect_exit 0 "$FLOWRUN" "${MOM[@]}" --run-dir "$SCRATCH/momentum"
+fused=$(arena)
+expect_exit 0 "$FLOWRUN" "${MOM[@]}" --run-dir "$SCRATCH/momentum-anomaly" --detect-anomaly
+kept=$(arena)
+awk -v a="$fused" -v b="$kept" 'BEGIN { exit !(a != "" && b > a) }' ||
+  fail "--detect-anomaly's arena ($kept MiB) is not larger than the fused step's ($fused MiB)"
+echo "--detect-anomaly keeps the weight gradients: arena $kept MiB against $fused"
