@@ -150,34 +150,35 @@ std::vector<NodeId> Graph::live_nodes_topological() const {
       return Key{as >= 0 ? as : id, id};
     };
     std::vector<NodeId> last;
+    // A node that only mutates its inputs (an optimizer update).
+    auto only_mutates = [&](const Node& n) {
+      const OpDef* def = OpRegistry::get().find(n.op);
+      return def && def->updates_in_place() && n.outputs.empty();
+    };
     // Readers in this phase of each value that a placed update (below) mutates.
     std::map<ValueId, std::vector<NodeId>> mutated;
     for (const auto& n : nodes_) {
-      if (n.dead || n.phase != phase || n.schedule_as < 0 || !n.outputs.empty()) continue;
-      const OpDef* def = OpRegistry::get().find(n.op);
-      if (!def) continue;
-      for (int m : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
+      if (n.dead || n.phase != phase || n.schedule_as < 0 || !only_mutates(n)) continue;
+      for (int m : OpRegistry::get().at(n.op).mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
         mutated[n.inputs[static_cast<size_t>(m)]];
     }
-    for (const auto& n : nodes_)
-      if (!n.dead && n.phase == phase)
-        for (ValueId v : n.inputs)
-          if (auto it = mutated.find(v); it != mutated.end()) it->second.push_back(n.id);
+    if (!mutated.empty())
+      for (const auto& n : nodes_)
+        if (!n.dead && n.phase == phase)
+          for (ValueId v : n.inputs)
+            if (auto it = mutated.find(v); it != mutated.end()) it->second.push_back(n.id);
     for (const auto& n : nodes_) {
       if (n.dead || n.phase != phase) continue;
-      const OpDef* def = OpRegistry::get().find(n.op);
-      if (def && def->updates_in_place() && n.outputs.empty()) {
+      if (only_mutates(n)) {
         // A placed update (schedule_as: sgd_product_update where its product was) runs as soon as its inputs
         // exist and every other reader of what it mutates has run, unless one of those goes last itself.
         std::set<NodeId> before;
         if (n.schedule_as >= 0)
-          for (int m : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
+          for (int m : OpRegistry::get().at(n.op).mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
             for (NodeId r : mutated.at(n.inputs[static_cast<size_t>(m)]))
               if (r != n.id) before.insert(r);
         if (n.schedule_as < 0 || std::any_of(before.begin(), before.end(), [&](NodeId r) {
-              const Node& rn = nodes_[static_cast<size_t>(r)];
-              const OpDef* rd = OpRegistry::get().find(rn.op);
-              return rd && rd->updates_in_place() && rn.outputs.empty();
+              return only_mutates(nodes_[static_cast<size_t>(r)]);
             })) {
           last.push_back(n.id);
           continue;

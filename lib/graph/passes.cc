@@ -477,8 +477,7 @@ void fuse_momentum_products(Graph& g, DeviceKind device) {
     g.node(mm.id).dead = true;
     g.unmark_output(handed_out);
     // The gradient is never made: nothing holds memory for it (flowrun plan's gradient bytes).
-    for (auto it = g.param_grads().begin(); it != g.param_grads().end();)
-      it = it->second == grad.id ? g.param_grads().erase(it) : std::next(it);
+    std::erase_if(g.param_grads(), [&](const auto& pg) { return pg.second == grad.id; });
   }
 }
 

@@ -86,13 +86,10 @@ void sgd_range(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_
 // decay term (w = 0: none), then p -= rate * buf. For sgd_product_update.
 template <typename T>
 void descend_range(T* __restrict p, T* __restrict buf, int64_t s, int64_t e, const T w, const T rate) {
-  if (w == T(0)) {
-    for (int64_t i = s; i < e; ++i) p[i] = std::fma(-rate, buf[i], p[i]);
-    return;
-  }
+  const bool decay = w != T(0);
   for (int64_t i = s; i < e; ++i) {
-    const T b = std::fma(w, p[i], buf[i]);
-    buf[i] = b;
+    T b = buf[i];
+    if (decay) buf[i] = b = std::fma(w, p[i], b);
     p[i] = std::fma(-rate, b, p[i]);
   }
 }
