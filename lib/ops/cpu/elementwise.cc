@@ -449,7 +449,7 @@ void gelu(const TensorView& x, const TensorView& y, bool tanh) {
   else
     unary(x, y, [](auto v) {
       using T = decltype(v);
-      return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
+      return T(0.5) * v * std::erfc(-v * T(kInvSqrt2));  // Phi as erfc: 1 + erf cancels the lower tail
     });
 }
 void gelu(const KernelCtx& c) {
@@ -482,8 +482,8 @@ template <typename S>
   } else {
     for (int64_t i = s; i < e; ++i) {
       const T v = ld(x[i]);
-      dx[i] = st<S>(ld(dy[i]) * (T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2))) +
-                                 v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v)));
+      dx[i] = st<S>(ld(dy[i]) *
+                    (T(0.5) * std::erfc(-v * T(kInvSqrt2)) + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v)));
     }
   }
 }
@@ -569,8 +569,8 @@ void silu_grad(const KernelCtx& c) {
 #endif
   grad2(c, [](auto dy, auto x) {
     using T = decltype(x);
-    const T s = T(1) / (T(1) + std::exp(-x));
-    return dy * s * (T(1) + x * (T(1) - s));
+    const T e = std::exp(-x), s = T(1) / (T(1) + e);
+    return dy * s * (T(1) + x * (e * s));  // 1 - s as e s, as act16::silu_backward: no cancellation
   });
 }
 
@@ -619,9 +619,9 @@ void swiglu_grad_range(const S* dh, const S* g, const S* u, S* dg, S* du, int64_
   for (int64_t i = s; i < e; ++i) {
     const T d = ld(dh[i]), x = ld(g[i]);
     const T sv = ld(st<S>(x / (T(1) + std::exp(-x)))), ds = ld(st<S>(d * ld(u[i])));
-    const T sg = T(1) / (T(1) + std::exp(-x));
+    const T eg = std::exp(-x), sg = T(1) / (T(1) + eg);
     du[i] = st<S>(d * sv);
-    dg[i] = st<S>(ds * sg * (T(1) + x * (T(1) - sg)));
+    dg[i] = st<S>(ds * sg * (T(1) + x * (eg * sg)));
   }
 }
 
