@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "../unit/models.h"
+#include "ops/cpu/dnnl_matmul.h"
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -94,7 +95,10 @@ void expect_no_alloc_in_steps(Graph g, const CompileOptions& opts, const std::fu
   // Each oneDNN call allocates two or three small objects (its argument map), a Winograd weight gradient one
   // of 1568 bytes more; a convolution's weight gradient makes four calls per batch block (dnnl_conv.cc), the
   // convnet below 154 allocations a step in all.
-  EXPECT_LE(g_largest.load(), 2048u) << n << " heap allocations in 10 steady-state steps";
+  // Below AVX-512 oneDNN's gemm driver also mallocs its no-copy kernel's workspace at each call, (256 x 16 +
+  // 64) floats (dnnl_matmul.h, dnnl_gemm_driver).
+  EXPECT_LE(g_largest.load(), cpu::dnnl_gemm_driver() ? 16640u : 2048u)
+      << n << " heap allocations in 10 steady-state steps";
   EXPECT_LE(n, 10 * 300) << "heap allocations in 10 steady-state steps";
   std::printf("%ld allocations in 10 steps, largest %zu bytes\n", n, g_largest.load());
 }

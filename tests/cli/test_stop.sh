@@ -83,6 +83,14 @@ expect_exit 0 "$FLOWRUN" "${MOM[@]}" --run-dir "$SCRATCH/momentum"
 fused=$(arena)
 expect_exit 0 "$FLOWRUN" "${MOM[@]}" --run-dir "$SCRATCH/momentum-anomaly" --detect-anomaly
 kept=$(arena)
-awk -v a="$fused" -v b="$kept" 'BEGIN { exit !(a != "" && b > a) }' ||
-  fail "--detect-anomaly's arena ($kept MiB) is not larger than the fused step's ($fused MiB)"
-echo "--detect-anomaly keeps the weight gradients: arena $kept MiB against $fused"
+# Below AVX-512 no product takes the momentum term in its one rounding (lib/ops/cpu/dnnl_matmul.h,
+# dnnl_gemm_driver): nothing is fused and both steps keep the gradients.
+if "$FLOWRUN" time "$SRC/tests/configs/tiny_mlp.yaml" --set optimizer.nesterov=false --steps 2 --profile 1 \
+  2>&1 | grep -q '^sgd_product_update '; then
+  awk -v a="$fused" -v b="$kept" 'BEGIN { exit !(a != "" && b > a) }' ||
+    fail "--detect-anomaly's arena ($kept MiB) is not larger than the fused step's ($fused MiB)"
+  echo "--detect-anomaly keeps the weight gradients: arena $kept MiB against $fused"
+else
+  [[ -n "$fused" && "$kept" == "$fused" ]] || fail "nothing fused, yet the arenas differ: $kept against $fused MiB"
+  echo "no product fuses its momentum update on this CPU: both arenas $kept MiB"
+fi

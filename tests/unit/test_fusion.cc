@@ -303,6 +303,10 @@ Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, 
 // product's K sum is cut into chunks).
 TEST(Fusion, MomentumProductsTrainBitwiseAsEager) {
   const Program p = compile_momentum_mlp(false, 64);
+  if (!cpu::gemm_fuses_beta(true, false, 48, 40, 64)) {  // below AVX-512 (dnnl_matmul.h, dnnl_gemm_driver)
+    EXPECT_EQ(op_counts(p)["sgd_product_update"], 0);
+    GTEST_SKIP() << "no product computes beta * C + AB in one rounding here: nothing is fused";
+  }
   const int head_fused = cpu::gemm_fuses_beta(true, false, 10, 48, 64) ? 1 : 0;
   EXPECT_EQ(op_counts(p)["sgd_product_update"], 1 + head_fused);
   EXPECT_EQ(op_counts(p)["sgd_update"], 3 - head_fused);

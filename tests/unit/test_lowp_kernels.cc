@@ -223,7 +223,11 @@ TEST(LowpKernels, F32ResultsAreTheSumsThatBf16ResultsRound) {
     SCOPED_TRACE(op);
     const OpDef& def = OpRegistry::get().at(op);
     const KernelChoice native = select_kernel(def, DeviceKind::cpu, DType::bf16);
-    ASSERT_TRUE(native.kernel && !native.widened) << op << " has no native bf16 kernel";
+    if (!native.kernel || native.widened) {
+      // Below avx512_bf16 oneDNN has no bf16 products: they run widened, through the f32 kernels.
+      ASSERT_FALSE(cpu::has_native_bf16()) << op << " has no native bf16 kernel";
+      return;
+    }
     const Tensor rounded = run_kernel(def, *native.kernel, attrs, in)[0];
     attrs.set("out_dtype", std::string("f32"));
     const Tensor wide = run_kernel(def, *native.kernel, attrs, in)[0];

@@ -36,7 +36,8 @@ struct Cached {
   dnnl::matmul prim;
   dnnl::memory a, b, y, bias, scratch;  // scratch: bound to the shared buffer at each call
   size_t scratch_bytes = 0;
-  std::vector<dnnl_exec_arg_t> args;  // built once, for the C API (the C++ execute() builds a vector per call)
+  std::vector<dnnl_exec_arg_t>
+      args;  // built once, for the C API (the C++ execute() builds a vector per call)
 };
 
 dnnl::engine& engine() {
@@ -60,8 +61,8 @@ dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, 
 }
 
 Cached make(const Key& key) {
-  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads,
-              bias, ldy] = key;
+  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads, bias,
+              ldy] = key;
   (void)threads;  // oneDNN reads the current count itself
   const auto t = dnnl_type(dtype);
   const auto ad = desc(t, batch, m, k, ta, a_shared, lda);
@@ -88,7 +89,9 @@ Cached make(const Key& key) {
            dnnl::memory(pd.scratchpad_desc(), engine(), nullptr),
            pd.scratchpad_desc().get_size(),
            {}};
-  c.args = {{DNNL_ARG_SRC, c.a.get()}, {DNNL_ARG_WEIGHTS, c.b.get()}, {DNNL_ARG_DST, c.y.get()},
+  c.args = {{DNNL_ARG_SRC, c.a.get()},
+            {DNNL_ARG_WEIGHTS, c.b.get()},
+            {DNNL_ARG_DST, c.y.get()},
             {DNNL_ARG_SCRATCHPAD, c.scratch.get()}};
   if (bias) c.args.push_back({DNNL_ARG_BIAS, c.bias.get()});
   return c;
@@ -155,39 +158,56 @@ void check_types(DType dtype, DType ytype) {
 // thread (its whole K sum in that call), the tiles spread over the threads. Each tile repacks its own slices
 // of A and B: at 2 threads gpt-tiny's bf16 step took 67.8-70.9 ms against 66.0-66.7 with oneDNN's split
 // (alternating runs; tiles of 256 x 256, 128 x 512 or 64 x 1024 were no faster).
+//
+// Below AVX-512 (AVX2 hosts: Zen 3, Haswell to Comet Lake) oneDNN 2.6 has no brgemm matmul: f32 products run
+// through its BLAS-style gemm driver, whose plan for the thread count picks the kernel (copy-based or
+// no-copy, each with its own K blocking) and may split K. On a 2-core Zen 3 host the MLP's losses differed
+// between 1 and 2 threads, and a run whose adaptive thread count changed mid-run no longer resumed bit
+// for bit. There every product runs as the tiles above, a batch's matrices tile by tile.
 constexpr int64_t kTile = 128;
 
-void run_tiles(const Key& whole, const void* a, const void* b, void* y) {
-  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads, bias,
-              ldy] = whole;
-  const int64_t rows = (m + kTile - 1) / kTile, cols = (n + kTile - 1) / kTile, tiles = rows * cols;
+void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void* a, const void* b, void* y,
+               const void* bias = nullptr) {
+  const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads,
+              biased, ldy] = whole;
+  const int64_t rows = (m + kTile - 1) / kTile, cols = (n + kTile - 1) / kTile, per_matrix = rows * cols,
+                tiles = batch * per_matrix;
   const int team = static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tiles));
   static std::vector<std::unique_ptr<Slot>> slots;
   while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
   auto key_of = [&](int64_t t) {
-    const int64_t i = t / cols, j = t % cols;
-    return Key{dtype, ytype, 1, std::min(kTile, m - i * kTile), std::min(kTile, n - j * kTile), k, lda, ldb,
-               ta, tb, false, false, alpha, beta, 1, false, ldy};
+    const int64_t i = t % per_matrix / cols, j = t % cols;
+    const int64_t mt = std::min(kTile, m - i * kTile), nt = std::min(kTile, n - j * kTile);
+    return Key{dtype, ytype, 1, mt, nt, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, biased, ldy};
   };
   {
     const OneThread one;
     for (int slot = 0; slot < team; ++slot)
-      for (int64_t t = 0; t < tiles; ++t) slots[static_cast<size_t>(slot)]->at(key_of(t));
+      for (int64_t t = 0; t < std::min(tiles, per_matrix); ++t)
+        slots[static_cast<size_t>(slot)]->at(key_of(t));
   }
   const size_t size = dtype_size(dtype), ysize = dtype_size(ytype);
   // A failed call is rethrown here: an exception must not leave an OpenMP region.
   std::exception_ptr failed;
-#pragma omp parallel for schedule(static) num_threads(team)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i = (t / cols) * kTile, j = (t % cols) * kTile;
-    try {
-      slots[static_cast<size_t>(omp_get_thread_num())]->run(
-          key_of(t), static_cast<const char*>(a) + static_cast<size_t>(ta ? i : i * lda) * size,
-          static_cast<const char*>(b) + static_cast<size_t>(tb ? j * ldb : j) * size,
-          static_cast<char*>(y) + static_cast<size_t>(i * ldy + j) * ysize);
-    } catch (...) {
+#pragma omp parallel num_threads(team)
+  {
+    // Each call plans for one thread even in a team of one, which OpenMP does not count as parallel: oneDNN
+    // would plan for (and start) the caller's thread count there.
+    omp_set_num_threads(1);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t mat = t / per_matrix, i = (t % per_matrix / cols) * kTile, j = (t % cols) * kTile;
+      try {
+        slots[static_cast<size_t>(omp_get_thread_num())]->run(
+            key_of(t),
+            static_cast<const char*>(a) + static_cast<size_t>(mat * a_stride + (ta ? i : i * lda)) * size,
+            static_cast<const char*>(b) + static_cast<size_t>(mat * b_stride + (tb ? j * ldb : j)) * size,
+            static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
+            bias ? static_cast<const char*>(bias) + static_cast<size_t>(j) * size : nullptr);
+      } catch (...) {
 #pragma omp critical(flowrun_matmul_tile_error)
-      if (!failed) failed = std::current_exception();
+        if (!failed) failed = std::current_exception();
+      }
     }
   }
   if (failed) std::rethrow_exception(failed);
@@ -199,8 +219,9 @@ void product(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int6
              void* y) {
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-  if (dtype == DType::bf16 && ta && batch == 1 && has_amx_bf16()) {
-    run_tiles({dtype, ytype, 1, m, n, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, false, n}, a, b, y);
+  if ((dtype == DType::bf16 && ta && batch == 1 && has_amx_bf16()) || dnnl_gemm_driver()) {
+    run_tiles({dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, false, n},
+              a_stride, b_stride, a, b, y);
     return;
   }
   if (!splits_k(dtype, batch, m, n, k, ta)) {
@@ -218,7 +239,8 @@ void product(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int6
   for (int64_t k0 = 0; k0 < k; k0 += kChunkK) {
     const int64_t kc = std::min(kChunkK, k - k0);
     const float chunk_beta = k0 > 0 ? 1.0f : ytype == DType::f32 ? beta : 0.0f;
-    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false, n},
+    run({dtype, DType::f32, 1, m, n, kc, lda, ldb, ta, tb, false, false, alpha, chunk_beta, threads, false,
+         n},
         static_cast<const char*>(a) + static_cast<size_t>(ta ? k0 * m : k0) * size,
         static_cast<const char*>(b) + static_cast<size_t>(tb ? k0 : k0 * n) * size, acc);
   }
@@ -278,7 +300,7 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
 }
 
 bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta) {
-  return !splits_k(DType::f32, 1, m, n, k, ta);
+  return !dnnl_gemm_driver() && !splits_k(DType::f32, 1, m, n, k, ta);
 }
 
 void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
@@ -302,9 +324,23 @@ void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in
     return;
   }
   std::lock_guard<std::mutex> lock(cache_mutex());
+  if (dnnl_gemm_driver()) {
+    run_tiles({dtype, ytype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, 1, true, out},
+              0, 0, x, w, y, bias);
+    return;
+  }
   run({dtype, ytype, 1, rows, out, in, in, in, false, true, false, false, 1.0f, 0.0f, omp_get_max_threads(),
        true, out},
       x, w, y, bias);
+}
+
+bool dnnl_gemm_driver() {
+  static const bool yes = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & avx512) != avx512;
+  }();
+  return yes;
 }
 
 bool has_native_bf16() {

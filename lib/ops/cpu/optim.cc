@@ -178,8 +178,9 @@ void sgd_update(const KernelCtx& c) {
 
 // Inputs (param, a, b, momentum buffer, lr): buf = op(a) op(b) + momentum * buf, the GEMM adding the
 // momentum term within its one rounding of each sum, then buf += weight_decay * p and p -= lr * buf. The
-// bits of matmul then sgd_update (no dampening, Nesterov or coef) where gemm_fuses_beta holds, which the
-// pass that makes this op checks; the gradient is neither written nor read back.
+// bits of matmul then sgd_update (no dampening, Nesterov or coef) where gemm_fuses_beta holds, the only
+// products the pass that makes this op fuses (elsewhere, as below AVX-512, the GEMM rounds buf * momentum
+// first); the gradient is neither written nor read back.
 void sgd_product_update(const KernelCtx& c) {
   const Attrs& a = c.attrs();
   const bool ta = a.b("trans_a"), tb = a.b("trans_b");
@@ -188,9 +189,6 @@ void sgd_product_update(const KernelCtx& c) {
   const double lr = load_as_f64(c.in[4].data, c.in[4].dtype, 0);
   dispatch_float(p.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if constexpr (std::is_same_v<T, float>)
-      FR_CHECK(gemm_fuses_beta(ta, tb, m, n, k), c.node->op, " (", c.node->name, "): a ", m, " x ", n, " x ",
-               k, " product that gemm<float> does not compute in one call");
     gemm<T>(ta, tb, m, n, k, T(1), x.as<T>(), y.as<T>(), T(a.f("momentum")), buf.as<T>());
     T* pp = p.as<T>();
     T* b = buf.as<T>();
