@@ -53,6 +53,10 @@ dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, 
                         bool shared, int64_t ld) {
   // Logical (batch, rows, cols); a transposed operand is stored (cols, rows); `ld` is the stored row length;
   // a shared one has batch stride 0.
+  // One matrix below AVX-512 is described in 2-D: oneDNN's gemm-driver matmul ran a 1 x 128 x 128 (K 256)
+  // product at 39 GFLOP/s on one Zen 3 thread, the same 128 x 128 one at 69.
+  if (batch == 1 && dnnl_gemm_driver())
+    return dnnl::memory::desc({rows, cols}, t, dnnl::memory::dims{trans ? 1 : ld, trans ? ld : 1});
   const dnnl::memory::dims dims = {batch, rows, cols};
   // A zero batch stride only where it matters (batch > 1): oneDNN falls back to its slow reference kernel
   // for a zero stride even on a single matrix.
@@ -78,8 +82,10 @@ Cached make(const Key& key) {
   }
   // A bias row (1 x n, the operands' dtype) broadcast over the batch and rows, added to the f32 sum before
   // the one rounding.
-  const dnnl::memory::desc bias_d =
-      bias ? dnnl::memory::desc({1, 1, n}, t, dnnl::memory::dims{n, n, 1}) : dnnl::memory::desc();
+  const dnnl::memory::desc bias_d = !bias ? dnnl::memory::desc()
+                                    : batch == 1 && dnnl_gemm_driver()
+                                        ? dnnl::memory::desc({1, n}, t, dnnl::memory::dims{n, 1})
+                                        : dnnl::memory::desc({1, 1, n}, t, dnnl::memory::dims{n, n, 1});
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, bias_d, yd), attr, engine());
   Cached c{dnnl::matmul(pd),
            dnnl::memory(ad, engine(), nullptr),
@@ -163,8 +169,14 @@ void check_types(DType dtype, DType ytype) {
 // through its BLAS-style gemm driver, whose plan for the thread count picks the kernel (copy-based or
 // no-copy, each with its own K blocking) and may split K. On a 2-core Zen 3 host the MLP's losses differed
 // between 1 and 2 threads, and a run whose adaptive thread count changed mid-run no longer resumed bit
-// for bit. There every product runs as the tiles above, a batch's matrices tile by tile.
+// for bit. There every product runs as the tiles above, a batch's matrices tile by tile, and each tile's K
+// sum in fixed chunks of at most kTileK, added onto the tile in order (beta 1 after the first chunk): for a
+// one-thread product with a side under 264 oneDNN picks its no-copy kernel, which ran 128 x 128 tiles
+// at K = 1024 well below its rate at K = 256 (2 threads, Zen 3, flowrun_bench, chunks and 2-D descriptors
+// (desc) against whole-K 3-D tiles: 1024^3 72 -> 86 GFLOP/s, gpt-tiny's weight gradients 61-68 -> 70-82;
+// oneDNN's own threads ran 1024^3 at 146, with its copy-based kernel).
 constexpr int64_t kTile = 128;
+constexpr int64_t kTileK = 256;
 
 void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void* a, const void* b, void* y,
                const void* bias = nullptr) {
@@ -172,19 +184,33 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
               biased, ldy] = whole;
   const int64_t rows = (m + kTile - 1) / kTile, cols = (n + kTile - 1) / kTile, per_matrix = rows * cols,
                 tiles = batch * per_matrix;
+  // Chunks of equal length (a multiple of 8, the last one shorter), from K alone; one chunk for K = 0 too.
+  const int64_t chunks = dnnl_gemm_driver() && ytype == DType::f32
+                             ? std::max<int64_t>(1, (k + kTileK - 1) / kTileK)
+                             : 1,
+                chunk = chunks == 1 ? k : ((k + chunks - 1) / chunks + 7) / 8 * 8;
+  auto each_chunk = [&](auto&& f) {
+    int64_t k0 = 0;
+    do f(k0);
+    while ((k0 += chunk) < k);
+  };
   const int team = static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tiles));
   static std::vector<std::unique_ptr<Slot>> slots;
   while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
-  auto key_of = [&](int64_t t) {
+  auto key_of = [&](int64_t t, int64_t k0) {
     const int64_t i = t % per_matrix / cols, j = t % cols;
     const int64_t mt = std::min(kTile, m - i * kTile), nt = std::min(kTile, n - j * kTile);
-    return Key{dtype, ytype, 1, mt, nt, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, biased, ldy};
+    const bool first = k0 == 0;
+    Key key{dtype, ytype, 1,     mt,   nt, std::min(chunk, k - k0), lda, ldb, ta, tb,
+            false, false, alpha, beta, 1,  biased && first,         ldy};
+    if (!first) std::get<13>(key) = 1.0f;  // beta: the later chunks add onto the tile
+    return key;
   };
   {
     const OneThread one;
     for (int slot = 0; slot < team; ++slot)
       for (int64_t t = 0; t < std::min(tiles, per_matrix); ++t)
-        slots[static_cast<size_t>(slot)]->at(key_of(t));
+        each_chunk([&](int64_t k0) { slots[static_cast<size_t>(slot)]->at(key_of(t, k0)); });
   }
   const size_t size = dtype_size(dtype), ysize = dtype_size(ytype);
   // A failed call is rethrown here: an exception must not leave an OpenMP region.
@@ -198,12 +224,16 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t mat = t / per_matrix, i = (t % per_matrix / cols) * kTile, j = (t % cols) * kTile;
       try {
-        slots[static_cast<size_t>(omp_get_thread_num())]->run(
-            key_of(t),
-            static_cast<const char*>(a) + static_cast<size_t>(mat * a_stride + (ta ? i : i * lda)) * size,
-            static_cast<const char*>(b) + static_cast<size_t>(mat * b_stride + (tb ? j * ldb : j)) * size,
-            static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
-            bias ? static_cast<const char*>(bias) + static_cast<size_t>(j) * size : nullptr);
+        each_chunk([&](int64_t k0) {
+          slots[static_cast<size_t>(omp_get_thread_num())]->run(
+              key_of(t, k0),
+              static_cast<const char*>(a) +
+                  static_cast<size_t>(mat * a_stride + (ta ? k0 * lda + i : i * lda + k0)) * size,
+              static_cast<const char*>(b) +
+                  static_cast<size_t>(mat * b_stride + (tb ? j * ldb + k0 : k0 * ldb + j)) * size,
+              static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
+              bias && k0 == 0 ? static_cast<const char*>(bias) + static_cast<size_t>(j) * size : nullptr);
+        });
       } catch (...) {
 #pragma omp critical(flowrun_matmul_tile_error)
         if (!failed) failed = std::current_exception();
