@@ -114,6 +114,7 @@ std::mutex& cache_mutex() {
 struct Slot {
   std::map<Key, Cached> cache;
   GrowBuffer scratch;
+  GrowBuffer panel;  // run_tiles' copy of a B chunk
   dnnl::stream stream{engine()};
 
   Cached& at(const Key& key) {
@@ -177,6 +178,24 @@ void check_types(DType dtype, DType ytype) {
 // oneDNN's own threads ran 1024^3 at 146, with its copy-based kernel).
 constexpr int64_t kTile = 128;
 constexpr int64_t kTileK = 256;
+//
+// There a chunk of B whose rows lie a multiple of 2 KiB apart is copied first, into rows nt + kPanelPad
+// floats apart: read in place, such rows alias the tile's rows of C in the low address bits and the
+// no-copy kernel's loads wait on its stores. At 2 threads on Zen 3 (flowrun_bench, best of 3 alternating
+// runs) 1024^3 went from 67 to 113 GFLOP/s, gpt-tiny's 2048 x 256 x 1024 from 71 to 120, its 256 x 1024
+// weight gradient from 71 to 88 and the MLP's 128 x 784 x 512 from 88 to 117; with B's rows 1 KiB apart
+// (gpt-tiny's 2048 x 1024 x 256 input gradient) the copy cost more than it gained (114 -> 103), and a
+// transposed B (a linear layer's weight) read in place is not slowed.
+constexpr int64_t kPanelPad = 4, kAliasedLd = 512;
+
+// B's kc x nt chunk at b (stored k x n, rows ldb apart) into `panel`, its rows nt + kPanelPad apart.
+const char* copy_panel(GrowBuffer& panel, const float* b, int64_t ldb, int64_t kc, int64_t nt) {
+  const int64_t ld = nt + kPanelPad;
+  auto* p = static_cast<float*>(panel.reserve(static_cast<size_t>(kc * ld) * sizeof(float)));
+  for (int64_t r = 0; r < kc; ++r)
+    std::memcpy(p + r * ld, b + r * ldb, static_cast<size_t>(nt) * sizeof(float));
+  return reinterpret_cast<const char*>(p);
+}
 
 void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void* a, const void* b, void* y,
                const void* bias = nullptr) {
@@ -194,6 +213,7 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
     do f(k0);
     while ((k0 += chunk) < k);
   };
+  const bool copies_b = dnnl_gemm_driver() && dtype == DType::f32 && !tb && ldb % kAliasedLd == 0;
   const int team = static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tiles));
   static std::vector<std::unique_ptr<Slot>> slots;
   while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
@@ -204,6 +224,9 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
     Key key{dtype, ytype, 1,     mt,   nt, std::min(chunk, k - k0), lda, ldb, ta, tb,
             false, false, alpha, beta, 1,  biased && first,         ldy};
     if (!first) std::get<13>(key) = 1.0f;  // beta: the later chunks add onto the tile
+    if (copies_b) {
+      std::get<7>(key) = nt + kPanelPad;  // ldb
+    }
     return key;
   };
   {
@@ -224,14 +247,18 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t mat = t / per_matrix, i = (t % per_matrix / cols) * kTile, j = (t % cols) * kTile;
       try {
+        Slot& slot = *slots[static_cast<size_t>(omp_get_thread_num())];
         each_chunk([&](int64_t k0) {
-          slots[static_cast<size_t>(omp_get_thread_num())]->run(
+          const char* bp = static_cast<const char*>(b) +
+                           static_cast<size_t>(mat * b_stride + (tb ? j * ldb + k0 : k0 * ldb + j)) * size;
+          if (copies_b)
+            bp = copy_panel(slot.panel, reinterpret_cast<const float*>(bp), ldb, std::min(chunk, k - k0),
+                            std::min(kTile, n - j));
+          slot.run(
               key_of(t, k0),
               static_cast<const char*>(a) +
                   static_cast<size_t>(mat * a_stride + (ta ? k0 * lda + i : i * lda + k0)) * size,
-              static_cast<const char*>(b) +
-                  static_cast<size_t>(mat * b_stride + (tb ? j * ldb + k0 : k0 * ldb + j)) * size,
-              static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
+              bp, static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
               bias && k0 == 0 ? static_cast<const char*>(bias) + static_cast<size_t>(j) * size : nullptr);
         });
       } catch (...) {
