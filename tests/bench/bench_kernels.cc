@@ -84,13 +84,19 @@ void BM_sgemm_ceiling_onednn(benchmark::State& state) {
 }
 BENCHMARK(BM_sgemm_ceiling_onednn)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The machine's f32 multiply-add ceiling: every OpenMP thread runs 12 independent chains of 16-lane fused
-// multiply-adds (GCC vectors: zmm FMAs on AVX-512, pairs of ymm on AVX2), enough to cover the FMA latency on
-// two pipes, with nothing read from memory. On the 2-core AMX bench host
+// The machine's f32 multiply-add ceiling: every OpenMP thread runs 12 independent chains of fused
+// multiply-adds, one register each (zmm on AVX-512, ymm otherwise: 12 chains of ymm pairs spilled AVX2's 16
+// registers and measured 13 GFLOP/s on a Zen 3 host), enough to cover the FMA latency on two pipes, with
+// nothing read from memory. On the 2-core AMX bench host
 // (2026-12-06) 300-400 GFLOP/s at 2 threads as the host's speed moved, oneDNN's 2048^3 sgemm at 63-70% of
 // it, torch.mm at 85-91%.
 void BM_fma_peak(benchmark::State& state) {
-  using V = float __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+  constexpr int kLanes = 16;
+#else
+  constexpr int kLanes = 8;
+#endif
+  using V = float __attribute__((vector_size(4 * kLanes)));
   constexpr int kChains = 12;
   constexpr int64_t kIters = 1 << 20;
   int threads = 1;
@@ -106,12 +112,12 @@ void BM_fma_peak(benchmark::State& state) {
       for (int64_t it = 0; it < kIters; ++it)
 #pragma GCC unroll 12
         for (int i = 0; i < kChains; ++i) acc[i] = acc[i] * m + a;
-      for (int i = 0; i < kChains; ++i) sink += acc[i][0] + acc[i][15];
+      for (int i = 0; i < kChains; ++i) sink += acc[i][0] + acc[i][kLanes - 1];
     }
     benchmark::DoNotOptimize(sink);
   }
   state.counters["GFLOPS"] =
-      benchmark::Counter(2.0 * 16 * kChains * static_cast<double>(kIters) * threads * 1e-9,
+      benchmark::Counter(2.0 * kLanes * kChains * static_cast<double>(kIters) * threads * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_fma_peak)->Unit(benchmark::kMillisecond)->UseRealTime();
