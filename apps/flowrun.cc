@@ -1,5 +1,6 @@
 // flowrun: the command-line front end. Parses arguments and calls the library; exit codes 0 ok,
 // 1 runtime failure, 2 bad input.
+#include <malloc.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -256,6 +257,10 @@ void log_to(int fd) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Blocks of 128 KiB and more always mapped and unmapped: glibc's default threshold rises to the size of the
+  // last such block freed, after which those (a checkpoint's copies, the dataset's reads) come from the heap
+  // and stay resident once freed. The quickstart peaked at 95.0 MiB with it, 93.7 without (Zen 3 host).
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   flowrun::process_baseline_bytes();  // before any work: the baseline `plan` predicts a process from
   log_to<spdlog::sinks::stdout_color_sink_mt>(STDOUT_FILENO);
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};
