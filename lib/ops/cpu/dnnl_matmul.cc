@@ -53,8 +53,9 @@ dnnl::memory::desc desc(dnnl::memory::data_type t, int64_t batch, int64_t rows, 
                         bool shared, int64_t ld) {
   // Logical (batch, rows, cols); a transposed operand is stored (cols, rows); `ld` is the stored row length;
   // a shared one has batch stride 0.
-  // One matrix below AVX-512 is described in 2-D: oneDNN's gemm-driver matmul ran a 1 x 128 x 128 (K 256)
-  // product at 39 GFLOP/s on one Zen 3 thread, the same 128 x 128 one at 69.
+  // One matrix below AVX-512 is described in 2-D, the plain form of oneDNN's gemm-driver matmul. (A first
+  // stand-alone run on Zen 3 gave the 3-D 1 x 128 x 128 tile 39 GFLOP/s on one thread against 69 for the
+  // 2-D one; a rerun gave both 69, so no gain of its own is established.)
   if (batch == 1 && dnnl_gemm_driver())
     return dnnl::memory::desc({rows, cols}, t, dnnl::memory::dims{trans ? 1 : ld, trans ? ld : 1});
   const dnnl::memory::dims dims = {batch, rows, cols};
@@ -223,14 +224,11 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
   auto key_of = [&](int64_t t, int64_t k0) {
     const int64_t i = t % per_matrix / cols, j = t % cols;
     const int64_t mt = std::min(kTile, m - i * kTile), nt = std::min(kTile, n - j * kTile);
-    const bool first = k0 == 0;
-    Key key{dtype, ytype, 1,     mt,   nt, std::min(chunk, k - k0), lda, ldb, ta, tb,
-            false, false, alpha, beta, 1,  biased && first,         ldy};
-    if (!first) std::get<13>(key) = 1.0f;  // beta: the later chunks add onto the tile
-    if (copies_b) {
-      std::get<7>(key) = nt + kPanelPad;  // ldb
-    }
-    return key;
+    const bool first = k0 == 0;  // the later chunks add onto the tile (beta 1), without the bias
+    return Key{
+        dtype, ytype, 1,     mt,    nt,    std::min(chunk, k - k0), lda, copies_b ? nt + kPanelPad : ldb,
+        ta,    tb,    false, false, alpha, first ? beta : 1.0f,     1,   biased && first,
+        ldy};
   };
   {
     const OneThread one;
@@ -252,13 +250,14 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
       try {
         Slot& slot = *slots[static_cast<size_t>(omp_get_thread_num())];
         each_chunk([&](int64_t k0) {
+          const Key key = key_of(t, k0);
           const char* bp = static_cast<const char*>(b) +
                            static_cast<size_t>(mat * b_stride + (tb ? j * ldb + k0 : k0 * ldb + j)) * size;
           if (copies_b)
-            bp = copy_panel(slot.panel, reinterpret_cast<const float*>(bp), ldb, std::min(chunk, k - k0),
-                            std::min(kTile, n - j));
+            bp = copy_panel(slot.panel, reinterpret_cast<const float*>(bp), ldb, std::get<5>(key),
+                            std::get<4>(key));
           slot.run(
-              key_of(t, k0),
+              key,
               static_cast<const char*>(a) +
                   static_cast<size_t>(mat * a_stride + (ta ? k0 * lda + i : i * lda + k0)) * size,
               bp, static_cast<char*>(y) + static_cast<size_t>(mat * m * ldy + i * ldy + j) * ysize,
