@@ -14,6 +14,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/signals.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/table.h"
@@ -139,7 +140,11 @@ void prepare_fashion_mnist(const std::string& out_path, const std::string& src_d
 }
 
 std::string kjv_text() {
-  FILE* p = popen(kBibleCommand, "r");
+  FILE* p = nullptr;
+  {
+    const UnblockedSignals child_mask;  // `bible` ends on Ctrl-C as it would alone
+    p = popen(kBibleCommand, "r");
+  }
   if (p == nullptr) throw runtime_error("cannot start a shell to run `bible`");
   std::string raw;
   std::array<char, 1 << 16> buf{};

@@ -217,8 +217,7 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
   const bool copies_b = dnnl_gemm_driver() && dtype == DType::f32 && !tb && ldb % kAliasedLd == 0;
   const int team = static_cast<int>(std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tiles));
   // Never destroyed: this vector is made before the engine its slots' streams and primitives hold (engine()
-  // runs in the first Slot's constructor), so at exit it would be destroyed after that engine. Below AVX-512,
-  // where every product runs here, a run stopped by SIGTERM aborted at exit on a corrupted heap.
+  // runs in the first Slot's constructor), so at exit it would be destroyed after that engine.
   static auto& slots = *new std::vector<std::unique_ptr<Slot>>;
   while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
   auto key_of = [&](int64_t t, int64_t k0) {
