@@ -13,7 +13,7 @@ namespace flowrun {
 
 namespace {
 
-std::atomic<bool> g_armed{false};
+std::atomic<bool> g_armed{false}, g_was_armed{false};
 std::atomic<int> g_signal{0};
 
 sigset_t routed_set() {
@@ -49,7 +49,8 @@ void route_signals() {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
       int none = 0;
-      if (g_armed && (g_signal.compare_exchange_strong(none, sig) || sig == SIGUSR1)) continue;
+      if (g_armed && g_signal.compare_exchange_strong(none, sig)) continue;
+      if (sig == SIGUSR1 && g_was_armed) continue;
       die_of(sig);
     }
   }).detach();
@@ -58,6 +59,7 @@ void route_signals() {
 void arm_stop_signals(bool armed) {
   g_signal = 0;
   g_armed = armed;
+  if (armed) g_was_armed = true;
 }
 
 int stop_signal() {

@@ -20,8 +20,11 @@ namespace flowrun {
 void route_signals();
 
 // While armed (a StopRequests is alive), the first of the signals is kept (stop_signal()) and a later
-// SIGTERM or SIGINT ends the process as its default action would. Unarmed, each of them ends the process,
-// SIGUSR1 included. Arming forgets an earlier signal.
+// SIGTERM or SIGINT ends the process as its default action would. Unarmed, a SIGTERM or SIGINT ends it, and
+// so does a SIGUSR1 until the first arming; after it a SIGUSR1 is ignored. Under mpirun or srun every rank
+// gets its own copy, and a rank that stopped on another's request had ended its run before its copy came:
+// killed by it, the run exited 138 instead of 3 (stopped), which a batch script requeues on. Arming forgets
+// an earlier signal.
 void arm_stop_signals(bool armed);
 
 // The first signal taken while armed, or 0.

@@ -74,17 +74,28 @@ TEST(Signals, ArmedTheFirstIsKeptAndASecondSigtermEnds) {
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
 }
 
-TEST(Signals, UnarmedEachEndsTheProcess) {
-  const int status = in_child([] {
+TEST(Signals, UnarmedTheyEndTheProcessButSigusr1OnlyBeforeTheFirstArming) {
+  const int before = in_child([] {
     route_signals();
-    arm_stop_signals(true);
-    arm_stop_signals(false);
     kill(getpid(), SIGUSR1);
     std::this_thread::sleep_for(std::chrono::seconds(5));
     _exit(10);
   });
-  ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
-  EXPECT_EQ(WTERMSIG(status), SIGUSR1);
+  ASSERT_TRUE(WIFSIGNALED(before)) << "exit status " << WEXITSTATUS(before);
+  EXPECT_EQ(WTERMSIG(before), SIGUSR1);
+  const int after = in_child([] {
+    route_signals();
+    arm_stop_signals(true);
+    arm_stop_signals(false);
+    kill(getpid(), SIGUSR1);  // a rank's late copy of the signal that stopped the run
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (stop_signal() != 0) _exit(11);
+    kill(getpid(), SIGINT);
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    _exit(12);
+  });
+  ASSERT_TRUE(WIFSIGNALED(after)) << "exit status " << WEXITSTATUS(after);
+  EXPECT_EQ(WTERMSIG(after), SIGINT);
 }
 
 }  // namespace
