@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/gemm_avx2.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/simd16.h"
@@ -167,12 +168,13 @@ void check_types(DType dtype, DType ytype) {
 // of A and B: at 2 threads gpt-tiny's bf16 step took 67.8-70.9 ms against 66.0-66.7 with oneDNN's split
 // (alternating runs; tiles of 256 x 256, 128 x 512 or 64 x 1024 were no faster).
 //
-// Below AVX-512 (AVX2 hosts: Zen 3, Haswell to Comet Lake) oneDNN 2.6 has no brgemm matmul: f32 products run
-// through its BLAS-style gemm driver, whose plan for the thread count picks the kernel (copy-based or
-// no-copy, each with its own K blocking) and may split K. On a 2-core Zen 3 host the MLP's losses differed
-// between 1 and 2 threads, and a run whose adaptive thread count changed mid-run no longer resumed bit
-// for bit. There every product runs as the tiles above, a batch's matrices tile by tile, and each tile's K
-// sum in fixed chunks of at most kTileK, added onto the tile in order (beta 1 after the first chunk): for a
+// Below AVX-512 oneDNN 2.6 has no brgemm matmul: f32 products run through its BLAS-style gemm driver, whose
+// plan for the thread count picks the kernel (copy-based or no-copy, each with its own K blocking) and may
+// split K. On a 2-core Zen 3 host the MLP's losses differed between 1 and 2 threads, and a run whose adaptive
+// thread count changed mid-run no longer resumed bit for bit. There the f32 products run in flowrun's own
+// gemm_avx2 where the CPU has AVX2 (Zen 3, Haswell to Comet Lake: 1.0-1.5x these tiles' rate, gemm_avx2.h),
+// and otherwise every product runs as the tiles above, a batch's matrices tile by tile, and each tile's K sum
+// in fixed chunks of at most kTileK, added onto the tile in order (beta 1 after the first chunk): for a
 // one-thread product with a side under 264 oneDNN picks its no-copy kernel, which ran 128 x 128 tiles
 // at K = 1024 well below its rate at K = 256 (2 threads, Zen 3, flowrun_bench, chunks and 2-D descriptors
 // (desc) against whole-K 3-D tiles: 1024^3 72 -> 86 GFLOP/s, gpt-tiny's weight gradients 61-68 -> 70-82;
@@ -277,6 +279,11 @@ void product(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int6
              void* y) {
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  if (dtype == DType::f32 && ytype == DType::f32 && gemm_avx2_applies()) {
+    gemm_avx2(batch, m, n, k, ta, tb, a_stride, b_stride, alpha, beta, static_cast<const float*>(a), lda,
+              static_cast<const float*>(b), ldb, nullptr, static_cast<float*>(y), n);
+    return;
+  }
   if ((dtype == DType::bf16 && ta && batch == 1 && has_amx_bf16()) || dnnl_gemm_driver()) {
     run_tiles({dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, false, false, alpha, beta, 1, false, n},
               a_stride, b_stride, a, b, y);
@@ -358,13 +365,19 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
 }
 
 bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta) {
-  return !dnnl_gemm_driver() && !splits_k(DType::f32, 1, m, n, k, ta);
+  return gemm_avx2_applies() || (!dnnl_gemm_driver() && !splits_k(DType::f32, 1, m, n, k, ta));
 }
 
 void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
                  const void* w, const void* bias, void* y) {
   check_types(dtype, ytype);
   if (rows == 0 || out == 0) return;
+  if (dtype == DType::f32 && ytype == DType::f32 && gemm_avx2_applies()) {
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    gemm_avx2(1, rows, out, in, false, true, 0, 0, 1.0f, 0.0f, static_cast<const float*>(x), in,
+              static_cast<const float*>(w), in, static_cast<const float*>(bias), static_cast<float*>(y), out);
+    return;
+  }
   if (bias && splits_k(dtype, 1, rows, out, in, false)) {
     FR_CHECK(ytype == dtype, "dnnl_linear: a split sum's bias is seeded in the operands' dtype");
     // The K chunks add onto y in order: seed it with the bias rows, as the first chunk's sum would add it.

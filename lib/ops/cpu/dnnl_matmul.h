@@ -16,10 +16,11 @@ void dnnl_matmul(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, 
                  int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
                  void* y);
 
-// Whether dnnl_matmul computes this f32 product (batch 1) in one oneDNN call over its whole K sum, not in K
-// chunks. There a beta adds beta * y to each finished sum within the call's one rounding, fma(beta, y, sum):
-// the bits of the product with beta 0 followed by that fma (graph/passes.cc fuse_momentum_products). Never
-// below AVX-512, where oneDNN's gemm driver scales y by beta before it adds the product: two roundings.
+// Whether dnnl_matmul computes this f32 product (batch 1) as one sum over its whole K, not in K chunks: in
+// one oneDNN call, or in gemm_avx2 on AVX2 hosts. There a beta adds beta * y to each finished sum within the
+// one rounding, fma(beta, y, sum): the bits of the product with beta 0 followed by that fma (graph/passes.cc
+// fuse_momentum_products). Never where oneDNN's gemm driver runs the products (below AVX-512 without AVX2),
+// which scales y by beta before it adds the product: two roundings.
 bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta);
 
 // y (rows x out) = x (rows x in) w^T (w: out x in) [+ bias (out, the operands' dtype), added to the f32 sum
@@ -28,9 +29,10 @@ bool dnnl_matmul_whole_k(int64_t m, int64_t n, int64_t k, bool ta);
 void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in, const void* x,
                  const void* w, const void* bias, void* y);
 
-// True below AVX-512 (AVX2 hosts), where oneDNN 2.6 runs f32 matmuls through its BLAS-style gemm driver
-// rather than brgemm: a plan for the thread count picks the kernel and the K split there, so dnnl_matmul
-// runs every product as fixed tiles, each a one-thread call, and each call may allocate its workspace.
+// True below AVX-512, where oneDNN 2.6 runs f32 matmuls through its BLAS-style gemm driver rather than
+// brgemm: a plan for the thread count picks the kernel and the K split there. So dnnl_matmul runs the f32
+// products in gemm_avx2 where the CPU has AVX2, and elsewhere every product as fixed tiles, each a one-thread
+// oneDNN call, and each call may allocate its workspace.
 bool dnnl_gemm_driver();
 // True where oneDNN runs bf16 GEMMs and convolutions in hardware (avx512_bf16 or AMX). Elsewhere its bf16
 // primitives fall back to reference loops ~1000x slower, so the bf16 kernels that use it are registered as

@@ -1,0 +1,235 @@
+// flowrun's f32 GEMM for AVX2 (gemm_avx2.h says why and what it computes).
+//
+// BLIS's loop order: y is cut into fixed kTileM x kTileN tiles, one thread each (parallel_for, so any thread
+// count gives the same tiles); a tile's K sum runs in blocks of kKC, and each block in 6 x 16 register tiles
+// (kMR x kNR: 12 ymm accumulators, one broadcast of a and two loads of b per k), which sum into the tile's
+// f32 accumulator rows (an exact store and reload between blocks, so the chain is the same). Both operands
+// are packed once per call, k-major, read by every tile that needs them: op(a) in strips of 6 rows, op(b) in
+// panels of 16 columns, zero-padded. A k block of a panel (kKC x 16 floats, 16 KiB) stays in L1 while the
+// tile's strips pass over it, the tile's strips (128 x kKC, 128 KiB) in L2. Read in place instead, a's rows
+// (4 KiB apart in a 1024^3 product) fell into one L1 set and a transposed a took a page per k: single-thread
+// rates on Zen 3 rose from 50-65 to 57-75 GFLOP/s (flowrun_bench, best of 3 alternating).
+#include "ops/cpu/gemm_avx2.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "ops/cpu/dnnl_matmul.h"
+#include "ops/cpu/grow_buffer.h"
+#include "ops/cpu/parallel.h"
+
+// Compiled for AVX2 and FMA whatever the build's -march, and run only where the CPU has them.
+#define FR_AVX2 __attribute__((target("avx2,fma")))
+
+namespace flowrun::cpu {
+
+namespace {
+
+constexpr int64_t kMR = 6, kNR = 16, kTileM = 128, kTileN = 128, kKC = 256;
+
+// r[0..7] transposed in place: r[i][j] <- r[j][i].
+FR_AVX2 void transpose8(__m256* r) {
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];
+  for (int h = 0; h < 8; h += 4) {
+    u[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Rows i.. of op(a) (m x k) as k rows of kMR floats at out: `rows` (<= kMR) of them, the rest unused.
+FR_AVX2 void pack_strip(const float* a, int64_t lda, bool ta, int64_t k, int64_t i, int64_t rows,
+                        float* out) {
+  int64_t q = 0;
+  if (ta) {
+    // Row i of op(a) is column i of a: the strip's rows are adjacent in each of a's rows.
+    for (; q < k; ++q) std::memcpy(out + q * kMR, a + q * lda + i, static_cast<size_t>(rows) * sizeof(float));
+    return;
+  }
+  if (rows == kMR)
+    for (; q + 8 <= k; q += 8) {
+      __m256 r[8];
+      for (int j = 0; j < kMR; ++j) r[j] = _mm256_loadu_ps(a + (i + j) * lda + q);
+      r[6] = r[7] = _mm256_setzero_ps();
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) {  // the first 6 of each row of 8
+        _mm_storeu_ps(out + (q + j) * kMR, _mm256_castps256_ps128(r[j]));
+        _mm_storel_pi(reinterpret_cast<__m64*>(out + (q + j) * kMR + 4), _mm256_extractf128_ps(r[j], 1));
+      }
+    }
+  for (; q < k; ++q)
+    for (int64_t j = 0; j < rows; ++j) out[q * kMR + j] = a[(i + j) * lda + q];
+}
+
+// Panel p of op(b) (k x n): its columns 16p.. as k rows of kNR floats, the columns past n zero.
+FR_AVX2 void pack_panel(const float* b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t p, float* out) {
+  const int64_t j0 = p * kNR, w = std::min(kNR, n - j0);
+  int64_t r = 0;
+  if (!tb && w == kNR) {
+    for (; r < k; ++r) {
+      _mm256_store_ps(out + r * kNR, _mm256_loadu_ps(b + r * ldb + j0));
+      _mm256_store_ps(out + r * kNR + 8, _mm256_loadu_ps(b + r * ldb + j0 + 8));
+    }
+  } else if (tb && w == kNR) {
+    // Column j of op(b) is row j of b.
+    for (; r + 8 <= k; r += 8)
+      for (int64_t h = 0; h < kNR; h += 8) {
+        __m256 t[8];
+        for (int j = 0; j < 8; ++j) t[j] = _mm256_loadu_ps(b + (j0 + h + j) * ldb + r);
+        transpose8(t);
+        for (int j = 0; j < 8; ++j) _mm256_store_ps(out + (r + j) * kNR + h, t[j]);
+      }
+  }
+  for (; r < k; ++r)
+    for (int64_t c = 0; c < kNR; ++c)
+      out[r * kNR + c] = c >= w ? 0.0f : tb ? b[(j0 + c) * ldb + r] : b[r * ldb + j0 + c];
+}
+
+// R rows (R <= kMR) of a strip's kc-row block times that of a panel, into R x kNR accumulators at acc (rows
+// kTileN apart), which start at zero on the first block and hold the sums so far after it.
+template <int R>
+FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, bool first) {
+  __m256 c0[R], c1[R];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kTileN);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kTileN + 8);
+  }
+#pragma GCC unroll 4
+  for (int64_t q = 0; q < kc; ++q) {
+    const __m256 b0 = _mm256_load_ps(bp + q * kNR), b1 = _mm256_load_ps(bp + q * kNR + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + q * kMR + r);
+      c0[r] = _mm256_fmadd_ps(x, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(x, b1, c1[r]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(acc + r * kTileN, c0[r]);
+    _mm256_store_ps(acc + r * kTileN + 8, c1[r]);
+  }
+}
+
+using Micro = void (*)(int64_t, const float*, const float*, float*, bool);
+constexpr std::array<Micro, kMR> kMicros =
+    kernel_table<Micro, kMR>([](auto r) -> Micro { return &micro<decltype(r)::value>; });
+
+// A tile's rows as strips of kMR; a tile row's strips are packed together, a full tile's number apart.
+constexpr int64_t kStrips = (kTileM + kMR - 1) / kMR;
+
+struct Job {
+  int64_t m, n, k, ldy;
+  float alpha, beta;
+  const float* bias;
+  float* y;
+  const float* a;              // op(a) in strips: per matrix, kStrips per tile row, each k x kMR
+  const float* b;              // op(b) in panels: per matrix, (n / kNR rounded up) panels of k x kNR
+  int64_t a_stride, b_stride;  // floats from one matrix's strips or panels to the next's (0: shared)
+};
+
+// Tile (i0, j0) of matrix `mat`: mt x nt of y, through the accumulator rows `acc`.
+FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t i0, int64_t j0, float* acc) {
+  const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(kTileN, g.n - j0),
+                panels = (nt + kNR - 1) / kNR;
+  const float* a = g.a + mat * g.a_stride + i0 / kTileM * kStrips * g.k * kMR;
+  const float* b = g.b + mat * g.b_stride + j0 * g.k;  // j0 / kNR panels of k x kNR in
+  if (g.k == 0)
+    for (int64_t r = 0; r < mt; ++r)
+      std::memset(acc + r * kTileN, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
+  for (int64_t k0 = 0; k0 < g.k; k0 += kKC) {
+    const int64_t kc = std::min(kKC, g.k - k0);
+    for (int64_t p = 0; p < panels; ++p) {
+      const float* bp = b + (p * g.k + k0) * kNR;
+      for (int64_t ir = 0; ir < mt; ir += kMR)
+        kMicros[static_cast<size_t>(std::min(kMR, mt - ir) - 1)](kc, a + (ir / kMR * g.k + k0) * kMR, bp,
+                                                                 acc + ir * kTileN + p * kNR, k0 == 0);
+    }
+  }
+  // y = fma(beta, y, alpha * acc + bias), 8 columns at a time and the rest one by one, with the same
+  // roundings.
+  const __m256 va = _mm256_set1_ps(g.alpha), vb = _mm256_set1_ps(g.beta);
+  for (int64_t r = 0; r < mt; ++r) {
+    const float* s = acc + r * kTileN;
+    float* y = g.y + mat * g.m * g.ldy + (i0 + r) * g.ldy + j0;
+    const float* bias = g.bias ? g.bias + j0 : nullptr;
+    int64_t c = 0;
+    for (; c + 8 <= nt; c += 8) {
+      __m256 v = _mm256_load_ps(s + c);
+      if (g.alpha != 1.0f) v = _mm256_mul_ps(v, va);
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + c));
+      if (g.beta != 0.0f) v = _mm256_fmadd_ps(vb, _mm256_loadu_ps(y + c), v);
+      _mm256_storeu_ps(y + c, v);
+    }
+    for (; c < nt; ++c) {
+      float v = s[c];
+      if (g.alpha != 1.0f) v *= g.alpha;
+      if (bias) v += bias[c];
+      if (g.beta != 0.0f) v = std::fma(g.beta, y[c], v);
+      y[c] = v;
+    }
+  }
+}
+
+}  // namespace
+
+bool gemm_avx2_applies() {
+  static const bool yes =
+      dnnl_gemm_driver() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t a_stride,
+               int64_t b_stride, float alpha, float beta, const float* a, int64_t lda, const float* b,
+               int64_t ldb, const float* bias, float* y, int64_t ldy) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  const int64_t rows = (m + kTileM - 1) / kTileM, panels = (n + kNR - 1) / kNR;
+  const int64_t a_mats = a_stride == 0 ? 1 : batch, b_mats = b_stride == 0 ? 1 : batch;
+  // The panels start 64-byte aligned (micro's aligned loads): a's strips are rounded up to 16 floats.
+  const int64_t a_size = (rows * kStrips * k * kMR + 15) / 16 * 16, b_size = panels * k * kNR;
+  // One buffer for every call: dnnl_matmul's callers hold its mutex, so calls run one at a time.
+  static GrowBuffer packed;
+  auto* ap = static_cast<float*>(
+      packed.reserve(static_cast<size_t>(a_mats * a_size + b_mats * b_size) * sizeof(float)));
+  float* bp = ap + a_mats * a_size;
+  const int64_t strips = a_mats * rows * kStrips;
+  parallel_for(strips + b_mats * panels, 1, [&](int64_t s, int64_t e) {
+    for (int64_t u = s; u < e; ++u) {
+      if (u >= strips) {
+        const int64_t v = u - strips;
+        pack_panel(b + v / panels * b_stride, ldb, tb, k, n, v % panels, bp + v * k * kNR);
+        continue;
+      }
+      const int64_t mat = u / (rows * kStrips), i0 = u / kStrips % rows * kTileM, i = i0 + u % kStrips * kMR;
+      if (i < m)
+        pack_strip(a + mat * a_stride, lda, ta, k, i, std::min({kMR, m - i, i0 + kTileM - i}),
+                   ap + mat * a_size + u % (rows * kStrips) * k * kMR);
+    }
+  });
+  const Job g{
+      m, n, k, ldy, alpha, beta, bias, y, ap, bp, a_stride == 0 ? 0 : a_size, b_stride == 0 ? 0 : b_size};
+  const int64_t cols = (n + kTileN - 1) / kTileN;
+  parallel_for(batch * rows * cols, 1, [&](int64_t s, int64_t e) {
+    thread_local GrowBuffer acc;
+    auto* rows_acc = static_cast<float*>(acc.reserve(static_cast<size_t>(kTileM * kTileN) * sizeof(float)));
+    for (int64_t t = s; t < e; ++t)
+      run_tile(g, t / (rows * cols), t % (rows * cols) / cols * kTileM, t % cols * kTileN, rows_acc);
+  });
+}
+
+}  // namespace flowrun::cpu
