@@ -68,8 +68,9 @@ void BM_sgemm_ceiling(benchmark::State& state) {
 }
 BENCHMARK(BM_sgemm_ceiling)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The same product through oneDNN's matmul, as flowrun's f32 GEMMs run: on this machine (AVX-512 with two
-// 512-bit FMA pipes) it is the faster ceiling, ~1.6x OpenBLAS 0.3.21's sgemm.
+// The same product through dnnl_matmul, as flowrun's f32 GEMMs run (oneDNN's matmul; on AVX2 hosts
+// gemm_avx2): on an AVX-512 machine with two 512-bit FMA pipes it is the faster ceiling, ~1.6x OpenBLAS
+// 0.3.21's sgemm.
 void BM_sgemm_ceiling_onednn(benchmark::State& state) {
   const int64_t n = state.range(0);
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(static_cast<size_t>(n * n), 0.25f),
