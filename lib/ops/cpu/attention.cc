@@ -75,15 +75,21 @@ inline void gemm_strip_tail(int64_t kd, const float* a, int64_t ars, int64_t acs
 }
 #endif
 
-// C[R x n] (+)= A[R x kd] B[kd x n]: strips of 4 registers, then one strip of 3, 2 or 1 for what is left
+// C[R x n] (+)= A[R x kd] B[kd x n]: strips of kStrip registers, then one narrower strip for what is left
 // (the short rows of a causal diagonal tile run at the wide strips' rate), then the last columns: a masked
-// register in f32 with AVX-512, scalar loops otherwise.
+// register in f32 with AVX-512, scalar loops otherwise. A strip's R x kStrip accumulators, its kStrip
+// registers of B and a broadcast fit the register file: 4 wide in AVX-512's 32, 2 in AVX2's 16 (6 x 4
+// there spilled the accumulators: on a Zen 3 host gpt-tiny's attention forward ran at 0.32-0.40 of the
+// products' rate in the same profiled step, 0.46-0.51 with strips of 2, its backward 0.42-0.47 and 0.56-0.64,
+// six alternating runs each). Each element of C is the same sum in the same order at any strip width.
 template <typename T, int R>
 inline void gemm_rows(int64_t n, int64_t kd, const T* a, int64_t ars, int64_t acs, const T* b, int64_t ldb,
                       T* c, int64_t ldc, bool acc) {
   constexpr int64_t L = kVecBytes / static_cast<int64_t>(sizeof(T));
+  constexpr int kStrip = kVecBytes == 64 ? 4 : 2;
   int64_t j = 0;
-  for (; j + 4 * L <= n; j += 4 * L) gemm_strip<T, R, 4>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
+  for (; j + kStrip * L <= n; j += kStrip * L)
+    gemm_strip<T, R, kStrip>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
   switch ((n - j) / L) {
     case 3:
       gemm_strip<T, R, 3>(kd, a, ars, acs, b + j, ldb, c + j, ldc, acc);
