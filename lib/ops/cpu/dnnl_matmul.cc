@@ -172,7 +172,8 @@ void check_types(DType dtype, DType ytype) {
 // plan for the thread count picks the kernel (copy-based or no-copy, each with its own K blocking) and may
 // split K. On a 2-core Zen 3 host the MLP's losses differed between 1 and 2 threads, and a run whose adaptive
 // thread count changed mid-run no longer resumed bit for bit. There the f32 products run in flowrun's own
-// gemm_avx2 where the CPU has AVX2 (Zen 3, Haswell to Comet Lake: 1.0-1.5x these tiles' rate, gemm_avx2.h),
+// gemm_avx2 where the CPU has AVX2 (Zen 3, Haswell to Comet Lake: 0.9-1.5x these tiles' rate on single
+// products in flowrun_bench, 131-143 GFLOP/s against 72-97 inside gpt-tiny's step; gemm_avx2.h),
 // and otherwise every product runs as the tiles above, a batch's matrices tile by tile, and each tile's K sum
 // in fixed chunks of at most kTileK, added onto the tile in order (beta 1 after the first chunk): for a
 // one-thread product with a side under 264 oneDNN picks its no-copy kernel, which ran 128 x 128 tiles
