@@ -243,9 +243,10 @@ std::string Graph::to_text() const {
     for (size_t i = 0; i < n.outputs.size(); ++i) {
       const Value& v = value(n.outputs[i]);
       os << (i ? ", " : "") << "%" << v.id << " " << shape_str(v.shape()) << ":" << dtype_name(v.dtype())
-         << (v.layout == Layout::nchw16c ? "@nChw16c"
-             : v.layout == Layout::nhwc  ? "@NHWC"
-                                         : "");
+         << (v.layout == Layout::nchw16c  ? "@nChw16c"
+             : v.layout == Layout::nchw8c ? "@nChw8c"
+             : v.layout == Layout::nhwc   ? "@NHWC"
+                                          : "");
     }
     os << (n.outputs.empty() ? "" : " = ") << n.op << "(";
     for (size_t i = 0; i < n.inputs.size(); ++i) os << (i ? ", " : "") << "%" << n.inputs[i];

@@ -73,10 +73,10 @@ enum class ValueKind : uint8_t { input, param, state, intermediate };
 const char* value_kind_name(ValueKind k);
 
 // How an (N, C, H, W) value's bytes are arranged. The layout pass (graph/layout.cc) keeps the activations
-// between convolutions in the layout oneDNN's convolutions want, nChw16c (channel blocks of 16 innermost),
-// or NHWC for bf16 on AMX, so that no reorder runs around each convolution; every other value is plain
-// (row-major in its shape).
-enum class Layout : uint8_t { plain, nchw16c, nhwc };
+// between convolutions in the layout oneDNN's convolutions want: nChw16c (channel blocks of 16 innermost)
+// with AVX-512, nChw8c (blocks of 8) below it, or NHWC for bf16 on AMX, so that no reorder runs around each
+// convolution; every other value is plain (row-major in its shape).
+enum class Layout : uint8_t { plain, nchw16c, nchw8c, nhwc };
 
 // Logical tensor type: what shape inference produces.
 struct TensorType {

@@ -1,12 +1,15 @@
-// The layout pass (CPU, compiled programs): activations stay in oneDNN's nChw16c between convolutions, so
-// that a convolution no longer reorders its input, output and gradients from and to NCHW on every call (a
-// ResNet-20 step spent a quarter of its time in those reorders). Eager programs skip it, so that the eager
-// step, all plain, checks it bitwise.
+// The layout pass (CPU, compiled programs): activations stay in oneDNN's blocked layout between
+// convolutions, so that a convolution no longer reorders its input, output and gradients from and to NCHW on
+// every call (a ResNet-20 step spent a quarter of its time in those reorders). Eager programs skip it, so
+// that the eager step, all plain, checks it bitwise.
 //
-// The blocked layout is NHWC instead where the graph's convolutions are bf16 and run oneDNN's AMX kernels,
-// which take NHWC only (ResNet-20's bf16 step spent a third of its time reordering nChw16c to NHWC and back,
-// on a Sapphire Rapids-class host). Then batchnorm and max pooling take attr `nhwc` beside `blocked`, and the
-// per-channel reduce_sum reads a reorder back to NCHW.
+// The blocked layout is the one oneDNN's f32 convolutions pick on this CPU (cpu::convs_take_nchw8c): nChw16c
+// with AVX-512, nChw8c below it (its AVX2 kernels: in nChw16c, the bench CNN's step reordered each
+// convolution's operands to nChw8c and back, 5 ms of 26 on a Zen 3 host). It is NHWC where the graph's
+// convolutions are bf16 and run oneDNN's AMX kernels, which take NHWC only (ResNet-20's bf16 step spent a
+// third of its time reordering nChw16c to NHWC and back, on a Sapphire Rapids-class host). The kernels of
+// the ops below take attr `blocked` with attr `nchw8c` or `nhwc` beside it for those two (ops/cpu/conv.h's
+// PixelBlocks); in NHWC the per-channel reduce_sum reads a reorder back to NCHW.
 //
 // Nodes are visited in schedule order and each value gets a layout:
 // - convolutions (f32, bf16) read either layout and write their activation output (y, or dx) blocked;
@@ -17,14 +20,13 @@
 //   (ops/cpu/conv.cc);
 // - a per-channel reduce_sum (a convolution's bias gradient) sums a blocked input in place;
 // - every other reader of a blocked value reads a `reorder` of it back to NCHW (one per value).
-// Only intermediates of shape (N, C, H, W) with C a multiple of 16 (f32 or bf16) are blocked, never a graph
-// output nor a value something updates in place. A reorder is scheduled as its first reader.
-// A chain (values joined through follow ops) is kept blocked only when a convolution reads it: a chain that
-// ends in a plain reader gains nothing (oneDNN's jit reorder inside the convolution would become one of
-// ours, and its gradient two), so a first walk over the graph finds the chains that feed a convolution. A
-// LeNet-style conv -> relu -> maxpool -> conv chain does, and so does the last conv -> relu -> maxpool
-// before the classifier, through its gradient: maxpool2d_grad follows the forward indices and feeds the
-// convolution's gradients.
+// Only intermediates of shape (N, C, H, W) with C a multiple of the block (f32 or bf16) are blocked, never a
+// graph output nor a value something updates in place. A reorder is scheduled as its first reader. A chain
+// (values joined through follow ops) is kept blocked only when a convolution reads it: a chain that ends in a
+// plain reader gains nothing (oneDNN's jit reorder inside the convolution would become one of ours, and its
+// gradient two), so a first walk over the graph finds the chains that feed a convolution. A LeNet-style conv
+// -> relu -> maxpool -> conv chain does, and so does the last conv -> relu -> maxpool before the classifier,
+// through its gradient: maxpool2d_grad follows the forward indices and feeds the convolution's gradients.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -100,18 +102,19 @@ bool takes_blocked_attr(const std::string& op) {
 
 class LayoutPass {
  public:
-  LayoutPass(Graph& g, std::optional<bool> nhwc) : g_(g), pinned_(g.output_values()) {
+  LayoutPass(Graph& g, std::optional<Layout> as) : g_(g), pinned_(g.output_values()) {
+    bool amx = false;
     for (const Node& n : g.nodes()) {
       if (n.dead) continue;
-      if (!nhwc && conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 &&
-          cpu::bf16_convs_take_nhwc())
-        nhwc_ = true;
+      if (conv_kernel(n) && g.value(n.inputs[0]).dtype() == DType::bf16 && cpu::bf16_convs_take_nhwc())
+        amx = true;
       const OpDef* def = OpRegistry::get().find(n.op);
       if (def == nullptr) continue;
       for (int i : def->mutated_inputs(n.attrs, static_cast<int>(n.inputs.size())))
         pinned_.insert(n.inputs[static_cast<size_t>(i)]);
     }
-    if (nhwc) nhwc_ = *nhwc;
+    target_ = as ? *as : amx ? Layout::nhwc : cpu::convs_take_nchw8c() ? Layout::nchw8c : Layout::nchw16c;
+    FR_CHECK(target_ != Layout::plain, "layout pass: the blocked layout cannot be plain");
   }
 
   void run() {
@@ -124,7 +127,7 @@ class LayoutPass {
   bool could_block(ValueId id) const {
     const Value& v = g_.value(id);
     return v.kind == ValueKind::intermediate && v.producer >= 0 && !pinned_.count(id) &&
-           v.shape().size() == 4 && v.shape()[1] % 16 == 0 &&
+           v.shape().size() == 4 && v.shape()[1] % (target_ == Layout::nchw8c ? 8 : 16) == 0 &&
            (v.dtype() == DType::f32 || v.dtype() == DType::bf16);
   }
   bool eligible(ValueId id) const { return could_block(id) && feeds_conv_.count(root(id)) > 0; }
@@ -179,8 +182,17 @@ class LayoutPass {
     parent_[static_cast<size_t>(a)] = b;
     if (feeds_conv_.erase(a) > 0) feeds_conv_.insert(b);
   }
-  bool blocked(ValueId id) const { return g_.value(id).layout == target(); }
-  Layout target() const { return nhwc_ ? Layout::nhwc : Layout::nchw16c; }
+  bool blocked(ValueId id) const { return g_.value(id).layout == target_; }
+  // The kernels' attr that names the blocked layout beside `blocked` (none for nChw16c).
+  void mark_layout(Node& n) const {
+    if (target_ != Layout::nchw16c) n.attrs.set(tag(target_), true);
+  }
+  static const char* tag(Layout l) {
+    return l == Layout::nchw16c  ? "nchw16c"
+           : l == Layout::nchw8c ? "nchw8c"
+           : l == Layout::nhwc   ? "nhwc"
+                                 : "nchw";
+  }
 
   // Input i of node id, read in layout `to` (through a reorder when it is in the other one).
   void read_as(NodeId id, size_t i, Layout to) {
@@ -195,11 +207,11 @@ class LayoutPass {
       const Node& reader = g_.node(id);
       const NodeId at = reader.schedule_as >= 0 ? reader.schedule_as : reader.id;
       const int phase = reader.phase;
-      const char* tag = to == Layout::nchw16c ? "nchw16c" : to == Layout::nhwc ? "nhwc" : "nchw";
-      std::string name = cat(g_.value(v).name, "/", tag);
+      std::string name = cat(g_.value(v).name, "/", tag(to));
       if (g_.in_backward(reader) && name.rfind("grad/", 0) != 0) name = "grad/" + name;
-      Attrs attrs{{"to", std::string(tag)}};
-      if (g_.value(v).layout == Layout::nhwc) attrs.set("from", std::string("nhwc"));
+      Attrs attrs{{"to", std::string(tag(to))}};
+      const Layout from = g_.value(v).layout;
+      if (from == Layout::nhwc || from == Layout::nchw8c) attrs.set("from", std::string(tag(from)));
       const ValueId r = g_.add_node("reorder", {v}, attrs, name)[0];
       Node& made = g_.node(g_.value(r).producer);
       made.schedule_as = at;
@@ -217,14 +229,14 @@ class LayoutPass {
       // conv2d (x, w[, b]) -> y; conv2d_grad_input (dy, w) -> dx; conv2d_grad_weight (dy, x) -> dw.
       const ValueId out = n.outputs[0];
       const bool writes_act = n.op != "conv2d_grad_weight" && eligible(out);
-      if (writes_act) g_.value(out).layout = target();
+      if (writes_act) g_.value(out).layout = target_;
       const bool x_blocked = n.op == "conv2d"              ? blocked(n.inputs[0])
                              : n.op == "conv2d_grad_input" ? writes_act
                                                            : blocked(n.inputs[1]);
       const bool y_blocked = n.op == "conv2d" ? writes_act : blocked(n.inputs[0]);
       if (x_blocked) n.attrs.set("x_blocked", true);
       if (y_blocked) n.attrs.set("y_blocked", true);
-      if (nhwc_ && (x_blocked || y_blocked)) n.attrs.set("nhwc", true);
+      if (x_blocked || y_blocked) mark_layout(n);
       return;
     }
     std::vector<size_t> acts;
@@ -232,18 +244,19 @@ class LayoutPass {
     if (follow_inputs(g_, n, acts, lead) && eligible(n.outputs[0]) &&
         std::any_of(acts.begin(), acts.begin() + static_cast<std::ptrdiff_t>(lead),
                     [&](size_t i) { return blocked(n.inputs[i]); })) {
-      for (ValueId out : follow_outputs(n)) g_.value(out).layout = target();
+      for (ValueId out : follow_outputs(n)) g_.value(out).layout = target_;
       if (takes_blocked_attr(n.op)) {
         n.attrs.set("blocked", true);
-        if (nhwc_) n.attrs.set("nhwc", true);
+        mark_layout(n);
       }
-      for (size_t i : acts) read_as(id, i, target());
+      for (size_t i : acts) read_as(id, i, target_);
       return;
     }
     // A convolution's bias gradient (a per-channel reduce_sum of dy) sums the blocked dy where it lies.
-    if (n.op == "reduce_sum" && !nhwc_ && blocked(n.inputs[0]) &&
+    if (n.op == "reduce_sum" && target_ != Layout::nhwc && blocked(n.inputs[0]) &&
         cpu::sums_per_channel(g_.value(n.inputs[0]).shape(), n.attrs.ints_or_empty("axes"))) {
       n.attrs.set("blocked", true);
+      mark_layout(n);
       return;
     }
     for (size_t i = 0; i < g_.node(id).inputs.size(); ++i)
@@ -255,13 +268,13 @@ class LayoutPass {
   std::vector<ValueId> parent_;   // union-find over the chains
   std::set<ValueId> feeds_conv_;  // roots of the chains a convolution reads blocked
   std::map<std::pair<ValueId, Layout>, ValueId> reorders_;
-  bool nhwc_ = false;  // the blocked layout is NHWC, not nChw16c
+  Layout target_ = Layout::nchw16c;  // the blocked layout
 };
 
 }  // namespace
 
-void blocked_layout(Graph& g, std::optional<bool> nhwc) {
-  LayoutPass(g, nhwc).run();
+void blocked_layout(Graph& g, std::optional<Layout> as) {
+  LayoutPass(g, as).run();
 }
 
 }  // namespace flowrun

@@ -873,7 +873,7 @@ std::vector<Pass> default_pipeline(const CompileOptions& opts) {
   }
   if (opts.device == DeviceKind::cpu && opts.blocked_layout && !opts.eager)
     p.push_back(
-        {"blocked_layout", [](Graph& g, const CompileOptions& o) { blocked_layout(g, o.nhwc_layout); }});
+        {"blocked_layout", [](Graph& g, const CompileOptions& o) { blocked_layout(g, o.blocked_as); }});
   p.push_back({"dead_nodes", [](Graph& g, const CompileOptions&) { eliminate_dead_nodes(g); }});
   p.push_back({"check_kernels", [](Graph& g, const CompileOptions& o) { check_kernels(g, o.device); }});
   return p;

@@ -66,8 +66,8 @@ struct CompileOptions {
   bool inplace = true;
   // CPU: activations between convolutions stay in oneDNN's blocked layout (blocked_layout).
   bool blocked_layout = true;
-  // That layout is NHWC rather than nChw16c; unset: where the convolutions are bf16 on AMX (layout.cc).
-  std::optional<bool> nhwc_layout;
+  // That layout (nchw16c, nchw8c or nhwc); unset: the one this CPU's convolutions take (layout.cc).
+  std::optional<Layout> blocked_as;
   // An eager program (`train.eager`): the graph as the model and autodiff wrote it, run node by node: no
   // fusion, no recompute, no in-place outputs, and no two values sharing memory (plan_memory's share).
   bool eager = false;
@@ -188,9 +188,10 @@ std::string describe_layout(const Graph& g);
 // (groups of one stay as they are).
 void group_updates(Graph& g);
 // CPU, after the optimizer: the (N, C, H, W) activations that convolutions make and the elementwise ops and
-// batchnorms between them read are kept in nChw16c (Value::layout), with `reorder` nodes where another op
-// reads one (graph/layout.cc).
-void blocked_layout(Graph& g, std::optional<bool> nhwc = std::nullopt);
+// batchnorms between them read are kept in the convolutions' blocked layout (Value::layout; `as`, or by
+// default this CPU's: nChw16c, nChw8c or NHWC), with `reorder` nodes where another op reads one
+// (graph/layout.cc).
+void blocked_layout(Graph& g, std::optional<Layout> as = std::nullopt);
 void eliminate_dead_nodes(Graph& g);                    // drops nodes no output or update needs
 void check_kernels(const Graph& g, DeviceKind device);  // every live node has a kernel for its dtype
 

@@ -354,8 +354,8 @@ void register_conv_ops(OpRegistry& r) {
       "2-d convolution (cross-correlation), NCHW: x (N, C, H, W), w (O, C/groups, KH, KW), optional bias "
       "(O); "
       "attrs stride [1,1], padding [0,0], dilation [1,1], groups 1; x_blocked, y_blocked (false): x or y "
-      "in nChw16c, or NHWC with nhwc (false) (graph/layout.cc; the gradient ops take them too, for dx and "
-      "dy)";
+      "in nChw16c, or nChw8c with nchw8c (false), or NHWC with nhwc (false) (graph/layout.cc; the gradient "
+      "ops take them too, for dx and dy)";
   conv.num_inputs = -1;
   conv.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3) throw input_error("conv2d takes (x, w) or (x, w, bias)");
@@ -475,7 +475,7 @@ void register_conv_ops(OpRegistry& r) {
       "2-d max pooling, NCHW: attrs kernel [kh,kw], stride (default kernel), padding [0,0] (as -inf); "
       "outputs "
       "y and i64 indices of each maximum within its (n, c) plane (ih * W + iw); attr blocked (false): x, y "
-      "and the indices in nChw16c";
+      "and the indices in nChw16c, nChw8c with attr nchw8c, NHWC with attr nhwc";
   mp.num_outputs = [](const Attrs&) { return 2; };
   mp.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     check_nchw("maxpool2d", "input", in[0]);
@@ -501,7 +501,7 @@ void register_conv_ops(OpRegistry& r) {
       "argmax; "
       "with a mask (shaped like dx: the fused relu_grad of the CPU's backward fusion, graph/passes.cc), dx "
       "is "
-      "0 where mask <= 0; attr blocked (false): all in nChw16c";
+      "0 where mask <= 0; attr blocked (false): all in nChw16c, nChw8c with attr nchw8c, NHWC with attr nhwc";
   mg.num_inputs = -1;
   mg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3)
@@ -607,60 +607,68 @@ void register_conv_ops(OpRegistry& r) {
   ro.name = "reorder";
   ro.doc =
       "the same (N, C, H, W) tensor in another memory layout: attr to = nchw16c (channel blocks of 16 "
-      "innermost, oneDNN's nChw16c; C a multiple of 16), nhwc (channels innermost) or nchw (plain, from "
-      "nChw16c, or from NHWC with attr from = nhwc); the layout pass (graph/layout.cc) puts it where a value "
-      "kept blocked between convolutions meets a reader of plain tensors";
+      "innermost, oneDNN's nChw16c; C a multiple of 16), nchw8c (blocks of 8, C a multiple of 8), nhwc "
+      "(channels innermost) or nchw (plain, from nChw16c, or from the layout attr from names: nchw8c or "
+      "nhwc); the layout pass (graph/layout.cc) puts it where a value kept blocked between convolutions "
+      "meets a reader of plain tensors";
   ro.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     check_nchw("reorder", "input", in[0]);
-    if (in[0].shape[1] % 16 != 0)
-      throw input_error(cat("reorder: channels must be a multiple of 16, got ", shape_str(in[0].shape)));
-    if (!a.is("to", "nchw16c") && !a.is("to", "nchw") && !a.is("to", "nhwc"))
-      throw input_error("reorder: attribute 'to' must be nchw16c, nhwc or nchw");
-    if (a.has("from") && !(a.is("from", "nhwc") && a.is("to", "nchw")))
-      throw input_error("reorder: attribute 'from' is nhwc, with to = nchw");
+    if (!a.is("to", "nchw16c") && !a.is("to", "nchw8c") && !a.is("to", "nchw") && !a.is("to", "nhwc"))
+      throw input_error("reorder: attribute 'to' must be nchw16c, nchw8c, nhwc or nchw");
+    if (a.has("from") && !((a.is("from", "nhwc") || a.is("from", "nchw8c")) && a.is("to", "nchw")))
+      throw input_error("reorder: attribute 'from' is nchw8c or nhwc, with to = nchw");
+    const int64_t block = a.is("to", "nchw8c") || a.is("from", "nchw8c") ? 8 : 16;
+    if (in[0].shape[1] % block != 0)
+      throw input_error(
+          cat("reorder: channels must be a multiple of ", block, ", got ", shape_str(in[0].shape)));
     return {in[0]};
   };
   ro.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
     return Cost{0.0, bytes_of(in) + bytes_of(out)};
   };
+  // The gradient is the reorder back: to = L <-> to = nchw from L (nChw16c without from).
   ro.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    if (c.attrs().is("to", "nhwc"))
-      return {c.b.op1("reorder", {c.dout(0)}, {{"to", std::string("nchw")}, {"from", std::string("nhwc")}})};
-    if (c.attrs().has("from")) return {c.b.op1("reorder", {c.dout(0)}, {{"to", std::string("nhwc")}})};
-    const std::string back = c.attrs().is("to", "nchw16c") ? "nchw" : "nchw16c";
-    return {c.b.op1("reorder", {c.dout(0)}, {{"to", back}})};
+    if (!c.attrs().is("to", "nchw")) {
+      Attrs back{{"to", std::string("nchw")}};
+      if (!c.attrs().is("to", "nchw16c")) back.set("from", c.attrs().s("to"));
+      return {c.b.op1("reorder", {c.dout(0)}, back)};
+    }
+    return {c.b.op1("reorder", {c.dout(0)}, {{"to", c.attrs().s("from", "nchw16c")}})};
   };
   ro.sbp = batch_split;
   ro.kernels = {{DeviceKind::cpu, {DType::f32, DType::f64, DType::f16, DType::bf16}, cpu::reorder}};
   ro.samples = [] {
     std::vector<OpSample> s;
-    for (const char* to : {"nchw16c", "nchw", "nhwc", "nchw from nhwc"})
-      for (const Shape& x : std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}, {2, 32, 6, 7}}) {
-        OpSample o;
-        const bool nhwc = std::string(to).find("nhwc") != std::string::npos,
-                   blocked = std::string(to) == "nchw16c" || std::string(to) == "nhwc";
-        o.label = cat(to, " ", shape_str(x));
-        o.inputs = {{x, DType::f64}};
-        o.attrs = {{"to", blocked ? std::string(to) : std::string("nchw")}};
-        if (nhwc && !blocked) o.attrs.set("from", std::string("nhwc"));
-        // Element (n, c, i) of the plain tensor is element ((n * C/16 + c/16) * HW + i) * 16 + c % 16 of
-        // the nChw16c one, and (n * HW + i) * C + c of the NHWC one.
-        o.reference = [blocked, nhwc](const std::vector<Tensor>& in, const Attrs&) {
-          const Shape& xs = in[0].shape();
-          Tensor y = Tensor::zeros(xs, DType::f64);
-          const int64_t hw = xs[2] * xs[3];
-          for (int64_t n = 0; n < xs[0]; ++n)
-            for (int64_t c = 0; c < xs[1]; ++c)
-              for (int64_t i = 0; i < hw; ++i) {
-                const int64_t plain = (n * xs[1] + c) * hw + i,
-                              blk = nhwc ? (n * hw + i) * xs[1] + c
-                                         : ((n * (xs[1] / 16) + c / 16) * hw + i) * 16 + c % 16;
-                y.data<double>()[blocked ? blk : plain] = in[0].data<double>()[blocked ? plain : blk];
-              }
-          return std::vector<Tensor>{y};
-        };
-        s.push_back(o);
-      }
+    for (const char* layout : {"nchw16c", "nchw8c", "nhwc"})
+      for (const bool to_blocked : {true, false})
+        for (const Shape& x :
+             std::vector<Shape>{{2, 32, 3, 5}, {1, 16, 6, 7}, {1, 16, 1, 1}, {2, 32, 6, 7}}) {
+          const std::string l = layout;
+          OpSample o;
+          o.label = cat(to_blocked ? "to " : "from ", l, " ", shape_str(x));
+          o.inputs = {{x, DType::f64}};
+          o.attrs = {{"to", to_blocked ? l : std::string("nchw")}};
+          if (!to_blocked && l != "nchw16c") o.attrs.set("from", l);
+          // Element (n, c, i) of the plain tensor is element ((n * C/B + c/B) * HW + i) * B + c % B of the
+          // nChw{B}c one, and (n * HW + i) * C + c of the NHWC one.
+          const int64_t b = l == "nchw8c" ? 8 : 16;
+          const bool nhwc = l == "nhwc";
+          o.reference = [to_blocked, nhwc, b](const std::vector<Tensor>& in, const Attrs&) {
+            const Shape& xs = in[0].shape();
+            Tensor y = Tensor::zeros(xs, DType::f64);
+            const int64_t hw = xs[2] * xs[3];
+            for (int64_t n = 0; n < xs[0]; ++n)
+              for (int64_t c = 0; c < xs[1]; ++c)
+                for (int64_t i = 0; i < hw; ++i) {
+                  const int64_t plain = (n * xs[1] + c) * hw + i,
+                                blk = nhwc ? (n * hw + i) * xs[1] + c
+                                           : ((n * (xs[1] / b) + c / b) * hw + i) * b + c % b;
+                  y.data<double>()[to_blocked ? blk : plain] = in[0].data<double>()[to_blocked ? plain : blk];
+                }
+            return std::vector<Tensor>{y};
+          };
+          s.push_back(o);
+        }
     return s;
   };
   r.add(ro);

@@ -427,9 +427,9 @@ void register_norm_ops(OpRegistry& r) {
       "running_var (C)), attrs eps (1e-5), momentum (0.1), training (true); outputs (y, save_mean, "
       "save_rstd (C)). Training normalises by the batch mean and biased variance and updates the running "
       "statistics in place (PyTorch: running = (1 - momentum) running + momentum batch, unbiased variance); "
-      "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c, NHWC with "
-      "attr nhwc "
-      "(graph/layout.cc); attr relu (false): y = max(normalised, 0), a following relu fused by the CPU's "
+      "inference normalises by the running statistics; attr blocked (false): x and y in nChw16c, nChw8c "
+      "with attr nchw8c, NHWC with attr nhwc (graph/layout.cc); attr relu (false): y = max(normalised, 0), a "
+      "following relu fused by the CPU's "
       "backward fusion (graph/passes.cc); attr residual (false): a sixth input r of x's shape and dtype, "
       "y = [max](normalised rounded to x's dtype + r), a ResNet block's add (and relu) fused likewise. With "
       "a bf16 x the per-channel inputs and outputs may be f32 (mixed precision)";

@@ -104,8 +104,10 @@ OpDef reduce_op(const std::string& name, const std::string& doc, KernelFn fn,
 }  // namespace
 
 void register_reduce_ops(OpRegistry& r) {
-  r.add(reduce_op("reduce_sum", "sum (attr blocked, false: an nChw16c input summed over axes 0, 2, 3)",
-                  cpu::reduce_sum, [](GradCtx& c) -> std::vector<ValueId> { return {expand_back(c)}; }));
+  r.add(reduce_op(
+      "reduce_sum",
+      "sum (attr blocked, false: an nChw16c input, nChw8c with attr nchw8c, summed over axes 0, 2, 3)",
+      cpu::reduce_sum, [](GradCtx& c) -> std::vector<ValueId> { return {expand_back(c)}; }));
   r.add(reduce_op("reduce_mean", "mean", cpu::reduce_mean, [](GradCtx& c) -> std::vector<ValueId> {
     const double count = static_cast<double>(numel(c.b.shape(c.in(0))) / std::max<int64_t>(1, numel(c.b.shape(c.out(0)))));
     return {c.b.mul_scalar(expand_back(c), 1.0 / count)};

@@ -1,6 +1,9 @@
 // The layout pass (graph/layout.cc): a small residual CNN keeps the activations that feed convolutions in
-// nChw16c, max pooling included, with reorders only where a plain reader (global pooling) meets them, and
-// trains to bitwise the losses, weights and running statistics of the same program all in NCHW.
+// the blocked layout (nChw16c with AVX-512, nChw8c below it), max pooling included, with reorders only where
+// a plain reader (global pooling) meets them, and trains to bitwise the losses, weights and running
+// statistics of the same program all in NCHW. The bitwise tests run both nChw16c and nChw8c on every host:
+// oneDNN reorders to its own layout inside a convolution where the graph's is the other, and the blocked
+// kernels of batchnorm, pooling and the per-channel sum have a path for each block width.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,21 +41,34 @@ void build_cnn(Graph& g) {
                 b.op1("mse_loss", {b.op1("global_avgpool", {b.add(r, t)}), b.input("target", {4, 32})}));
 }
 
-// A graph's training program (SGD with momentum), with or without the layout pass, or eager.
-Program compile_sgd(Graph g, bool blocked, bool eager) {
+// A graph's training program (SGD with momentum), with or without the layout pass (in layout `as`, or this
+// CPU's), or eager.
+Program compile_sgd(Graph g, bool blocked, bool eager, std::optional<Layout> as = std::nullopt) {
   CompileOptions opts = sgd_options(eager);
   opts.blocked_layout = blocked;
+  opts.blocked_as = as;
   return compile(std::move(g), opts);
 }
 
-Program compile_cnn(bool blocked, bool eager = false) {
+Program compile_cnn(bool blocked, bool eager = false, std::optional<Layout> as = std::nullopt) {
   Graph g;
   build_cnn(g);
-  return compile_sgd(std::move(g), blocked, eager);
+  return compile_sgd(std::move(g), blocked, eager, as);
 }
+
+// The layout the pass picks by default for f32 convolutions: oneDNN's.
+Layout default_blocked() {
+  return cpu::convs_take_nchw8c() ? Layout::nchw8c : Layout::nchw16c;
+}
+
+const char* layout_name(Layout l) {
+  return l == Layout::nchw8c ? "nChw8c" : "nChw16c";
+}
+constexpr Layout kChannelBlocks[] = {Layout::nchw16c, Layout::nchw8c};
 
 TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
   const Program p = compile_cnn(true);
+  const Layout blocked = default_blocked();
   const Graph& g = p.graph;
   std::map<std::string, Layout> conv_out;  // forward convolutions' outputs by node name
   int reorders = 0;
@@ -65,15 +81,19 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
       for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, Layout::plain) << n.name;
     }
     if (n.op == "maxpool2d" || n.op == "maxpool2d_grad") {
-      for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, Layout::nchw16c) << n.name;
-      for (ValueId v : n.outputs) EXPECT_EQ(g.value(v).layout, Layout::nchw16c) << n.name;
+      for (ValueId v : n.inputs) EXPECT_EQ(g.value(v).layout, blocked) << n.name;
+      for (ValueId v : n.outputs) EXPECT_EQ(g.value(v).layout, blocked) << n.name;
       EXPECT_TRUE(n.attrs.b("blocked")) << n.name;
+      EXPECT_EQ(n.attrs.b("nchw8c"), blocked == Layout::nchw8c) << n.name;
+    }
+    if (n.op == "conv2d" || n.op == "conv2d_grad_input" || n.op == "conv2d_grad_weight") {
+      EXPECT_EQ(n.attrs.b("nchw8c"), blocked == Layout::nchw8c) << n.name;
     }
   }
   // The stem's chain reaches c1 and the shortcut through maxpool; the block's convolutions feed c3, and c3's
   // output joins r in the sum, which global_avgpool reads through a reorder.
   for (const char* name : {"stem", "c1", "c2", "shortcut", "c3"})
-    EXPECT_EQ(conv_out.at(name), Layout::nchw16c) << name;
+    EXPECT_EQ(conv_out.at(name), blocked) << name;
   // global_avgpool's input (forward); in the backward pass its plain gradient leads relu_grad of t, whose
   // output t is reordered to it, and the sum of that plain gradient with c3's blocked input gradient is
   // blocked (the plain one reordered).
@@ -83,16 +103,21 @@ TEST(BlockedLayout, ConvolutionChainsStayBlockedWithReordersAtTheirEdges) {
   for (const Value& v : eager.graph.values()) EXPECT_EQ(v.layout, Layout::plain) << v.name;
 }
 
-// NHWC as the blocked layout (CompileOptions::nhwc_layout; by default where bf16 convolutions run on AMX):
+// oneDNN's own answer decides the default: nChw16c on AVX-512 CPUs, nChw8c on AVX2 ones.
+TEST(BlockedLayout, DefaultIsTheLayoutOneDnnPicks) {
+  EXPECT_EQ(cpu::convs_take_nchw8c(), !__builtin_cpu_supports("avx512f"));
+}
+
+// NHWC as the blocked layout (CompileOptions::blocked_as; by default where bf16 convolutions run on AMX):
 // the same chains as nChw16c, max pooling and batchnorm reading and writing NHWC, and global pooling a
 // reorder. f32's NHWC convolutions are other oneDNN kernels than the plain program's (their sums in another
 // order): within 1e-5 of it after 3 steps.
-Program compile_cnn_nhwc(DType compute, std::optional<bool> nhwc) {
+Program compile_cnn_nhwc(DType compute, bool nhwc) {
   Graph g;
   build_cnn(g);
   CompileOptions opts = sgd_options();
   opts.compute = compute;
-  opts.nhwc_layout = nhwc;
+  if (nhwc) opts.blocked_as = Layout::nhwc;
   return compile(std::move(g), opts);
 }
 
@@ -127,7 +152,7 @@ TEST(BlockedLayout, NhwcKeepsTheBlockInNhwcAndTrainsAsThePlainProgram) {
 // themselves), and it trains to the same bits.
 TEST(BlockedLayout, Bf16TrainsBitwiseAsThePlainProgram) {
   if (!cpu::has_native_bf16()) GTEST_SKIP() << "no native bf16 convolutions on this machine";
-  const Program blocked = compile_cnn_nhwc(DType::bf16, std::nullopt);
+  const Program blocked = compile_cnn_nhwc(DType::bf16, false);
   const Layout want = cpu::bf16_convs_take_nhwc() ? Layout::nhwc : Layout::nchw16c;
   for (NodeId id : blocked.order) {
     const Node& n = blocked.graph.node(id);
@@ -141,18 +166,21 @@ TEST(BlockedLayout, Bf16TrainsBitwiseAsThePlainProgram) {
   opts.compute = DType::bf16;
   opts.blocked_layout = false;
   const auto [plain_losses, plain] = train_sgd(compile(std::move(g), opts), 3);
-  const auto [blocked_losses, trained] = train_sgd(compile_cnn_nhwc(DType::bf16, std::nullopt), 3);
+  const auto [blocked_losses, trained] = train_sgd(compile_cnn_nhwc(DType::bf16, false), 3);
   EXPECT_EQ(plain_losses, blocked_losses);
   for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
 }
 
 TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
   const auto [plain_losses, plain] = train_sgd(compile_cnn(false), 3);
-  const auto [blocked_losses, blocked] = train_sgd(compile_cnn(true), 3);
-  EXPECT_EQ(plain_losses, blocked_losses);
-  ASSERT_EQ(plain.size(), blocked.size());
-  for (const auto& [name, v] : plain) EXPECT_EQ(v, blocked.at(name)) << name;
   EXPECT_GT(plain.count("bn2/var"), 0u);
+  for (Layout l : kChannelBlocks) {
+    SCOPED_TRACE(layout_name(l));
+    const auto [blocked_losses, blocked] = train_sgd(compile_cnn(true, false, l), 3);
+    EXPECT_EQ(plain_losses, blocked_losses);
+    ASSERT_EQ(plain.size(), blocked.size());
+    for (const auto& [name, v] : plain) EXPECT_EQ(v, blocked.at(name)) << name;
+  }
 }
 
 // fuse_backward (graph/passes.cc): stem_bn's and bn1's relus join their batchnorms (nothing else reads the
@@ -162,6 +190,7 @@ TEST(BlockedLayout, TrainsBitwiseAsThePlainProgram) {
 // trains to the bits of the eager one (unfused, plain).
 TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   const Program fused = compile_cnn(true);
+  const Layout blocked = default_blocked();
   std::map<std::string, int> ops;
   int relu_bns = 0, residual_bns = 0, masked_bn_grads = 0;
   for (NodeId id : fused.order) {
@@ -170,7 +199,7 @@ TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
     relu_bns += n.op == "batchnorm" && n.attrs.b("relu");
     if (n.op == "batchnorm" && n.attrs.b("residual")) {
       ++residual_bns;
-      EXPECT_EQ(fused.graph.value(n.inputs[5]).layout, Layout::nchw16c) << n.name;
+      EXPECT_EQ(fused.graph.value(n.inputs[5]).layout, blocked) << n.name;
     }
     masked_bn_grads += n.op == "batchnorm_grad" && n.inputs.size() == 6;
     if (n.op == "batchnorm_grad" && n.inputs.size() == 6) {
@@ -184,15 +213,18 @@ TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   EXPECT_EQ(ops["add"], 2);  // r + t, and x1's gradient sum (r's joins its relu_grad)
   EXPECT_EQ(ops["relu_grad"], 2);
   const auto [eager_losses, eager] = train_sgd(compile_cnn(false, /*eager=*/true), 3);
-  const auto [fused_losses, trained] = train_sgd(compile_cnn(true), 3);
-  EXPECT_EQ(eager_losses, fused_losses);
-  for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+  for (Layout l : kChannelBlocks) {
+    SCOPED_TRACE(layout_name(l));
+    const auto [fused_losses, trained] = train_sgd(compile_cnn(true, false, l), 3);
+    EXPECT_EQ(eager_losses, fused_losses);
+    for (const auto& [name, v] : eager) EXPECT_EQ(v, trained.at(name)) << name;
+  }
 }
 
 // Overlapping, padded windows on odd planes after a ReLU (so that windows tie at zero), the ReLU's gradient
-// fused into the pooling's, and the bias gradients summed per channel in nChw16c: x (2, 16, 7, 7) -> conv 16
-// + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global average -> mse.
-Program compile_overlapping_pool(bool blocked, bool eager = false) {
+// fused into the pooling's, and the bias gradients summed per channel where they lie: x (2, 16, 7, 7) ->
+// conv 16 + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global average -> mse.
+Program compile_overlapping_pool(bool blocked, bool eager = false, std::optional<Layout> as = std::nullopt) {
   Graph g;
   GraphBuilder b(g);
   auto conv = [&](ValueId v, const std::string& name) {
@@ -204,7 +236,7 @@ Program compile_overlapping_pool(bool blocked, bool eager = false) {
       b.op("maxpool2d", {h}, {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"padding", int64_t{1}}})[0];
   g.mark_output("loss",
                 b.op1("mse_loss", {b.op1("global_avgpool", {conv(p, "b")}), b.input("target", {2, 16})}));
-  return compile_sgd(std::move(g), blocked, eager);
+  return compile_sgd(std::move(g), blocked, eager, as);
 }
 
 TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {
@@ -223,14 +255,17 @@ TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {
   for (NodeId id : blocked.order) relu_grads += blocked.graph.node(id).op == "relu_grad";
   EXPECT_EQ(relu_grads, 0);
   const auto [plain_losses, plain] = train_sgd(compile_overlapping_pool(false, /*eager=*/true), 3);
-  const auto [blocked_losses, trained] = train_sgd(compile_overlapping_pool(true), 3);
-  EXPECT_EQ(plain_losses, blocked_losses);
-  for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
+  for (Layout l : kChannelBlocks) {
+    SCOPED_TRACE(layout_name(l));
+    const auto [blocked_losses, trained] = train_sgd(compile_overlapping_pool(true, false, l), 3);
+    EXPECT_EQ(plain_losses, blocked_losses);
+    for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
+  }
 }
 
 // Batchnorm's sums over planes that are not a multiple of its 16 lanes (7 x 7: three whole rounds and one
 // pixel; 3 x 3: fewer pixels than lanes), blocked, against the eager program's plain planes.
-Program compile_ragged_bn(bool blocked, bool eager = false) {
+Program compile_ragged_bn(bool blocked, bool eager = false, std::optional<Layout> as = std::nullopt) {
   Graph g;
   GraphBuilder b(g);
   auto conv = [&](ValueId v, const std::string& name) {
@@ -246,7 +281,7 @@ Program compile_ragged_bn(bool blocked, bool eager = false) {
   const ValueId p = b.op("maxpool2d", {h}, {{"kernel", int64_t{2}}})[0];
   const ValueId q = conv(b.op1("relu", {bn(conv(p, "b"), "bn_b")}), "c");
   g.mark_output("loss", b.op1("mse_loss", {b.op1("global_avgpool", {q}), b.input("target", {3, 16})}));
-  return compile_sgd(std::move(g), blocked, eager);
+  return compile_sgd(std::move(g), blocked, eager, as);
 }
 
 TEST(BlockedLayout, BatchnormOverRaggedPlanesTrainsBitwiseAsEager) {
@@ -258,10 +293,13 @@ TEST(BlockedLayout, BatchnormOverRaggedPlanesTrainsBitwiseAsEager) {
   }
   EXPECT_EQ(blocked_bns, 4);
   const auto [plain_losses, plain] = train_sgd(compile_ragged_bn(false, /*eager=*/true), 3);
-  const auto [blocked_losses, trained] = train_sgd(compile_ragged_bn(true), 3);
-  EXPECT_EQ(plain_losses, blocked_losses);
-  for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
   EXPECT_GT(plain.count("bn_b/var"), 0u);
+  for (Layout l : kChannelBlocks) {
+    SCOPED_TRACE(layout_name(l));
+    const auto [blocked_losses, trained] = train_sgd(compile_ragged_bn(true, false, l), 3);
+    EXPECT_EQ(plain_losses, blocked_losses);
+    for (const auto& [name, v] : plain) EXPECT_EQ(v, trained.at(name)) << name;
+  }
 }
 
 }  // namespace

@@ -246,26 +246,45 @@ void apply_relu_mask(const S* m, S* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = ld(m[i]) > 0 ? d[i] : S{};
 }
 
-// The AVX-512 pooling code serves f32 and bf16 storage alike (simd16.h).
+// The AVX-512 pooling code serves f32 and bf16 storage alike (simd16.h), 16 lanes (nChw16c, NHWC); the AVX2
+// code f32 in 8 lanes (nChw8c).
 template <typename S>
 constexpr bool kSimd16 = std::is_same_v<S, float> || std::is_same_v<S, bf16>;
 
-// maxpool2d and its gradient on blocked activations (attr `blocked`, graph/layout.cc): each pixel is 16
-// channels, one per lane, and the indices are stored in the same layout, each still the position within its
-// channel's plane. Every lane scans its window in the plain kernel's row-major order with the same rule,
-// and the gradient adds into each element in the same order, so both give the plain kernels' values.
-// pool_geom reads the shape (N, C, H, W) alone, which the layouts share.
-template <typename T>
-void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
-  FR_CHECK(g.c % 16 == 0, "a blocked maxpool2d needs channels in multiples of 16");
+#if defined(__AVX2__)
+// AVX2 helpers for 8 lanes of f32 beside their 8 int64 indices (two registers of 4).
+// The indices' halves where mask (8 x 32 bits) is set: each 32-bit lane widened to the 64-bit one.
+inline __m256i mask_lo64(__m256 mask) {
+  return _mm256_cvtepi32_epi64(_mm256_castsi256_si128(_mm256_castps_si256(mask)));
+}
+inline __m256i mask_hi64(__m256 mask) {
+  return _mm256_cvtepi32_epi64(_mm256_extracti128_si256(_mm256_castps_si256(mask), 1));
+}
+// The 8 lanes whose index (lo: lanes 0-3, hi: 4-7) equals i, as an 8 x 32-bit mask: the low halves of the
+// two 64-bit compares, put back in lane order.
+inline __m256 index_hits(__m256i lo, __m256i hi, __m256i i) {
+  const __m256 pairs =
+      _mm256_shuffle_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi64(lo, i)),
+                        _mm256_castsi256_ps(_mm256_cmpeq_epi64(hi, i)), _MM_SHUFFLE(2, 0, 2, 0));
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(pairs), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+#endif
+
+// maxpool2d and its gradient on blocked activations (attr `blocked`, graph/layout.cc): each pixel is L
+// channels (16 in nChw16c and NHWC, 8 in nChw8c), one per lane, and the indices are stored in the same
+// layout, each still the position within its channel's plane. Every lane scans its window in the plain
+// kernel's row-major order with the same rule, and the gradient adds into each element in the same order,
+// so both give the plain kernels' values. pool_geom reads the shape (N, C, H, W) alone, which the layouts
+// share.
+template <typename T, int64_t L>
+void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks& pb) {
   using C = Compute<T>;
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
   const int64_t ip = g.h * g.w, op = g.oh * g.ow;
-  const PixelBlocks pb{g.c, c.attrs().b("nhwc")};
   const int64_t ps = pb.step();
-  parallel_for(g.n * (g.c / 16), grain_for(16 * op * g.kh * g.kw), [&](int64_t s, int64_t e) {
+  parallel_for(g.n * pb.blocks(), grain_for(L * op * g.kh * g.kw), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
       const T* xp = x + pb.base(pl, ip);
       const int64_t y0 = pb.base(pl, op);
@@ -273,7 +292,7 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
         const int64_t first = ya * g.w + xa;
         const int64_t o = y0 + j * ps;
 #if defined(__AVX512F__)
-        if constexpr (kSimd16<T>) {
+        if constexpr (kSimd16<T> && L == 16) {
           __m512 best = simd16::load(xp + first * ps);
           __m512i lo = _mm512_set1_epi64(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
@@ -294,10 +313,32 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
           return;
         }
 #endif
-        C best[16];
-        int64_t bi[16];
+#if defined(__AVX2__)
+        if constexpr (std::is_same_v<T, float> && L == 8) {
+          __m256 best = _mm256_loadu_ps(xp + first * ps);
+          __m256i lo = _mm256_set1_epi64x(first), hi = lo;
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
+              const int64_t i = iy * g.w + ix;
+              const __m256 v = _mm256_loadu_ps(xp + i * ps);
+              // first maximum wins; NaN propagates
+              const __m256 t =
+                  _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+              best = _mm256_blendv_ps(best, v, t);
+              const __m256i iv = _mm256_set1_epi64x(i);
+              lo = _mm256_blendv_epi8(lo, iv, mask_lo64(t));
+              hi = _mm256_blendv_epi8(hi, iv, mask_hi64(t));
+            }
+          _mm256_storeu_ps(y + o, best);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + o), lo);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + o + 4), hi);
+          return;
+        }
+#endif
+        C best[L];
+        int64_t bi[L];
 #pragma omp simd
-        for (int l = 0; l < 16; ++l) {
+        for (int l = 0; l < L; ++l) {
           best[l] = ld(xp[first * ps + l]);
           bi[l] = first;
         }
@@ -306,45 +347,44 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
             const int64_t i = iy * g.w + ix;
             const T* v = xp + i * ps;
 #pragma omp simd
-            for (int l = 0; l < 16; ++l) {
+            for (int l = 0; l < L; ++l) {
               const C u = ld(v[l]);
               const bool t = u > best[l] || u != u;  // first maximum wins; NaN propagates
               best[l] = t ? u : best[l];
               bi[l] = t ? i : bi[l];
             }
           }
-        for (int l = 0; l < 16; ++l) y[o + l] = st<T>(best[l]);
-        std::copy(bi, bi + 16, idx + o);
+        for (int l = 0; l < L; ++l) y[o + l] = st<T>(best[l]);
+        std::copy(bi, bi + L, idx + o);
       });
     }
   });
 }
 
 // Each output pixel adds its dy to every pixel of its window, in the lanes whose index points there, in
-// output order: per element the plain kernel's additions in its order, 16 lanes at a time (f32, bf16)
-// instead of one scattered add per element. bf16 rounds after each addition: where windows overlap, a
-// pixel two windows chose gets two roundings, where the f32 kernel run widened gets one; where they tile
-// the plane every pixel gets at most one dy and both are exact.
-template <typename T>
-void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
+// output order: per element the plain kernel's additions in its order, L lanes at a time instead of one
+// scattered add per element. bf16 rounds after each addition: where windows overlap, a pixel two windows
+// chose gets two roundings, where the f32 kernel run widened gets one; where they tile the plane every pixel
+// gets at most one dy and both are exact.
+template <typename T, int64_t L>
+void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks& pb) {
   const T* dy = c.in[0].as<T>();
   const int64_t* idx = c.in[1].as<int64_t>();
   const T* mask = c.num_in > 2 ? c.in[2].as<T>() : nullptr;
   T* dx = c.out[0].as<T>();
   const int64_t ip = g.h * g.w, op = g.oh * g.ow;
-  const PixelBlocks pb{g.c, c.attrs().b("nhwc")};
   const int64_t ps = pb.step();
   // Windows that tile the plane exactly: every element of dx is written once, 0 + dy where its window's
   // index points (the plain kernel's sum, -0 becoming +0) and 0 elsewhere, masked as it is written.
-  [[maybe_unused]] const bool tiles =  // read only by the AVX-512 path
+  [[maybe_unused]] const bool tiles =  // read only by the vector paths
       g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh * g.kh == g.h && g.ow * g.kw == g.w;
-  parallel_for(g.n * (g.c / 16), grain_for(16 * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
+  parallel_for(g.n * pb.blocks(), grain_for(L * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
       T* dp = dx + pb.base(pl, ip);
       const T* mp = mask ? mask + pb.base(pl, ip) : nullptr;
       const int64_t y0 = pb.base(pl, op);
 #if defined(__AVX512F__)
-      if constexpr (kSimd16<T>) {
+      if constexpr (kSimd16<T> && L == 16) {
         if (tiles) {
           const __m512 zero = _mm512_setzero_ps();
           for (int64_t o = 0; o < op; ++o) {
@@ -366,13 +406,35 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
         }
       }
 #endif
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float> && L == 8) {
+        if (tiles) {
+          const __m256 zero = _mm256_setzero_ps();
+          for (int64_t o = 0; o < op; ++o) {
+            const __m256 gv = _mm256_add_ps(zero, _mm256_loadu_ps(dy + y0 + o * ps));
+            const auto* io = reinterpret_cast<const __m256i*>(idx + y0 + o * ps);
+            const __m256i lo = _mm256_loadu_si256(io), hi = _mm256_loadu_si256(io + 1);
+            const int64_t oy = o / g.ow, ox = o % g.ow;
+            for (int64_t ky = 0; ky < g.kh; ++ky)
+              for (int64_t kx = 0; kx < g.kw; ++kx) {
+                const int64_t i = (oy * g.kh + ky) * g.w + ox * g.kw + kx;
+                __m256 keep = index_hits(lo, hi, _mm256_set1_epi64x(i));
+                if (mask)
+                  keep = _mm256_and_ps(keep, _mm256_cmp_ps(_mm256_loadu_ps(mp + i * ps), zero, _CMP_GT_OQ));
+                _mm256_storeu_ps(dp + i * ps, _mm256_and_ps(keep, gv));
+              }
+          }
+          continue;
+        }
+      }
+#endif
       pb.each_run(ip, [dp](int64_t o, int64_t len) { std::fill(dp + o, dp + o + len, T{}); });
       for_each_window(g, [&](int64_t j, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         const int64_t o = y0 + j * ps;
         const T* go = dy + o;
         const int64_t* io = idx + o;
 #if defined(__AVX512F__)
-        if constexpr (kSimd16<T>) {
+        if constexpr (kSimd16<T> && L == 16) {
           const __m512 gv = simd16::load(go);
           const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
           for (int64_t iy = ya; iy < yb; ++iy)
@@ -388,17 +450,49 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
           return;
         }
 #endif
+#if defined(__AVX2__)
+        if constexpr (std::is_same_v<T, float> && L == 8) {
+          const __m256 gv = _mm256_loadu_ps(go);
+          const auto* iv = reinterpret_cast<const __m256i*>(io);
+          const __m256i lo = _mm256_loadu_si256(iv), hi = _mm256_loadu_si256(iv + 1);
+          for (int64_t iy = ya; iy < yb; ++iy)
+            for (int64_t ix = xa; ix < xb; ++ix) {
+              const int64_t i = iy * g.w + ix;
+              T* d = dp + i * ps;
+              const __m256 dv = _mm256_loadu_ps(d);
+              _mm256_storeu_ps(
+                  d, _mm256_blendv_ps(dv, _mm256_add_ps(dv, gv), index_hits(lo, hi, _mm256_set1_epi64x(i))));
+            }
+          return;
+        }
+#endif
         for (int64_t iy = ya; iy < yb; ++iy)
           for (int64_t ix = xa; ix < xb; ++ix) {
             const int64_t i = iy * g.w + ix;
             T* d = dp + i * ps;
-            for (int l = 0; l < 16; ++l)
+            for (int l = 0; l < L; ++l)
               if (io[l] == i) d[l] = st<T>(ld(d[l]) + ld(go[l]));
           }
       });
       if (mask) pb.each_run(ip, [mp, dp](int64_t o, int64_t len) { apply_relu_mask(mp + o, dp + o, len); });
     }
   });
+}
+
+// The blocked kernels for the attrs' layout (PixelBlocks: 16 or 8 lanes).
+template <typename T>
+void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
+  const PixelBlocks pb{g.c, c.attrs()};
+  FR_CHECK(g.c % pb.lanes == 0, "a blocked maxpool2d needs channels in multiples of ", pb.lanes);
+  if (pb.lanes == 8) return maxpool2d_blocked<T, 8>(c, g, pb);
+  maxpool2d_blocked<T, 16>(c, g, pb);
+}
+template <typename T>
+void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
+  const PixelBlocks pb{g.c, c.attrs()};
+  FR_CHECK(g.c % pb.lanes == 0, "a blocked maxpool2d_grad needs channels in multiples of ", pb.lanes);
+  if (pb.lanes == 8) return maxpool2d_grad_blocked<T, 8>(c, g, pb);
+  maxpool2d_grad_blocked<T, 16>(c, g, pb);
 }
 
 template <typename T>
@@ -475,10 +569,7 @@ void maxpool2d_t(const KernelCtx& c) {
 template <typename T>
 void maxpool2d_grad_t(const KernelCtx& c) {
   const Shape& xs = c.attrs().ints("in_shape");
-  if (c.attrs().b("blocked")) {
-    FR_CHECK(xs[1] % 16 == 0, "an nChw16c maxpool2d_grad needs channels in multiples of 16");
-    return maxpool2d_grad_blocked<T>(c, pool_geom(xs, c.attrs()));
-  }
+  if (c.attrs().b("blocked")) return maxpool2d_grad_blocked<T>(c, pool_geom(xs, c.attrs()));
   const int64_t ip = xs[2] * xs[3], op = c.in[0].dim(2) * c.in[0].dim(3);
   const T* dy = c.in[0].as<T>();
   const int64_t* idx = c.in[1].as<int64_t>();
@@ -603,9 +694,11 @@ ConvGeom conv_geom(const Shape& x, const Shape& w, const Attrs& a) {
   g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
   g.x_blocked = a.b("x_blocked");
   g.y_blocked = a.b("y_blocked");
+  g.nchw8c = a.b("nchw8c");
   g.nhwc = a.b("nhwc");
-  FR_CHECK((!g.x_blocked || g.c % 16 == 0) && (!g.y_blocked || g.o % 16 == 0),
-           "nChw16c conv2d tensors need channels in multiples of 16");
+  const int64_t lanes = g.nchw8c ? 8 : 16;
+  FR_CHECK((!g.x_blocked || g.c % lanes == 0) && (!g.y_blocked || g.o % lanes == 0),
+           "blocked conv2d tensors need channels in multiples of ", lanes);
   return g;
 }
 
@@ -668,17 +761,17 @@ void global_avgpool(const KernelCtx& c) {
   dispatch_float(c.in[0].dtype, [&](auto* t) { global_avgpool_t<std::remove_pointer_t<decltype(t)>>(c); });
 }
 
-// Each (n, channel block) is 16 * HW contiguous elements in both layouts: a [16][HW] <-> [HW][16] transpose.
-template <typename T>
+// Each (n, channel block) is L * HW contiguous elements in both layouts: an [L][HW] <-> [HW][L] transpose.
+template <typename T, int64_t L>
 void reorder_t(const void* from, void* to, int64_t blocks, int64_t hw, bool to_blocked) {
   const T* x = static_cast<const T*>(from);
   T* y = static_cast<T*>(to);
-  parallel_for(blocks, grain_for(16 * hw), [&](int64_t begin, int64_t end) {
+  parallel_for(blocks, grain_for(L * hw), [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const T* src = x + b * 16 * hw;
-      T* __restrict dst = y + b * 16 * hw;
+      const T* src = x + b * L * hw;
+      T* __restrict dst = y + b * L * hw;
 #if defined(__AVX512F__)
-      if constexpr (sizeof(T) == 4) {
+      if constexpr (sizeof(T) == 4 && L == 16) {
         for (int64_t i = 0; i < hw; i += 16) {
           const int n = static_cast<int>(std::min<int64_t>(16, hw - i));
           if (to_blocked)
@@ -694,7 +787,7 @@ void reorder_t(const void* from, void* to, int64_t blocks, int64_t hw, bool to_b
       // 2-byte values (bf16) as words of two pixels: 16 pixels of the 16 channel rows transposed as 8 x 16
       // words, each word's halves then split into (or joined from) the two pixels' channel vectors by one
       // permute. Element by element, ResNet-20's four bf16 reorders took 0.3 ms a step.
-      if constexpr (sizeof(T) == 2) {
+      if constexpr (sizeof(T) == 2 && L == 16) {
         if (hw % 2 == 0) {
           alignas(64) uint32_t tile[8 * 16];
           const auto* words = reinterpret_cast<const uint32_t*>(src);
@@ -716,27 +809,33 @@ void reorder_t(const void* from, void* to, int64_t blocks, int64_t hw, bool to_b
       }
 #endif
       for (int64_t i = done; i < hw; ++i)
-        for (int64_t j = 0; j < 16; ++j) {
+        for (int64_t j = 0; j < L; ++j) {
           if (to_blocked)
-            dst[i * 16 + j] = src[j * hw + i];
+            dst[i * L + j] = src[j * hw + i];
           else
-            dst[j * hw + i] = src[i * 16 + j];
+            dst[j * hw + i] = src[i * L + j];
         }
     }
   });
 }
 
-void reorder_nchw16c(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
-                     bool to_blocked) {
-  const int64_t blocks = n * (c / 16);
+template <int64_t L>
+void reorder_lanes(const void* from, void* to, int64_t blocks, int64_t hw, size_t elem, bool to_blocked) {
   switch (elem) {
     case 2:
-      return reorder_t<uint16_t>(from, to, blocks, hw, to_blocked);
+      return reorder_t<uint16_t, L>(from, to, blocks, hw, to_blocked);
     case 4:
-      return reorder_t<uint32_t>(from, to, blocks, hw, to_blocked);
+      return reorder_t<uint32_t, L>(from, to, blocks, hw, to_blocked);
     default:
-      return reorder_t<uint64_t>(from, to, blocks, hw, to_blocked);
+      return reorder_t<uint64_t, L>(from, to, blocks, hw, to_blocked);
   }
+}
+
+void reorder_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem, int64_t lanes,
+                     bool to_blocked) {
+  FR_CHECK(lanes == 8 || lanes == 16, "reorder: channel blocks of 8 or 16");
+  if (lanes == 8) return reorder_lanes<8>(from, to, n * (c / 8), hw, elem, to_blocked);
+  reorder_lanes<16>(from, to, n * (c / 16), hw, elem, to_blocked);
 }
 
 // The nr x nc block at src (row stride lds) transposed into dst (row stride ldd), nr, nc <= 16: 32-bit
@@ -802,10 +901,12 @@ void reorder_nhwc(const void* from, void* to, int64_t n, int64_t c, int64_t hw, 
 void reorder(const KernelCtx& c) {
   const Shape& s = *c.in[0].shape;
   const size_t elem = dtype_size(c.in[0].dtype);
-  if (c.attrs().is("to", "nhwc") || c.attrs().has("from"))
-    return reorder_nhwc(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem,
-                        c.attrs().is("to", "nhwc"));
-  reorder_nchw16c(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem, c.attrs().is("to", "nchw16c"));
+  const Attrs& a = c.attrs();
+  const bool to_blocked = !a.is("to", "nchw");
+  if (a.is("to", "nhwc") || a.is("from", "nhwc"))
+    return reorder_nhwc(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem, to_blocked);
+  const int64_t lanes = a.is("to", "nchw8c") || a.is("from", "nchw8c") ? 8 : 16;
+  reorder_blocked(c.in[0].data, c.out[0].data, s[0], s[1], s[2] * s[3], elem, lanes, to_blocked);
 }
 
 }  // namespace flowrun::cpu

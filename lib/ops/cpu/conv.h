@@ -11,26 +11,35 @@ namespace flowrun::cpu {
 // the attribute has another type or length (infer reports it). Never allocates, so kernels may call it.
 bool attr_pair(const Attrs& a, std::string_view key, int64_t dflt, int64_t& h, int64_t& w);
 
-// Everything a conv2d kernel needs: input (n, c, h, w), weight (o, c/groups, kh, kw), output (oh, ow).
-// Where a blocked activation's pixels lie (graph/layout.cc): block pl = (n, 16-channel block) holds a
-// plane's pixels of 16 channels each, a pixel's 16 contiguous, pixel i at base + i * step. In nChw16c a
-// block is contiguous; in NHWC (attr `nhwc`) its pixels are C apart. Batchnorm and max pooling address
-// either through it.
+// Where a blocked activation's pixels lie (graph/layout.cc): block pl = (n, channel block of `lanes`) holds
+// a plane's pixels of `lanes` channels each, a pixel's lanes contiguous, pixel i at base + i * step. In
+// nChw16c (16 lanes) and nChw8c (8, attr `nchw8c`) a block is contiguous; in NHWC (16, attr `nhwc`) its
+// pixels are C apart. Batchnorm, max pooling and the per-channel sum address them through it.
 struct PixelBlocks {
   int64_t c;
-  bool nhwc;
+  bool nhwc = false;
+  int64_t lanes = 16;
+  PixelBlocks(int64_t channels, bool in_nhwc, int64_t block_lanes)
+      : c(channels), nhwc(in_nhwc), lanes(block_lanes) {}
+  PixelBlocks(int64_t channels, const Attrs& a)
+      : PixelBlocks(channels, a.b("nhwc"), a.b("nchw8c") ? 8 : 16) {}
+  int64_t blocks() const { return c / lanes; }  // per image
   int64_t base(int64_t pl, int64_t pixels) const {
-    return nhwc ? (pl / (c / 16)) * pixels * c + (pl % (c / 16)) * 16 : pl * pixels * 16;
+    return nhwc ? (pl / blocks()) * pixels * c + (pl % blocks()) * lanes : pl * pixels * lanes;
   }
-  int64_t step() const { return nhwc ? c : 16; }
-  // f(offset, count) over a block's contiguous runs of elements from its base: one of 16 * pixels in
-  // nChw16c, one of 16 per pixel in NHWC.
+  int64_t step() const { return nhwc ? c : lanes; }
+  // The first channel of block pl.
+  int64_t channel(int64_t pl) const { return (pl % blocks()) * lanes; }
+  // f(offset, count) over a block's contiguous runs of elements from its base: one of lanes * pixels in
+  // nChw16c and nChw8c, one of 16 per pixel in NHWC.
   template <typename F>
   void each_run(int64_t pixels, F&& f) const {
-    if (!nhwc) return f(int64_t{0}, 16 * pixels);
-    for (int64_t i = 0; i < pixels; ++i) f(i * c, int64_t{16});
+    if (!nhwc) return f(int64_t{0}, lanes * pixels);
+    for (int64_t i = 0; i < pixels; ++i) f(i * c, lanes);
   }
 };
+
+// Everything a conv2d kernel needs: input (n, c, h, w), weight (o, c/groups, kh, kw), output (oh, ow).
 
 struct ConvGeom {
   int64_t n = 0, c = 0, h = 0, w = 0;
@@ -40,8 +49,11 @@ struct ConvGeom {
   int64_t groups = 1;
   // The activations' layouts (attributes x_blocked, y_blocked, set by the layout pass, graph/layout.cc):
   // nChw16c instead of NCHW for the input-shaped tensor (x, or dx) and the output-shaped one (y, or dy);
-  // with nhwc (attribute nhwc), the blocked ones are NHWC instead (bf16 on AMX).
-  bool x_blocked = false, y_blocked = false, nhwc = false;
+  // with nchw8c (attribute nchw8c: oneDNN's AVX2 kernels) they are nChw8c, with nhwc (attribute nhwc: bf16
+  // on AMX) NHWC instead.
+  bool x_blocked = false, y_blocked = false, nchw8c = false, nhwc = false;
+  // Whether the blocked operands are in nChw16c, the one blocked layout flowrun's own kernels read.
+  bool in_nchw16c() const { return !nchw8c && !nhwc; }
   int64_t cg() const { return c / groups; }
   int64_t og() const { return o / groups; }
   int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group
@@ -73,10 +85,11 @@ void maxpool2d_grad(const KernelCtx& c);
 void avgpool2d(const KernelCtx& c);
 void avgpool2d_grad(const KernelCtx& c);
 void global_avgpool(const KernelCtx& c);
-// attr to = nchw16c: NCHW -> nChw16c; nchw: back (graph/layout.cc).
+// attr to = nchw16c, nchw8c or nhwc: NCHW -> that; nchw: back (graph/layout.cc).
 void reorder(const KernelCtx& c);
-// The same on raw memory: n images of c channels (a multiple of 16) and hw pixels, `elem`-byte elements.
-void reorder_nchw16c(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
+// NCHW <-> nChw{lanes}c on raw memory: n images of c channels (a multiple of lanes, 8 or 16) and hw pixels,
+// `elem`-byte elements.
+void reorder_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem, int64_t lanes,
                      bool to_blocked);
 
 }  // namespace flowrun::cpu

@@ -38,7 +38,7 @@ using tag = dnnl::memory::format_tag;
 
 enum class Kind { fwd, fwd_bias, bwd_data, bwd_weights };
 
-using Key = std::array<int64_t, 20>;
+using Key = std::array<int64_t, 21>;
 
 // Execution arguments in the C API's form, built once: the C++ execute() builds a fresh vector on every call,
 // and a steady-state step must not allocate.
@@ -79,14 +79,17 @@ dnnl::engine& engine() {
 Key key_of(Kind k, dt t, const ConvGeom& g) {
   const int64_t threads = omp_get_max_threads(), kind = static_cast<int64_t>(k),
                 type = static_cast<int64_t>(t);
-  return {threads, kind, type, g.n,  g.c,  g.h,  g.w,      g.o,         g.kh,        g.kw,
-          g.sh,    g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.x_blocked, g.y_blocked, g.nhwc};
+  return {threads, kind, type, g.n,  g.c,  g.h,      g.w,         g.o,         g.kh,     g.kw,  g.sh,
+          g.sw,    g.ph, g.pw, g.dh, g.dw, g.groups, g.x_blocked, g.y_blocked, g.nchw8c, g.nhwc};
 }
 
 // Descriptors of flowrun's tensors: activations NCHW, or nChw16c where the layout pass keeps them blocked
-// (ConvGeom::x_blocked, y_blocked), NHWC with ConvGeom::nhwc: then they are what oneDNN picks, and no
-// reorder runs. A grouped weight
-// (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw over the same bytes.
+// (ConvGeom::x_blocked, y_blocked), nChw8c with ConvGeom::nchw8c, NHWC with ConvGeom::nhwc: then they are
+// what oneDNN picks, and no reorder runs. A grouped weight (o, c/g, kh, kw) is (g, o/g, c/g, kh, kw) goihw
+// over the same bytes.
+tag blocked_tag(const ConvGeom& g) {
+  return g.nhwc ? tag::nhwc : g.nchw8c ? tag::nChw8c : tag::nChw16c;
+}
 dnnl::memory::desc src_desc(const ConvGeom& g, dt d, tag t) {
   return {{g.n, g.c, g.h, g.w}, d, t};
 }
@@ -183,7 +186,7 @@ Entry entry_of(const PD& pd, std::vector<Port> ports, bool runnable) {
 
 Entry build_with(dnnl::algorithm alg, Kind k, dt t, const ConvGeom& g, bool runnable) {
   const Conv v = conv_of(g);
-  const tag blocked = g.nhwc ? tag::nhwc : tag::nChw16c;
+  const tag blocked = blocked_tag(g);
   const auto x = src_desc(g, t, g.x_blocked ? blocked : tag::nchw),
              y = dst_desc(g, t, g.y_blocked ? blocked : tag::nchw), w = wei_desc(g, t, false);
   switch (k) {
@@ -308,7 +311,7 @@ std::atomic<bool>& own_convs() {
 
 // bf16 convolutions that wino3x3_bf16 runs.
 bool runs_wino(dt t, const ConvGeom& g) {
-  return t == dt::bf16 && own_bf16_convs() && !g.nhwc && wino3x3_bf16_serves(g);
+  return t == dt::bf16 && own_bf16_convs() && g.in_nchw16c() && wino3x3_bf16_serves(g);
 }
 
 // The threads an own kernel's region starts for `items` work items: one inside another region.
@@ -343,12 +346,12 @@ class Blocked {
   void* operand(GrowBuffer& buf, size_t i, const void* p, bool read) const {
     if (!plain(i)) return const_cast<void*>(p);
     char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
-    if (read) reorder_nchw16c(p, copy, n_, operands_[i].channels, operands_[i].hw, elem_, true);
+    if (read) reorder_blocked(p, copy, n_, operands_[i].channels, operands_[i].hw, elem_, 16, true);
     return copy;
   }
   // Operand i's copy written back to its NCHW memory `p` (an output).
   void write_back(size_t i, const void* copy, void* p) const {
-    if (plain(i)) reorder_nchw16c(copy, p, n_, operands_[i].channels, operands_[i].hw, elem_, false);
+    if (plain(i)) reorder_blocked(copy, p, n_, operands_[i].channels, operands_[i].hw, elem_, 16, false);
   }
 
  private:
@@ -396,7 +399,7 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
 // gradient share winograd_fits' thresholds). On ResNet-20's 16-channel layers (64x16x32x32, in nChw16c, 2
 // threads, Intel AMX host) oneDNN's direct kernel took 1.24 ms a pass.
 bool runs_direct(dt t, const ConvGeom& g) {
-  return t == dt::f32 && !g.nhwc && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g);
+  return t == dt::f32 && g.in_nchw16c() && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g);
 }
 
 // The forward pass or input gradient through direct3x3_f32, as run_wino.
@@ -514,7 +517,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
           [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
             direct3x3_f32_wgrad_finish(g, p, count, stride, static_cast<float*>(dw));
           }};
-  if (g.nhwc) return nullptr;
+  if (!g.in_nchw16c()) return nullptr;
   // In f32 below 64 channels (in or out): ResNet-20's weight gradients in cache (flowrun_bench, 2 threads,
   // alternating runs) took 0.89-0.94 ms against oneDNN's 0.95-0.96 with 16 channels on 32x32 planes,
   // 0.87-0.88 against 0.99-1.00 with 32 on 16x16, and 0.82 against 0.71-0.73 (oneDNN's Winograd) with 64
@@ -657,7 +660,7 @@ bool widens_grad_weight(dt t, const ConvGeom& g) {
 struct WidenedSizes {
   int64_t x, y, w;
   explicit WidenedSizes(const ConvGeom& g) {
-    const tag blocked = g.nhwc ? tag::nhwc : tag::nChw16c;
+    const tag blocked = blocked_tag(g);
     x = static_cast<int64_t>(src_desc(g, dt::bf16, g.x_blocked ? blocked : tag::nchw).get_size() / 2);
     y = static_cast<int64_t>(dst_desc(g, dt::bf16, g.y_blocked ? blocked : tag::nchw).get_size() / 2);
     w = g.o * g.kdim();
@@ -765,6 +768,20 @@ void set_own_bf16_convs(bool on) {
 
 bool bf16_convs_take_nhwc() {
   return has_amx_bf16() && !own_bf16_convs();
+}
+
+bool convs_take_nchw8c() {
+  static const bool eight = [] {
+    ConvGeom g;
+    g.n = 1;
+    g.c = g.o = 16;
+    g.h = g.w = g.oh = g.ow = 8;
+    g.kh = g.kw = 3;
+    g.ph = g.pw = 1;
+    return fwd_pd(g, dt::f32, false, dnnl::algorithm::convolution_direct).src_desc() ==
+           src_desc(g, dt::f32, tag::nChw8c);
+  }();
+  return eight;
 }
 
 void dnnl_conv2d(DType t, const ConvGeom& g, const void* x, const void* w, const void* bias, void* y) {

@@ -39,5 +39,9 @@ void set_own_bf16_convs(bool on);
 // Whether bf16 convolutions run oneDNN's AMX kernels, which take NHWC activations only: the layout pass then
 // keeps them in NHWC rather than nChw16c (graph/layout.cc).
 bool bf16_convs_take_nhwc();
+// Whether oneDNN's f32 convolutions block channels by 8 (nChw8c: its AVX2 and SSE4.1 kernels) rather than
+// by 16 (AVX-512) on this CPU, as it answers for a 3x3 convolution of 16 channels: the layout pass then keeps
+// activations in nChw8c. flowrun's own convolution kernels (AVX-512) read nChw16c only and do not run there.
+bool convs_take_nchw8c();
 
 }  // namespace flowrun::cpu

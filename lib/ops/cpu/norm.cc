@@ -375,12 +375,14 @@ struct GradTerm {
 // x viewed as (n, c, s): s = product of the spatial dims (1 for (N, C)).
 struct NCS {
   int64_t n, c, s;
-  // A blocked tensor (attr `blocked`) in NHWC rather than nChw16c (attr `nhwc`): either way its blocks
-  // p = (n, 16-channel block) hold s pixels of 16 channels each, a pixel's 16 contiguous; in nChw16c the
-  // block is contiguous, in NHWC its pixels are C apart.
+  // A blocked tensor's (attr `blocked`) layout (ops/cpu/conv.h's PixelBlocks): its blocks p = (n, channel
+  // block) hold s pixels of `lanes` channels each (16, 8 in nChw8c), a pixel's lanes contiguous; in nChw16c
+  // and nChw8c the block is contiguous, in NHWC its pixels are C apart.
   bool nhwc = false;
-  int64_t block_base(int64_t p) const { return PixelBlocks{c, nhwc}.base(p, s); }
-  int64_t pixel_step() const { return PixelBlocks{c, nhwc}.step(); }
+  int64_t lanes = 16;
+  PixelBlocks blocks() const { return {c, nhwc, lanes}; }
+  int64_t block_base(int64_t p) const { return blocks().base(p, s); }
+  int64_t pixel_step() const { return blocks().step(); }
 };
 NCS ncs_of(const TensorView& x) {
   const int64_t n = x.dim(0), c = x.dim(1);
@@ -445,15 +447,15 @@ void channel_sums(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 
   }
 }
 
-// The sum of the term f over one block of an nChw16c (or blocked NHWC) tensor (the layout pass's,
-// graph/layout.cc; C a multiple of 16, s > 1): 16 channels from c0, s pixels from element k0, pixel i's 16 at
-// k0 + i * step, into out[j] for channel c0 + j: each channel in plane_sum's order, so that a blocked step
-// computes bitwise what a plain (eager) one does. With AVX-512 a pixel's 16 channels are one register (the
-// term's add16), and the 16 lanes of all of them 16 registers.
-template <typename T, typename Term>
+// The sum of the term f over one block of a blocked tensor (the layout pass's, graph/layout.cc; s > 1): L
+// channels from c0, s pixels from element k0, pixel i's L at k0 + i * step, into out[j] for channel c0 + j:
+// each channel in plane_sum's order, so that a blocked step computes bitwise what a plain (eager) one does.
+// With AVX-512 a pixel's 16 channels are one register (the term's add16), and the 16 lanes of all of them
+// 16 registers.
+template <typename T, int64_t L, typename Term>
 void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Term& f) {
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> && L == 16) {
     __m512 a[kPlaneLanes];
     for (auto& r : a) r = _mm512_setzero_ps();
     int64_t i = 0;
@@ -474,37 +476,48 @@ void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Te
     return;
   }
 #endif
-  T a[kPlaneLanes][16] = {};
+  T a[kPlaneLanes][L] = {};
   for (int64_t i = 0; i < s; ++i) {
     T* __restrict ai = a[i % kPlaneLanes];
 #pragma omp simd
-    for (int64_t j = 0; j < 16; ++j) ai[j] = f.add(ai[j], k0 + i * step + j, c0 + j);
+    for (int64_t j = 0; j < L; ++j) ai[j] = f.add(ai[j], k0 + i * step + j, c0 + j);
   }
   for (int w = kPlaneLanes / 2; w > 0; w /= 2)
     for (int k = 0; k < w; ++k)
 #pragma omp simd
-      for (int64_t j = 0; j < 16; ++j) a[k][j] += a[k + w][j];
-  for (int64_t j = 0; j < 16; ++j) out[j] = a[0][j];
+      for (int64_t j = 0; j < L; ++j) a[k][j] += a[k + w][j];
+  for (int64_t j = 0; j < L; ++j) out[j] = a[0][j];
 }
 
-// channel_sums over an nChw16c tensor: block_sum per (n, channel block) and term (a second term's pass
-// finds the block in cache).
+// Runs block(p, std::integral_constant<int64_t, L>) for each (n, channel block) p of a blocked tensor, with
+// L its lanes (16, or 8 in nChw8c) known to the compiler.
+template <typename Block>
+void for_each_block_of(const NCS& v, Block block) {
+  const auto run = [&](auto lanes) {
+    parallel_for(v.n * (v.c / lanes), row_grain(lanes * v.s), [&](int64_t s, int64_t e) {
+      for (int64_t p = s; p < e; ++p) block(p, lanes);
+    });
+  };
+  if (v.lanes == 8) return run(std::integral_constant<int64_t, 8>{});
+  run(std::integral_constant<int64_t, 16>{});
+}
+
+// channel_sums over a blocked tensor: block_sum per (n, channel block) and term (a second term's pass finds
+// the block in cache).
 template <typename T, typename F0, typename F1 = std::nullptr_t>
 void channel_sums_blocked(const NCS& v, T* ws, T* out0, F0 f0, T* out1 = nullptr, F1 f1 = nullptr) {
   constexpr bool kTwo = !std::is_same_v<F1, std::nullptr_t>;
   constexpr int64_t kSums = kTwo ? 2 : 1;
-  const int64_t cb = v.c / 16;
-  parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
-    for (int64_t p = s; p < e; ++p) {
-      T s0[16], s1[16];
-      const int64_t c0 = (p % cb) * 16;
-      block_sum<T>(v.s, v.block_base(p), v.pixel_step(), c0, s0, f0);
-      if constexpr (kTwo) block_sum<T>(v.s, v.block_base(p), v.pixel_step(), c0, s1, f1);
-      T* to = ws + ((p / cb) * v.c + c0) * kSums;
-      for (int64_t j = 0; j < 16; ++j) {
-        to[j * kSums] = s0[j];
-        if constexpr (kTwo) to[j * kSums + 1] = s1[j];
-      }
+  for_each_block_of(v, [&](int64_t p, auto lanes) {
+    constexpr int64_t L = decltype(lanes)::value;
+    T s0[L], s1[L];
+    const int64_t cb = v.c / L, c0 = (p % cb) * L;
+    block_sum<T, L>(v.s, v.block_base(p), v.pixel_step(), c0, s0, f0);
+    if constexpr (kTwo) block_sum<T, L>(v.s, v.block_base(p), v.pixel_step(), c0, s1, f1);
+    T* to = ws + ((p / cb) * v.c + c0) * kSums;
+    for (int64_t j = 0; j < L; ++j) {
+      to[j * kSums] = s0[j];
+      if constexpr (kTwo) to[j * kSums + 1] = s1[j];
     }
   });
   for (int64_t q = 0; q < kSums; ++q) {
@@ -525,19 +538,17 @@ template <typename T, typename S>
 void channel_moments(const NCS& v, bool blocked, const S* x, T* ws, T* mean, T* ss) {
   const T s = static_cast<T>(v.s);
   if (blocked) {
-    const int64_t cb = v.c / 16;
-    parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        T sum[16], m2[16], mp[16];
-        const int64_t k0 = v.block_base(p), step = v.pixel_step(), c0 = (p % cb) * 16;
-        block_sum<T>(v.s, k0, step, c0, sum, XTerm<S, T>{x});
-        for (int64_t j = 0; j < 16; ++j) mp[j] = sum[j] / s;
-        block_sum<T>(v.s, k0, step, c0, m2, SquaredDeviationTerm<S, T>{x, mp, c0});
-        T* to = ws + ((p / cb) * v.c + c0) * 2;
-        for (int64_t j = 0; j < 16; ++j) {
-          to[2 * j] = sum[j];
-          to[2 * j + 1] = m2[j];
-        }
+    for_each_block_of(v, [&](int64_t p, auto lanes) {
+      constexpr int64_t L = decltype(lanes)::value;
+      T sum[L], m2[L], mp[L];
+      const int64_t cb = v.c / L, k0 = v.block_base(p), step = v.pixel_step(), c0 = (p % cb) * L;
+      block_sum<T, L>(v.s, k0, step, c0, sum, XTerm<S, T>{x});
+      for (int64_t j = 0; j < L; ++j) mp[j] = sum[j] / s;
+      block_sum<T, L>(v.s, k0, step, c0, m2, SquaredDeviationTerm<S, T>{x, mp, c0});
+      T* to = ws + ((p / cb) * v.c + c0) * 2;
+      for (int64_t j = 0; j < L; ++j) {
+        to[2 * j] = sum[j];
+        to[2 * j + 1] = m2[j];
       }
     });
   } else {
@@ -581,23 +592,23 @@ void for_each_ncs(const NCS& v, Row row, Plane plane) {
   });
 }
 
-// Runs block(k0, c0) for each (n, channel block) of a blocked tensor: s pixels of channels c0 to c0 + 15,
-// pixel i's at k0 + i * v.pixel_step().
+// Runs block(k0, c0, lanes) for each (n, channel block) of a blocked tensor: s pixels of channels c0 to
+// c0 + L - 1 (L = lanes' value), pixel i's at k0 + i * v.pixel_step().
 template <typename Block>
 void for_each_blocked(const NCS& v, Block block) {
-  const int64_t cb = v.c / 16;
-  parallel_for(v.n * cb, row_grain(16 * v.s), [&](int64_t s, int64_t e) {
-    for (int64_t p = s; p < e; ++p) block(v.block_base(p), (p % cb) * 16);
-  });
+  for_each_block_of(
+      v, [&](int64_t p, auto lanes) { block(v.block_base(p), (p % (v.c / lanes)) * lanes, lanes); });
 }
 
-// Whether a batchnorm node's activations are blocked (attr `blocked`: nChw16c, or NHWC with attr `nhwc`;
-// graph/layout.cc), and which. With one element per
-// plane both layouts are the same bytes, and the plain path runs.
+// Whether a batchnorm node's activations are blocked (attr `blocked`: nChw16c, nChw8c with attr `nchw8c`,
+// NHWC with attr `nhwc`; graph/layout.cc), and which. With one element per plane the layouts are the same
+// bytes, and the plain path runs.
 bool blocked_planes(const KernelCtx& c, NCS& v) {
   if (!c.attrs().b("blocked")) return false;
-  v.nhwc = c.attrs().b("nhwc");
-  FR_CHECK(v.c % 16 == 0, "an nChw16c batchnorm needs channels in multiples of 16");
+  const PixelBlocks pb{v.c, c.attrs()};
+  v.nhwc = pb.nhwc;
+  v.lanes = pb.lanes;
+  FR_CHECK(v.c % v.lanes == 0, "a blocked batchnorm needs channels in multiples of ", v.lanes);
   return v.s > 1;
 }
 
@@ -615,9 +626,10 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
     return st<S>(u);
   };
   if (blocked) {
-    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
-      T mu[16], a[16], bb[16];
-      for (int64_t j = 0; j < 16; ++j) {
+    for_each_blocked(v, [&](int64_t k0, int64_t c0, auto lanes) {
+      constexpr int64_t L = decltype(lanes)::value;
+      T mu[L], a[L], bb[L];
+      for (int64_t j = 0; j < L; ++j) {
         mu[j] = mean[c0 + j];
         a[j] = rstd[c0 + j] * g[c0 + j];
         bb[j] = b[c0 + j];
@@ -625,7 +637,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
 #if defined(__AVX512F__)
       // A pixel's 16 channels in one register: the generic loop's bf16 rounding and half-width vectors made
       // the bf16 pass slower than the f32 one.
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<T, float> && L == 16) {
         const __m512 vm = _mm512_loadu_ps(mu), va = _mm512_loadu_ps(a), vb = _mm512_loadu_ps(bb);
         for (int64_t i = 0; i < v.s; ++i) {
           const int64_t k = k0 + i * v.pixel_step();
@@ -646,7 +658,7 @@ void normalise(const NCS& v, bool blocked, const S* x, const S* r, S* y, const T
         const S* xp = x + k;
         S* __restrict yp = y + k;
 #pragma omp simd
-        for (int64_t j = 0; j < 16; ++j) yp[j] = out(std::fma(ld(xp[j]) - mu[j], a[j], bb[j]), k + j);
+        for (int64_t j = 0; j < L; ++j) yp[j] = out(std::fma(ld(xp[j]) - mu[j], a[j], bb[j]), k + j);
       }
     });
     return;
@@ -744,9 +756,10 @@ void batchnorm_grad_with(const KernelCtx& c) {
   // dx = g rstd (dy - t dbeta - t (x - mean) rstd dgamma): t = 1/m in training, 0 in inference.
   const T t = c.attrs().b("training", true) ? T(1) / static_cast<T>(std::max<int64_t>(1, v.n * v.s)) : T(0);
   if (blocked) {
-    for_each_blocked(v, [&](int64_t k0, int64_t c0) {
-      T p[16], mu[16], bt[16], gt[16];
-      for (int64_t j = 0; j < 16; ++j) {
+    for_each_blocked(v, [&](int64_t k0, int64_t c0, auto lanes) {
+      constexpr int64_t L = decltype(lanes)::value;
+      T p[L], mu[L], bt[L], gt[L];
+      for (int64_t j = 0; j < L; ++j) {
         const int64_t ch = c0 + j;
         p[j] = g[ch] * rstd[ch];
         mu[j] = mean[ch];
@@ -754,7 +767,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
         gt[j] = t * rstd[ch] * dgamma[ch];
       }
 #if defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<T, float> && L == 16) {
         const __m512 vp = _mm512_loadu_ps(p), vm = _mm512_loadu_ps(mu), vbt = _mm512_loadu_ps(bt),
                      vgt = _mm512_loadu_ps(gt);
         for (int64_t i = 0; i < v.s; ++i) {
@@ -773,7 +786,7 @@ void batchnorm_grad_with(const KernelCtx& c) {
         const S* xp = x + k;
         S* __restrict dxp = dx + k;
 #pragma omp simd
-        for (int64_t j = 0; j < 16; ++j)
+        for (int64_t j = 0; j < L; ++j)
           dxp[j] = st<S>(p[j] * std::fma(-(ld(xp[j]) - mu[j]), gt[j], grad.dy_at(k + j) - bt[j]));
       }
     });

@@ -131,31 +131,32 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
   });
 }
 
-// The sum over (N, H, W) of an nChw16c x (attr `blocked`, graph/layout.cc: a convolution's bias gradient)
-// into dst[C], in the plain kernel's order: per (n, c) lane_sum's 16 lanes over H x W and their pairwise
-// fold, the 16 channels of a block side by side; then the sum over n in order. t holds N x C partial sums.
-template <typename S>
-void channel_sum_nchw16c(const S* x, Compute<S>* t, Compute<S>* dst, int64_t n, int64_t c, int64_t hw) {
+// The sum over (N, H, W) of an nChw{L}c x (attr `blocked`, L = 16, or 8 with attr `nchw8c`;
+// graph/layout.cc: a convolution's bias gradient) into dst[C], in the plain kernel's order: per (n, c)
+// lane_sum's lanes over H x W and their pairwise fold, the L channels of a block side by side; then the sum
+// over n in order. t holds N x C partial sums.
+template <typename S, int L>
+void channel_sum_blocked(const S* x, Compute<S>* t, Compute<S>* dst, int64_t n, int64_t c, int64_t hw) {
   using T = Compute<S>;
-  const int64_t cb = c / 16;
+  const int64_t cb = c / L;
   parallel_for(n * cb, 1, [&](int64_t s, int64_t e) {
     for (int64_t p = s; p < e; ++p) {
-      const S* v = x + p * hw * 16;
-      T acc[kLanes][16] = {};
+      const S* v = x + p * hw * L;
+      T acc[kLanes][L] = {};
       int64_t r = 0;
       for (; r + kLanes <= hw; r += kLanes)
         for (int k = 0; k < kLanes; ++k)
 #pragma omp simd
-          for (int l = 0; l < 16; ++l) acc[k][l] += ld(v[(r + k) * 16 + l]);
+          for (int l = 0; l < L; ++l) acc[k][l] += ld(v[(r + k) * L + l]);
       for (int k = 0; r + k < hw; ++k)
 #pragma omp simd
-        for (int l = 0; l < 16; ++l) acc[k][l] += ld(v[(r + k) * 16 + l]);
+        for (int l = 0; l < L; ++l) acc[k][l] += ld(v[(r + k) * L + l]);
       for (int w = kLanes / 2; w > 0; w /= 2)
         for (int k = 0; k < w; ++k)
 #pragma omp simd
-          for (int l = 0; l < 16; ++l) acc[k][l] += acc[k + w][l];
-      // p = image * cb + block, so t[image, block * 16 + l] is t[p * 16 + l].
-      std::copy(acc[0], acc[0] + 16, t + p * 16);
+          for (int l = 0; l < L; ++l) acc[k][l] += acc[k + w][l];
+      // p = image * cb + block, so t[image, block * L + l] is t[p * L + l].
+      std::copy(acc[0], acc[0] + L, t + p * L);
     }
   });
   std::copy(t, t + c, dst);
@@ -192,14 +193,16 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
   const T* src = nullptr;
   int flip = 0;
   const Shape& xs = *c.in[0].shape;
+  const bool c8 = c.attrs().b("nchw8c");
   if (c.attrs().b("blocked")) {
-    FR_CHECK(kind == Kind::sum && sums_per_channel(xs, c.attrs().ints_or_empty("axes")) && xs[1] % 16 == 0,
-             "an nChw16c reduction sums an (N, C, H, W) tensor over N, H and W, C in multiples of 16");
+    FR_CHECK(kind == Kind::sum && sums_per_channel(xs, c.attrs().ints_or_empty("axes")) &&
+                 xs[1] % (c8 ? 8 : 16) == 0,
+             "a blocked reduction sums an (N, C, H, W) tensor over N, H and W, C in multiples of its block");
   }
   if (c.attrs().b("blocked") && xs[2] * xs[3] > 1) {  // with H x W = 1 both layouts are the same bytes
     T* dst = ws + n / 2;
     if constexpr (direct) dst = y;
-    channel_sum_nchw16c<S>(x, ws, dst, xs[0], xs[1], xs[2] * xs[3]);
+    (c8 ? channel_sum_blocked<S, 8> : channel_sum_blocked<S, 16>)(x, ws, dst, xs[0], xs[1], xs[2] * xs[3]);
     src = dst;
     gs.n = 0;  // done: only the scaling and rounding below remain
   }

@@ -6,7 +6,7 @@
 namespace flowrun::cpu {
 
 // Whether a reduction of x over `axes` is a per-channel sum of an (N, C, H, W) tensor (axes 0, 2, 3): the
-// one the layout pass lets read nChw16c (attr `blocked`).
+// one the layout pass lets read nChw16c or nChw8c (attr `blocked`).
 bool sums_per_channel(const Shape& x, const std::vector<int64_t>& axes);
 
 // A sum over R leading rows (reduce_sum of an (R, N) view over R, a bias gradient) runs in fixed chunks of
