@@ -6,6 +6,8 @@
 #include <map>
 
 #include "op_harness.h"
+#include "ops/cpu/conv.h"
+#include "ops/cpu/conv_wgrad_few_f32.h"
 #include "ops/cpu/dnnl_conv.h"
 
 namespace flowrun::testing {
@@ -82,6 +84,83 @@ TEST(ConvF32, BackwardKernelsMatchFloat64) {
                  run_op("conv2d_grad_input", gi, ai, DType::f32));
     expect_close(run_op("conv2d_grad_weight", gw, aw, DType::f64),
                  run_op("conv2d_grad_weight", gw, aw, DType::f32));
+  }
+}
+
+// wgrad_few_f32 (fewer than 8 input channels; AVX2 hosts' weight gradient) straight from its interface on
+// any AVX2 CPU: dy in NCHW, nChw8c, nChw16c and NHWC gives the same bits (each element one chain over images
+// and pixels in order), close to the f64 op; split into two image blocks and finished, the bits of the
+// blocks' partials added in order. Strides, padding, dilation, a 2x3 and a 1x1 kernel, 1 to 7 channels.
+TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
+  const cpu::ConvGeom probe = cpu::conv_geom({1, 1, 4, 4}, {8, 1, 3, 3}, {});
+  if (!cpu::wgrad_few_f32_fits(probe)) GTEST_SKIP() << "no AVX2 on this machine";
+  struct Case {
+    Shape x, w;
+    Attrs a;
+  };
+  const std::vector<Case> cases = {
+      {{5, 1, 9, 11}, {16, 1, 3, 3}, {{"padding", Shape{1, 1}}}},
+      {{3, 3, 8, 8}, {16, 3, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
+      {{2, 2, 7, 9}, {16, 2, 2, 3}, {{"dilation", Shape{2, 2}}}},
+      {{4, 7, 5, 5}, {32, 7, 1, 1}, {}},
+  };
+  for (const Case& k : cases) {
+    const Shape y = conv_out(k.x, k.w, k.a);
+    SCOPED_TRACE(shape_str(k.x) + " " + shape_str(k.w));
+    const std::vector<Arg> args = {{"dy", y}, {"x", k.x}};
+    const Attrs aw = with(k.a, "w_shape", k.w);
+    auto ex = single_op("conv2d_grad_weight", args, aw, DType::f32);
+    const Tensor& dy = ex->tensor("dy");
+    const Tensor& x = ex->tensor("x");
+    const int64_t n = y[0], o = y[1], hw = y[2] * y[3];
+    // dy in each layout: element (n, o, p) of the NCHW tensor.
+    std::vector<std::pair<std::string, std::vector<float>>> layouts;
+    for (const char* l : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
+      std::vector<float> v(static_cast<size_t>(dy.numel()));
+      const std::string name = l;
+      const int64_t lanes = name == "nchw8c" ? 8 : 16;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < o; ++c)
+          for (int64_t p = 0; p < hw; ++p) {
+            const int64_t at = name == "nchw" ? (i * o + c) * hw + p
+                               : name == "nhwc"
+                                   ? (i * hw + p) * o + c
+                                   : ((i * (o / lanes) + c / lanes) * hw + p) * lanes + c % lanes;
+            v[static_cast<size_t>(at)] = dy.data<float>()[(i * o + c) * hw + p];
+          }
+      layouts.emplace_back(name, std::move(v));
+    }
+    std::vector<float> first;
+    for (const auto& [name, v] : layouts) {
+      SCOPED_TRACE(name);
+      Attrs a = with(k.a, "w_shape", k.w);
+      if (name != "nchw") a.set("y_blocked", true);
+      if (name == "nchw8c" || name == "nhwc") a.set(name, true);
+      const cpu::ConvGeom g = cpu::conv_geom(k.x, k.w, a);
+      ASSERT_TRUE(cpu::wgrad_few_f32_fits(g));
+      std::vector<float> scratch(cpu::wgrad_few_f32_scratch_bytes(g) / sizeof(float));
+      const int64_t pe = cpu::wgrad_few_f32_partial_elems(g);
+      std::vector<float> partials(static_cast<size_t>(2 * pe)), dw(static_cast<size_t>(g.o * g.kdim()));
+      std::vector<float> whole(partials.size());
+      cpu::wgrad_few_f32(g, 0, n / 2, v.data(), x.data<float>(), partials.data(), scratch.data());
+      cpu::wgrad_few_f32(g, n / 2, n, v.data(), x.data<float>(), partials.data() + pe, scratch.data());
+      cpu::wgrad_few_f32_finish(g, partials.data(), 2, pe, dw.data());
+      if (first.empty()) {
+        first = dw;
+        const std::vector<double> ref = run_op("conv2d_grad_weight", args, aw, DType::f64);
+        expect_close(ref, std::vector<double>(dw.begin(), dw.end()));
+        // Through the op: on AVX2 hosts (oneDNN's nChw8c) the same kernel and blocks as here.
+        if (cpu::convs_take_nchw8c() && n >= 2) {
+          ex->run();
+          const Tensor got = ex->output("out");
+          cpu::wgrad_few_f32(g, 0, n, v.data(), x.data<float>(), whole.data(), scratch.data());
+          std::vector<float> one(dw.size());
+          cpu::wgrad_few_f32_finish(g, whole.data(), 1, pe, one.data());
+          for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(got.data<float>()[i], one[i]) << i;
+        }
+      }
+      EXPECT_EQ(first, dw);
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "ops/cpu/conv_direct_f32.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
+#include "ops/cpu/conv_wgrad_few_f32.h"
 #include "ops/cpu/conv_wino_bf16.h"
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/elementwise.h"
@@ -465,13 +466,14 @@ int weight_team(const Blocks& b) {
 }
 
 // flowrun's own weight gradients: in bf16 Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else
-// the direct wgrad3x3_bf16; in f32 direct3x3_f32_wgrad. All take the same fixed batch blocks into f32
-// partials added in block order.
+// the direct wgrad3x3_bf16; in f32 direct3x3_f32_wgrad, or wgrad_few_f32 over fewer than 8 input channels
+// on AVX2 hosts. All take the same fixed batch blocks into f32 partials added in block order.
 struct OwnWeightGradient {
   bool blocked_only;           // reads dy and x in nChw16c only (Blocked copies the NCHW ones)
   size_t elem;                 // bytes of an activation element
   GrowBuffer Shared::*copies;  // the pool of those copies, and its name
   const char* copies_pool;
+  const char* scratch_pool;  // the name of the per-thread scratch (a slot's repack buffer)
   size_t (*scratch_bytes)(const ConvGeom&);
   int64_t (*partial_elems)(const ConvGeom&);
   void (*run)(const ConvGeom&, int64_t, int64_t, const void*, const void*, float*, void*);
@@ -483,6 +485,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
               2,
               &Shared::wino_copies,
               "bf16 Winograd nChw16c copies",
+              "bf16 3x3 weight-gradient image buffers",
               wino3x3_bf16_wgrad_scratch_bytes,
               wino3x3_bf16_wgrad_partial_elems,
               [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
@@ -496,6 +499,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
                 2,
                 nullptr,
                 nullptr,
+                "bf16 3x3 weight-gradient image buffers",
                 wgrad3x3_bf16_scratch_bytes,
                 wgrad3x3_bf16_partial_elems,
                 [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
@@ -509,6 +513,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
           4,
           &Shared::direct_copies,
           "f32 direct 3x3 nChw16c copies",
+          nullptr,
           [](const ConvGeom&) { return size_t{0}; },
           direct3x3_f32_wgrad_partial_elems,
           [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*) {
@@ -516,7 +521,26 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
           },
           [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
             direct3x3_f32_wgrad_finish(g, p, count, stride, static_cast<float*>(dw));
-          }};
+          }},
+      few_f32 = {false,
+                 4,
+                 nullptr,
+                 nullptr,
+                 "f32 few-channel weight-gradient image buffers",
+                 wgrad_few_f32_scratch_bytes,
+                 wgrad_few_f32_partial_elems,
+                 [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
+                   wgrad_few_f32(g, n0, n1, static_cast<const float*>(dy), static_cast<const float*>(x), p,
+                                 s);
+                 },
+                 [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
+                   wgrad_few_f32_finish(g, p, count, stride, static_cast<float*>(dw));
+                 }};
+  // f32 over fewer than 8 input channels where oneDNN's kernels are its AVX2 ones, whatever the layout (an
+  // eager step's NCHW gives the bits of a blocked one): wgrad_few_f32 took the bench CNN's first layer's
+  // gradient (1 channel, 28 x 28, 32 filters, 64 images) from ~2.5 to ~0.3 ms on Zen 3
+  // (conv_wgrad_few_f32.h).
+  if (t == dt::f32 && convs_take_nchw8c() && wgrad_few_f32_fits(g)) return &few_f32;
   if (!g.in_nchw16c()) return nullptr;
   // In f32 below 64 channels (in or out): ResNet-20's weight gradients in cache (flowrun_bench, 2 threads,
   // alternating runs) took 0.89-0.94 ms against oneDNN's 0.95-0.96 with 16 channels on 32x32 planes,
@@ -695,8 +719,7 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
       std::vector<std::pair<std::string, size_t>> out = {
           {"convolution weight-gradient partials",
            static_cast<size_t>(bl.count * own->partial_elems(g)) * 4}};
-      if (own->scratch_bytes(g) > 0)
-        out.emplace_back("bf16 3x3 weight-gradient image buffers", team * own->scratch_bytes(g));
+      if (own->scratch_bytes(g) > 0) out.emplace_back(own->scratch_pool, team * own->scratch_bytes(g));
       const size_t copies = operands_of(g, true, own->elem).bytes();
       if (own->blocked_only && copies > 0) out.emplace_back(own->copies_pool, copies);
       return out;
