@@ -1,14 +1,17 @@
 // flowrun's f32 GEMM for AVX2 (gemm_avx2.h says why and what it computes).
 //
-// BLIS's loop order: y is cut into fixed kTileM x kTileN tiles, one thread each (parallel_for, so any thread
-// count gives the same tiles); a tile's K sum runs in blocks of kKC, and each block in 6 x 16 register tiles
-// (kMR x kNR: 12 ymm accumulators, one broadcast of a and two loads of b per k), which sum into the tile's
-// f32 accumulator rows (an exact store and reload between blocks, so the chain is the same). Both operands
-// are packed once per call, k-major, read by every tile that needs them: op(a) in strips of 6 rows, op(b) in
-// panels of 16 columns, zero-padded. A k block of a panel (kKC x 16 floats, 16 KiB) stays in L1 while the
-// tile's strips pass over it, the tile's strips (128 x kKC, 128 KiB) in L2. Read in place instead, a's rows
-// (4 KiB apart in a 1024^3 product) fell into one L1 set and a transposed a took a page per k: single-thread
-// rates on Zen 3 rose from 50-65 to 57-75 GFLOP/s (flowrun_bench, best of 3 alternating).
+// BLIS's loop order: y is cut into kTileM x kTileN tiles, one thread each (narrower ones where there would be
+// fewer than two per thread; a tile's shape changes no element's sum); a tile's K sum runs in blocks of kKC,
+// and each block in 6 x 16 register tiles (kMR x kNR: 12 ymm accumulators, one broadcast of a and two loads
+// of b per k), which sum into the tile's f32 accumulator rows (an exact store and reload between blocks, so
+// the chain is the same). Both operands are packed once per call, k-major, read by every tile that needs
+// them: op(a) in strips of 6 rows, op(b) in panels of 16 columns, zero-padded. A k block of a panel (kKC x 16
+// floats, 16 KiB) stays in L1 while the tile's strips pass over it, the tile's strips (132 x kKC, 132 KiB) in
+// L2: 132 rows are 22 whole strips (with 128 the last strip held 2 rows, and 4 accumulator chains could not
+// hide the FMA latency: 1024^3 ran at 75 GFLOP/s on one thread against 83 with 132, best of 5 alternating
+// runs). Read in place instead, a's rows (4 KiB apart in a 1024^3 product) fell into one L1 set and a
+// transposed a took a page per k: single-thread rates on Zen 3 rose from 50-65 to 57-75 GFLOP/s
+// (flowrun_bench, best of 3 alternating).
 #include "ops/cpu/gemm_avx2.h"
 
 #include <immintrin.h>
@@ -29,7 +32,7 @@ namespace flowrun::cpu {
 
 namespace {
 
-constexpr int64_t kMR = 6, kNR = 16, kTileM = 128, kTileN = 128, kKC = 256;
+constexpr int64_t kMR = 6, kNR = 16, kTileM = 132, kTileN = 128, kKC = 256;
 
 // r[0..7] transposed in place: r[i][j] <- r[j][i].
 FR_AVX2 void transpose8(__m256* r) {
@@ -144,6 +147,7 @@ constexpr int64_t kStrips = (kTileM + kMR - 1) / kMR;
 
 struct Job {
   int64_t m, n, k, ldy;
+  int64_t tile_n;  // columns of a tile: kTileN, or fewer (a multiple of kNR) to give every thread tiles
   float alpha, beta;
   const float* bias;
   float* y;
@@ -154,7 +158,7 @@ struct Job {
 
 // Tile (i0, j0) of matrix `mat`: mt x nt of y, through the accumulator rows `acc`.
 FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t i0, int64_t j0, float* acc) {
-  const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(kTileN, g.n - j0),
+  const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(g.tile_n, g.n - j0),
                 panels = (nt + kNR - 1) / kNR;
   const float* a = g.a + mat * g.a_stride + i0 / kTileM * kStrips * g.k * kMR;
   const float* b = g.b + mat * g.b_stride + j0 * g.k;  // j0 / kNR panels of k x kNR in
@@ -230,14 +234,30 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                    ap + mat * a_size + u % (rows * kStrips) * k * kMR);
     }
   });
-  const Job g{
-      m, n, k, ldy, alpha, beta, bias, y, ap, bp, a_stride == 0 ? 0 : a_size, b_stride == 0 ? 0 : b_size};
-  const int64_t cols = (n + kTileN - 1) / kTileN;
+  // Narrower tiles where the product has fewer tiles than twice the threads (the bench CNN's classifier,
+  // 64 x 3136 x 128, was one tile: one thread ran it at 47 GFLOP/s). A tile's shape changes no element's sum.
+  int64_t tile_n = kTileN;
+  const int64_t threads = omp_get_max_threads();
+  while (tile_n > kNR && batch * rows * ((n + tile_n - 1) / tile_n) < 2 * threads) tile_n /= 2;
+  const Job g{m,
+              n,
+              k,
+              ldy,
+              tile_n,
+              alpha,
+              beta,
+              bias,
+              y,
+              ap,
+              bp,
+              a_stride == 0 ? 0 : a_size,
+              b_stride == 0 ? 0 : b_size};
+  const int64_t cols = (n + tile_n - 1) / tile_n;
   parallel_for(batch * rows * cols, 1, [&](int64_t s, int64_t e) {
     thread_local GrowBuffer acc;
     auto* rows_acc = static_cast<float*>(acc.reserve(static_cast<size_t>(kTileM * kTileN) * sizeof(float)));
     for (int64_t t = s; t < e; ++t)
-      run_tile(g, t / (rows * cols), t % (rows * cols) / cols * kTileM, t % cols * kTileN, rows_acc);
+      run_tile(g, t / (rows * cols), t % (rows * cols) / cols * kTileM, t % cols * tile_n, rows_acc);
   });
 }
 
