@@ -479,26 +479,13 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
   });
 }
 
-// The blocked kernels for the attrs' layout (PixelBlocks: 16 or 8 lanes).
-template <typename T>
-void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g) {
-  const PixelBlocks pb{g.c, c.attrs()};
-  FR_CHECK(g.c % pb.lanes == 0, "a blocked maxpool2d needs channels in multiples of ", pb.lanes);
-  if (pb.lanes == 8) return maxpool2d_blocked<T, 8>(c, g, pb);
-  maxpool2d_blocked<T, 16>(c, g, pb);
-}
-template <typename T>
-void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g) {
-  const PixelBlocks pb{g.c, c.attrs()};
-  FR_CHECK(g.c % pb.lanes == 0, "a blocked maxpool2d_grad needs channels in multiples of ", pb.lanes);
-  if (pb.lanes == 8) return maxpool2d_grad_blocked<T, 8>(c, g, pb);
-  maxpool2d_grad_blocked<T, 16>(c, g, pb);
-}
-
 template <typename T>
 void maxpool2d_t(const KernelCtx& c) {
   const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
-  if (c.attrs().b("blocked")) return maxpool2d_blocked<T>(c, g);
+  if (c.attrs().b("blocked")) {
+    const PixelBlocks pb{g.c, c.attrs()};
+    return pb.with_lanes([&](auto lanes) { maxpool2d_blocked<T, decltype(lanes)::value>(c, g, pb); });
+  }
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
@@ -569,7 +556,11 @@ void maxpool2d_t(const KernelCtx& c) {
 template <typename T>
 void maxpool2d_grad_t(const KernelCtx& c) {
   const Shape& xs = c.attrs().ints("in_shape");
-  if (c.attrs().b("blocked")) return maxpool2d_grad_blocked<T>(c, pool_geom(xs, c.attrs()));
+  if (c.attrs().b("blocked")) {
+    const PoolGeom g = pool_geom(xs, c.attrs());
+    const PixelBlocks pb{g.c, c.attrs()};
+    return pb.with_lanes([&](auto lanes) { maxpool2d_grad_blocked<T, decltype(lanes)::value>(c, g, pb); });
+  }
   const int64_t ip = xs[2] * xs[3], op = c.in[0].dim(2) * c.in[0].dim(3);
   const T* dy = c.in[0].as<T>();
   const int64_t* idx = c.in[1].as<int64_t>();

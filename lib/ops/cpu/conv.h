@@ -2,7 +2,9 @@
 #pragma once
 
 #include <string_view>
+#include <type_traits>
 
+#include "core/error.h"
 #include "ops/registry.h"
 
 namespace flowrun::cpu {
@@ -28,8 +30,14 @@ struct PixelBlocks {
     return nhwc ? (pl / blocks()) * pixels * c + (pl % blocks()) * lanes : pl * pixels * lanes;
   }
   int64_t step() const { return nhwc ? c : lanes; }
-  // The first channel of block pl.
-  int64_t channel(int64_t pl) const { return (pl % blocks()) * lanes; }
+  // f(std::integral_constant<int64_t, L>{}) with L = lanes, so that a kernel knows its lanes at compile
+  // time; C must be a multiple of them.
+  template <typename F>
+  void with_lanes(F&& f) const {
+    FR_CHECK(c % lanes == 0, "blocked activations need channels in multiples of ", lanes, ", got ", c);
+    if (lanes == 8) return f(std::integral_constant<int64_t, 8>{});
+    f(std::integral_constant<int64_t, 16>{});
+  }
   // f(offset, count) over a block's contiguous runs of elements from its base: one of lanes * pixels in
   // nChw16c and nChw8c, one of 16 per pixel in NHWC.
   template <typename F>
@@ -40,7 +48,6 @@ struct PixelBlocks {
 };
 
 // Everything a conv2d kernel needs: input (n, c, h, w), weight (o, c/groups, kh, kw), output (oh, ow).
-
 struct ConvGeom {
   int64_t n = 0, c = 0, h = 0, w = 0;
   int64_t o = 0, kh = 0, kw = 0;

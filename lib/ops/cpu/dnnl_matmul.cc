@@ -274,13 +274,18 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
   if (failed) std::rethrow_exception(failed);
 }
 
+// Whether an f32 product runs in gemm_avx2 (AVX2 hosts: the comment above kTile says why).
+bool runs_gemm_avx2(DType dtype, DType ytype) {
+  return dtype == DType::f32 && ytype == DType::f32 && gemm_avx2_applies();
+}
+
 // dnnl_matmul's product; the caller holds cache_mutex().
 void product(DType dtype, DType ytype, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
              int64_t a_stride, int64_t b_stride, float alpha, float beta, const void* a, const void* b,
              void* y) {
   const int threads = omp_get_max_threads();
   const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-  if (dtype == DType::f32 && ytype == DType::f32 && gemm_avx2_applies()) {
+  if (runs_gemm_avx2(dtype, ytype)) {
     gemm_avx2(batch, m, n, k, ta, tb, a_stride, b_stride, alpha, beta, static_cast<const float*>(a), lda,
               static_cast<const float*>(b), ldb, nullptr, static_cast<float*>(y), n);
     return;
@@ -373,7 +378,7 @@ void dnnl_linear(DType dtype, DType ytype, int64_t rows, int64_t out, int64_t in
                  const void* w, const void* bias, void* y) {
   check_types(dtype, ytype);
   if (rows == 0 || out == 0) return;
-  if (dtype == DType::f32 && ytype == DType::f32 && gemm_avx2_applies()) {
+  if (runs_gemm_avx2(dtype, ytype)) {
     std::lock_guard<std::mutex> lock(cache_mutex());
     gemm_avx2(1, rows, out, in, false, true, 0, 0, 1.0f, 0.0f, static_cast<const float*>(x), in,
               static_cast<const float*>(w), in, static_cast<const float*>(bias), static_cast<float*>(y), out);

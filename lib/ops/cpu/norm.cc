@@ -493,13 +493,11 @@ void block_sum(int64_t s, int64_t k0, int64_t step, int64_t c0, T* out, const Te
 // L its lanes (16, or 8 in nChw8c) known to the compiler.
 template <typename Block>
 void for_each_block_of(const NCS& v, Block block) {
-  const auto run = [&](auto lanes) {
+  v.blocks().with_lanes([&](auto lanes) {
     parallel_for(v.n * (v.c / lanes), row_grain(lanes * v.s), [&](int64_t s, int64_t e) {
       for (int64_t p = s; p < e; ++p) block(p, lanes);
     });
-  };
-  if (v.lanes == 8) return run(std::integral_constant<int64_t, 8>{});
-  run(std::integral_constant<int64_t, 16>{});
+  });
 }
 
 // channel_sums over a blocked tensor: block_sum per (n, channel block) and term (a second term's pass finds

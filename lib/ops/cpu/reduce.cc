@@ -7,6 +7,7 @@
 #include <array>
 #include <limits>
 
+#include "ops/cpu/conv.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 #include "ops/cpu/prefetch.h"
@@ -135,7 +136,7 @@ void reduce3(Kind kind, const S* x, T* y, int64_t outer, int64_t red, int64_t in
 // graph/layout.cc: a convolution's bias gradient) into dst[C], in the plain kernel's order: per (n, c)
 // lane_sum's lanes over H x W and their pairwise fold, the L channels of a block side by side; then the sum
 // over n in order. t holds N x C partial sums.
-template <typename S, int L>
+template <typename S, int64_t L>
 void channel_sum_blocked(const S* x, Compute<S>* t, Compute<S>* dst, int64_t n, int64_t c, int64_t hw) {
   using T = Compute<S>;
   const int64_t cb = c / L;
@@ -193,16 +194,17 @@ void reduce_kernel(const KernelCtx& c, Kind kind, bool mean) {
   const T* src = nullptr;
   int flip = 0;
   const Shape& xs = *c.in[0].shape;
-  const bool c8 = c.attrs().b("nchw8c");
   if (c.attrs().b("blocked")) {
     FR_CHECK(kind == Kind::sum && sums_per_channel(xs, c.attrs().ints_or_empty("axes")) &&
-                 xs[1] % (c8 ? 8 : 16) == 0,
+                 xs[1] % PixelBlocks(xs[1], c.attrs()).lanes == 0,
              "a blocked reduction sums an (N, C, H, W) tensor over N, H and W, C in multiples of its block");
   }
   if (c.attrs().b("blocked") && xs[2] * xs[3] > 1) {  // with H x W = 1 both layouts are the same bytes
     T* dst = ws + n / 2;
     if constexpr (direct) dst = y;
-    (c8 ? channel_sum_blocked<S, 8> : channel_sum_blocked<S, 16>)(x, ws, dst, xs[0], xs[1], xs[2] * xs[3]);
+    PixelBlocks(xs[1], c.attrs()).with_lanes([&](auto lanes) {
+      channel_sum_blocked<S, decltype(lanes)::value>(x, ws, dst, xs[0], xs[1], xs[2] * xs[3]);
+    });
     src = dst;
     gs.n = 0;  // done: only the scaling and rounding below remain
   }
