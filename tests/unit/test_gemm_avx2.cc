@@ -58,7 +58,7 @@ class GemmAvx2 : public ::testing::Test {
 TEST_F(GemmAvx2, BitsOfAPlainFmaLoopAtAnyThreadCount) {
   // Edges of the 6 x 16 register tiles, the 132 x 128 thread tiles (and the narrower ones of a product with
   // few tiles) and the 256-long k blocks; both transpositions; alpha, beta; a batch with B shared or not; K =
-  // 0 and 1.
+  // 0 and 1; a transposed a's strips packed in groups (whole, cut by m, several per matrix).
   const std::vector<Case> cases = {
       {1, 1, 1, 1, false, false, false, 1.0f, 0.0f},       {1, 7, 17, 9, false, false, false, 1.0f, 0.0f},
       {1, 130, 129, 300, false, false, false, 1.0f, 0.0f}, {1, 130, 129, 300, true, false, false, 1.0f, 0.0f},
@@ -67,6 +67,7 @@ TEST_F(GemmAvx2, BitsOfAPlainFmaLoopAtAnyThreadCount) {
       {3, 20, 35, 23, false, true, false, 1.0f, 0.0f},     {3, 20, 35, 25, true, false, true, 1.0f, 0.0f},
       {1, 5, 23, 0, false, false, false, 1.0f, 0.5f},      {2, 128, 256, 64, false, false, true, 1.0f, 0.0f},
       {1, 270, 140, 40, false, false, false, 1.0f, 0.0f},  {1, 133, 200, 31, true, true, false, 1.0f, 0.0f},
+      {2, 300, 24, 20, true, false, false, 1.0f, 0.0f},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
