@@ -4,8 +4,11 @@
 // fewer than two per thread; a tile's shape changes no element's sum); a tile's K sum runs in blocks of kKC,
 // and each block in 6 x 16 register tiles (kMR x kNR: 12 ymm accumulators, one broadcast of a and two loads
 // of b per k), which sum into the tile's f32 accumulator rows (an exact store and reload between blocks, so
-// the chain is the same). Both operands are packed once per call, k-major, read by every tile that needs
-// them: op(a) in strips of 6 rows, op(b) in panels of 16 columns, zero-padded. A k block of a panel (kKC x 16
+// the chain is the same). Both operands are packed k-major: op(b) once per call in panels of 16 columns,
+// zero-padded, read by every tile; op(a) in strips of 6 rows, a tile row's strips by the thread that runs
+// them, into its own buffer, right before its tiles (packed up front, a's strips went to memory and back in a
+// pass that only moved memory: with it in the tiles, gpt-tiny's products rose 4-10%, 1024^3 153 -> 169
+// GFLOP/s on 2 threads, best of 3 alternating). A k block of a panel (kKC x 16
 // floats, 16 KiB) stays in L1 while the tile's strips pass over it, the tile's strips (132 x kKC, 132 KiB) in
 // L2: 132 rows are 22 whole strips (with 128 the last strip held 2 rows, and 4 accumulator chains could not
 // hide the FMA latency: 1024^3 ran at 75 GFLOP/s on one thread against 83 with 132, best of 5 alternating
@@ -33,10 +36,8 @@ namespace flowrun::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16, kTileM = 132, kTileN = 128, kKC = 256;
-// Strips of a transposed a packed by one task: 96 columns, six cache lines of each of a's rows (8 strips gave
-// gpt-tiny's 1024 x 2048 x 256 weight gradient 133 GFLOP/s on 2 threads, 16 gave 133, 1 gave 125; its
-// 256 x 2048 x 1024: 139, 146, 135; best of 3 alternating).
-constexpr int64_t kGroupT = 16;
+// Panels of a b that is not transposed packed by one task: 128 columns, eight lines of each of b's rows.
+constexpr int64_t kGroupB = 8;
 
 // r[0..7] transposed in place: r[i][j] <- r[j][i].
 FR_AVX2 void transpose8(__m256* r) {
@@ -107,6 +108,18 @@ FR_AVX2 void pack_strips_t(const float* a, int64_t lda, int64_t k, int64_t i, in
   }
 }
 
+// Whole panels [p0, p1) of op(b) = b (k x n, not transposed), row-major: each of b's rows read once for all
+// of them, as pack_strips_t reads a's; a panel at a time read 64 bytes from rows 4 KiB apart.
+FR_AVX2 void pack_panels(const float* b, int64_t ldb, int64_t k, int64_t p0, int64_t p1, float* out) {
+  for (int64_t r = 0; r < k; ++r)
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* s = b + r * ldb + p * kNR;
+      float* o = out + ((p - p0) * k + r) * kNR;
+      _mm256_store_ps(o, _mm256_loadu_ps(s));
+      _mm256_store_ps(o + 8, _mm256_loadu_ps(s + 8));
+    }
+}
+
 // Panel p of op(b) (k x n): its columns 16p.. as k rows of kNR floats, the columns past n zero.
 FR_AVX2 void pack_panel(const float* b, int64_t ldb, bool tb, int64_t k, int64_t n, int64_t p, float* out) {
   const int64_t j0 = p * kNR, w = std::min(kNR, n - j0);
@@ -171,16 +184,30 @@ struct Job {
   float alpha, beta;
   const float* bias;
   float* y;
-  const float* a;              // op(a) in strips: per matrix, kStrips per tile row, each k x kMR
-  const float* b;              // op(b) in panels: per matrix, (n / kNR rounded up) panels of k x kNR
-  int64_t a_stride, b_stride;  // floats from one matrix's strips or panels to the next's (0: shared)
+  const float* b;    // op(b) in panels: per matrix, (n / kNR rounded up) panels of k x kNR
+  int64_t b_stride;  // floats from one matrix's panels to the next's (0: shared)
 };
 
-// Tile (i0, j0) of matrix `mat`: mt x nt of y, through the accumulator rows `acc`.
-FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t i0, int64_t j0, float* acc) {
+// The strips of op(a)'s tile row `row` (rows kTileM row.. of m) at out, k * kMR floats apart.
+FR_AVX2 void pack_tile_row(const float* a, int64_t lda, bool ta, int64_t m, int64_t k, int64_t row,
+                           float* out) {
+  static_assert(kTileM % kMR == 0);
+  const int64_t s0 = row * kStrips, s1 = std::min(s0 + kStrips, (m + kMR - 1) / kMR);
+  int64_t strip = s0;
+  if (ta) {
+    const int64_t whole = std::clamp(m / kMR, s0, s1);
+    if (whole > s0) pack_strips_t(a, lda, k, s0 * kMR, whole - s0, out);
+    strip = whole;
+  }
+  for (; strip < s1; ++strip)
+    pack_strip(a, lda, ta, k, strip * kMR, std::min(kMR, m - strip * kMR), out + (strip - s0) * k * kMR);
+}
+
+// Tile (i0, j0) of matrix `mat`: mt x nt of y, from its tile row's strips `a` (pack_tile_row), through the
+// accumulator rows `acc`.
+FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t i0, int64_t j0, const float* a, float* acc) {
   const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(g.tile_n, g.n - j0),
                 panels = (nt + kNR - 1) / kNR;
-  const float* a = g.a + mat * g.a_stride + i0 / kTileM * kStrips * g.k * kMR;
   const float* b = g.b + mat * g.b_stride + j0 * g.k;  // j0 / kNR panels of k x kNR in
   if (g.k == 0)
     for (int64_t r = 0; r < mt; ++r)
@@ -232,37 +259,20 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
                int64_t ldb, const float* bias, float* y, int64_t ldy) {
   if (batch == 0 || m == 0 || n == 0) return;
   const int64_t rows = (m + kTileM - 1) / kTileM, panels = (n + kNR - 1) / kNR;
-  const int64_t a_mats = a_stride == 0 ? 1 : batch, b_mats = b_stride == 0 ? 1 : batch;
-  // The panels start 64-byte aligned (micro's aligned loads): a's strips are rounded up to 16 floats.
-  const int64_t a_size = (rows * kStrips * k * kMR + 15) / 16 * 16, b_size = panels * k * kNR;
-  // One buffer for every call: dnnl_matmul's callers hold its mutex, so calls run one at a time.
+  const int64_t b_mats = b_stride == 0 ? 1 : batch, b_size = panels * k * kNR;
+  // op(b)'s panels, packed once for every tile. One buffer for every call: dnnl_matmul's callers hold its
+  // mutex, so calls run one at a time. A task packs one panel, or kGroupB of a b that is not transposed.
   static GrowBuffer packed;
-  auto* ap = static_cast<float*>(
-      packed.reserve(static_cast<size_t>(a_mats * a_size + b_mats * b_size) * sizeof(float)));
-  float* bp = ap + a_mats * a_size;
-  // Strip s of a matrix holds op(a)'s rows from kMR s (tiles are whole strips), k * kMR floats from strip s
-  // - 1. A task packs one strip, or kGroupT of a transposed a's (pack_strips_t).
-  static_assert(kTileM % kMR == 0);
-  const int64_t group = ta ? kGroupT : 1, tasks = (rows * kStrips + group - 1) / group,
-                units = a_mats * tasks;
-  parallel_for(units + b_mats * panels, 1, [&](int64_t s, int64_t e) {
+  auto* bp = static_cast<float*>(packed.reserve(static_cast<size_t>(b_mats * b_size) * sizeof(float)));
+  const int64_t bgroup = tb ? 1 : kGroupB, btasks = (panels + bgroup - 1) / bgroup;
+  parallel_for(b_mats * btasks, 1, [&](int64_t s, int64_t e) {
     for (int64_t u = s; u < e; ++u) {
-      if (u >= units) {
-        const int64_t v = u - units;
-        pack_panel(b + v / panels * b_stride, ldb, tb, k, n, v % panels, bp + v * k * kNR);
-        continue;
-      }
-      const int64_t mat = u / tasks, s0 = u % tasks * group, s1 = std::min(s0 + group, rows * kStrips);
-      const float* am = a + mat * a_stride;
-      float* out = ap + mat * a_size;
-      int64_t strip = s0;
-      if (ta) {
-        const int64_t whole = std::clamp(m / kMR, s0, s1);
-        if (whole > s0) pack_strips_t(am, lda, k, s0 * kMR, whole - s0, out + s0 * k * kMR);
-        strip = whole;
-      }
-      for (; strip < s1 && strip * kMR < m; ++strip)
-        pack_strip(am, lda, ta, k, strip * kMR, std::min(kMR, m - strip * kMR), out + strip * k * kMR);
+      const int64_t mat = u / btasks, p0 = u % btasks * bgroup, p1 = std::min(p0 + bgroup, panels),
+                    whole = tb ? p0 : std::clamp(n / kNR, p0, p1);
+      const float* bm = b + mat * b_stride;
+      float* out = bp + mat * b_size;
+      if (whole > p0) pack_panels(bm, ldb, k, p0, whole, out + p0 * k * kNR);
+      for (int64_t p = whole; p < p1; ++p) pack_panel(bm, ldb, tb, k, n, p, out + p * k * kNR);
     }
   });
   // Narrower tiles where the product has fewer tiles than twice the threads (the bench CNN's classifier,
@@ -270,25 +280,24 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   int64_t tile_n = kTileN;
   const int64_t threads = omp_get_max_threads();
   while (tile_n > kNR && batch * rows * ((n + tile_n - 1) / tile_n) < 2 * threads) tile_n /= 2;
-  const Job g{m,
-              n,
-              k,
-              ldy,
-              tile_n,
-              alpha,
-              beta,
-              bias,
-              y,
-              ap,
-              bp,
-              a_stride == 0 ? 0 : a_size,
-              b_stride == 0 ? 0 : b_size};
+  const Job g{m, n, k, ldy, tile_n, alpha, beta, bias, y, bp, b_stride == 0 ? 0 : b_size};
   const int64_t cols = (n + tile_n - 1) / tile_n;
+  // op(a)'s strips: a thread packs a tile row's when its tiles reach it (the comment at the top says why); a
+  // row whose tiles two threads share is packed by both.
   parallel_for(batch * rows * cols, 1, [&](int64_t s, int64_t e) {
-    thread_local GrowBuffer acc;
+    thread_local GrowBuffer acc, strips;
     auto* rows_acc = static_cast<float*>(acc.reserve(static_cast<size_t>(kTileM * kTileN) * sizeof(float)));
-    for (int64_t t = s; t < e; ++t)
-      run_tile(g, t / (rows * cols), t % (rows * cols) / cols * kTileM, t % cols * tile_n, rows_acc);
+    auto* ap = static_cast<float*>(strips.reserve(static_cast<size_t>(kStrips * k * kMR) * sizeof(float)));
+    int64_t have = -1;  // the tile row in ap, as a_mat * rows + row
+    for (int64_t t = s; t < e; ++t) {
+      const int64_t mat = t / (rows * cols), row = t % (rows * cols) / cols,
+                    key = (a_stride == 0 ? 0 : mat) * rows + row;
+      if (key != have) {
+        pack_tile_row(a + mat * a_stride, lda, ta, m, k, row, ap);
+        have = key;
+      }
+      run_tile(g, mat, row * kTileM, t % cols * tile_n, ap, rows_acc);
+    }
   });
 }
 
