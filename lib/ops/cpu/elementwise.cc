@@ -606,7 +606,28 @@ void relu_grad(const KernelCtx& c) {
         return;
       }
 #endif
-      for (int64_t i = s; i < e; ++i) {
+      int64_t i = s;
+      if constexpr (std::is_same_v<T, float>) {
+        // Whole registers of 8 (GCC's vector extension: AVX on AVX2 hosts): the loop below stays scalar, a
+        // branch per element. ResNet-20's 9 on a Zen 3 host: 7.3 ms a step before (profiled).
+        typedef float V __attribute__((vector_size(32)));
+        const auto load = [](const float* p) {
+          V v;
+          std::memcpy(&v, p, sizeof v);
+          return v;
+        };
+        for (; i + 16 <= e; i += 16) {
+          prefetch_ahead(dy + i);
+          prefetch_ahead(dy2 + i);
+          prefetch_ahead(y + i);
+          prefetch_ahead_for_write(dx + i);
+          for (int64_t h = i; h < i + 16; h += 8) {
+            const V sum = load(dy + h) + load(dy2 + h), out = load(y + h) > 0 ? sum : V{};
+            std::memcpy(dx + h, &out, sizeof out);
+          }
+        }
+      }
+      for (; i < e; ++i) {
         const T sum = st<T>(static_cast<C>(ld(dy[i]) + ld(dy2[i])));
         dx[i] = ld(y[i]) > C(0) ? sum : st<T>(C(0));
       }
