@@ -7,6 +7,7 @@
 
 #include "op_harness.h"
 #include "ops/cpu/conv.h"
+#include "ops/cpu/conv_wgrad8_f32.h"
 #include "ops/cpu/conv_wgrad_few_f32.h"
 #include "ops/cpu/dnnl_conv.h"
 
@@ -155,6 +156,82 @@ TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
           const Tensor got = ex->output("out");
           cpu::wgrad_few_f32(g, 0, n, v.data(), x.data<float>(), whole.data(), scratch.data());
           std::vector<float> one(dw.size());
+          cpu::wgrad_few_f32_finish(g, whole.data(), 1, pe, one.data());
+          for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(got.data<float>()[i], one[i]) << i;
+        }
+      }
+      EXPECT_EQ(first, dw);
+    }
+  }
+}
+
+// The NCHW tensor t (n, c, hw pixels) in layout l ("nchw", "nchw8c", "nchw16c" or "nhwc").
+std::vector<float> in_layout(const Tensor& t, const std::string& l) {
+  const int64_t n = t.shape()[0], c = t.shape()[1], hw = t.numel() / (n * c);
+  const int64_t lanes = l == "nchw8c" ? 8 : 16;
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) {
+        const int64_t at = l == "nchw"   ? (i * c + ch) * hw + p
+                           : l == "nhwc" ? (i * hw + p) * c + ch
+                                         : ((i * (c / lanes) + ch / lanes) * hw + p) * lanes + ch % lanes;
+        v[static_cast<size_t>(at)] = t.data<float>()[(i * c + ch) * hw + p];
+      }
+  return v;
+}
+
+// wgrad8_f32 (input channels in multiples of 8, rows of 3 taps; AVX2 hosts' weight gradient) straight from
+// its interface on any AVX2 CPU: x and dy in NCHW, nChw8c, nChw16c and NHWC give the same bits (each element
+// one chain over images and pixels in order), close to the f64 op; split into two image blocks and finished,
+// the bits of the blocks' partials added in order; through the op (on AVX2 hosts without AVX-512) the bits
+// of one block. Padding, stride 2, dilation 2 with a 2 x 3 kernel, 16 to 32 channels.
+TEST(ConvF32, EightChannelBlockWeightGradientIsOneSumInEveryLayout) {
+  const cpu::ConvGeom probe = cpu::conv_geom({1, 8, 4, 4}, {16, 8, 3, 3}, {});
+  if (!cpu::wgrad8_f32_fits(probe)) GTEST_SKIP() << "no AVX2 on this machine";
+  struct Case {
+    Shape x, w;
+    Attrs a;
+  };
+  const std::vector<Case> cases = {
+      {{5, 16, 9, 11}, {16, 16, 3, 3}, {{"padding", Shape{1, 1}}}},
+      {{3, 16, 8, 8}, {32, 16, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
+      {{2, 32, 7, 9}, {16, 32, 2, 3}, {{"dilation", Shape{2, 2}}, {"padding", Shape{0, 2}}}},
+  };
+  for (const Case& k : cases) {
+    const Shape y = conv_out(k.x, k.w, k.a);
+    SCOPED_TRACE(shape_str(k.x) + " " + shape_str(k.w));
+    const std::vector<Arg> args = {{"dy", y}, {"x", k.x}};
+    const Attrs aw = with(k.a, "w_shape", k.w);
+    auto ex = single_op("conv2d_grad_weight", args, aw, DType::f32);
+    const int64_t n = y[0];
+    std::vector<float> first;
+    for (const std::string name : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
+      SCOPED_TRACE(name);
+      const std::vector<float> dy = in_layout(ex->tensor("dy"), name), x = in_layout(ex->tensor("x"), name);
+      Attrs a = with(k.a, "w_shape", k.w);
+      if (name != "nchw") {
+        a.set("x_blocked", true);
+        a.set("y_blocked", true);
+      }
+      if (name == "nchw8c" || name == "nhwc") a.set(name, true);
+      const cpu::ConvGeom g = cpu::conv_geom(k.x, k.w, a);
+      ASSERT_TRUE(cpu::wgrad8_f32_fits(g));
+      std::vector<float> scratch(cpu::wgrad8_f32_scratch_bytes(g) / sizeof(float));
+      const int64_t pe = cpu::wgrad8_f32_partial_elems(g);
+      std::vector<float> partials(static_cast<size_t>(2 * pe)), dw(static_cast<size_t>(g.o * g.kdim()));
+      cpu::wgrad8_f32(g, 0, n / 2, dy.data(), x.data(), partials.data(), scratch.data());
+      cpu::wgrad8_f32(g, n / 2, n, dy.data(), x.data(), partials.data() + pe, scratch.data());
+      cpu::wgrad_few_f32_finish(g, partials.data(), 2, pe, dw.data());
+      if (first.empty()) {
+        first = dw;
+        const std::vector<double> ref = run_op("conv2d_grad_weight", args, aw, DType::f64);
+        expect_close(ref, std::vector<double>(dw.begin(), dw.end()));
+        if (cpu::convs_take_nchw8c()) {
+          ex->run();
+          const Tensor got = ex->output("out");
+          std::vector<float> whole(static_cast<size_t>(pe)), one(dw.size());
+          cpu::wgrad8_f32(g, 0, n, dy.data(), x.data(), whole.data(), scratch.data());
           cpu::wgrad_few_f32_finish(g, whole.data(), 1, pe, one.data());
           for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(got.data<float>()[i], one[i]) << i;
         }

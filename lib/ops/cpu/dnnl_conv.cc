@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cpu/conv_direct_f32.h"
+#include "ops/cpu/conv_wgrad8_f32.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wgrad_few_f32.h"
 #include "ops/cpu/conv_wino_bf16.h"
@@ -466,8 +467,9 @@ int weight_team(const Blocks& b) {
 }
 
 // flowrun's own weight gradients: in bf16 Winograd's (wino3x3_bf16_wgrad) for the geometries it serves, else
-// the direct wgrad3x3_bf16; in f32 direct3x3_f32_wgrad, or wgrad_few_f32 over fewer than 8 input channels
-// on AVX2 hosts. All take the same fixed batch blocks into f32 partials added in block order.
+// the direct wgrad3x3_bf16; in f32 direct3x3_f32_wgrad, or on AVX2 hosts wgrad_few_f32 over fewer than 8
+// input channels and wgrad8_f32 over multiples of 8. All take the same fixed batch blocks into f32 partials
+// added in block order.
 struct OwnWeightGradient {
   bool blocked_only;           // reads dy and x in nChw16c only (Blocked copies the NCHW ones)
   size_t elem;                 // bytes of an activation element
@@ -535,13 +537,33 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
                  },
                  [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
                    wgrad_few_f32_finish(g, p, count, stride, static_cast<float*>(dw));
-                 }};
+                 }},
+      blocks8_f32 = {
+          false,
+          4,
+          nullptr,
+          nullptr,
+          "f32 8-channel weight-gradient image buffers",
+          wgrad8_f32_scratch_bytes,
+          wgrad8_f32_partial_elems,
+          [](const ConvGeom&g, int64_t n0, int64_t n1, const void*dy, const void*x, float*p, void*s) {
+            wgrad8_f32(g, n0, n1, static_cast<const float*>(dy), static_cast<const float*>(x), p, s);
+          },
+          [](const ConvGeom&g, const float*p, int64_t count, int64_t stride, void*dw) {
+            wgrad_few_f32_finish(g, p, count, stride, static_cast<float*>(dw));
+          }};
   // f32 over fewer than 8 input channels where oneDNN's kernels are its AVX2 ones, whatever the layout (an
   // eager step's NCHW gives the bits of a blocked one): wgrad_few_f32 took the bench CNN's first layer's
   // gradient (1 channel, 28 x 28, 32 filters, 64 images, dy in nChw8c) from 2.28 to 0.38 ms on Zen 3, 2
   // threads (flowrun_bench conv2d_grad_weight/cnn_nChw8c_64x1x28x28_k3x32, best of 3 alternating: 12.7 and
   // 75.7 GFLOP/s; conv_wgrad_few_f32.h).
   if (t == dt::f32 && convs_take_nchw8c() && wgrad_few_f32_fits(g)) return &few_f32;
+  // Likewise over input channels in multiples of 8 with rows of 3 taps (conv_wgrad8_f32.h), in any layout:
+  // 2 threads on Zen 3, x and dy in nChw8c, best of 3 alternating runs of flowrun_bench, oneDNN against
+  // wgrad8_f32 in GFLOP/s: the bench CNN's second layer (32 -> 64 channels, 14 x 14) 123 -> 155, ResNet-20's
+  // 16 channels on 32 x 32 129 -> 152, 64 on 8 x 8 134 -> 156, 16 -> 32 at stride 2 128 -> 134. In the
+  // profiled steps the weight gradients went from 124 to 156 GFLOP/s (CNN) and 100 to 142 (ResNet-20).
+  if (t == dt::f32 && convs_take_nchw8c() && wgrad8_f32_fits(g)) return &blocks8_f32;
   if (!g.in_nchw16c()) return nullptr;
   // In f32 below 64 channels (in or out): ResNet-20's weight gradients in cache (flowrun_bench, 2 threads,
   // alternating runs) took 0.89-0.94 ms against oneDNN's 0.95-0.96 with 16 channels on 32x32 planes,
