@@ -88,6 +88,22 @@ TEST(ConvF32, BackwardKernelsMatchFloat64) {
   }
 }
 
+// The NCHW tensor t (n, c, hw pixels) in layout l ("nchw", "nchw8c", "nchw16c" or "nhwc").
+std::vector<float> in_layout(const Tensor& t, const std::string& l) {
+  const int64_t n = t.shape()[0], c = t.shape()[1], hw = t.numel() / (n * c);
+  const int64_t lanes = l == "nchw8c" ? 8 : 16;
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) {
+        const int64_t at = l == "nchw"   ? (i * c + ch) * hw + p
+                           : l == "nhwc" ? (i * hw + p) * c + ch
+                                         : ((i * (c / lanes) + ch / lanes) * hw + p) * lanes + ch % lanes;
+        v[static_cast<size_t>(at)] = t.data<float>()[(i * c + ch) * hw + p];
+      }
+  return v;
+}
+
 // wgrad_few_f32 (fewer than 8 input channels; AVX2 hosts' weight gradient) straight from its interface on
 // any AVX2 CPU: dy in NCHW, nChw8c, nChw16c and NHWC gives the same bits (each element one chain over images
 // and pixels in order), close to the f64 op; split into two image blocks and finished, the bits of the
@@ -111,29 +127,12 @@ TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
     const std::vector<Arg> args = {{"dy", y}, {"x", k.x}};
     const Attrs aw = with(k.a, "w_shape", k.w);
     auto ex = single_op("conv2d_grad_weight", args, aw, DType::f32);
-    const Tensor& dy = ex->tensor("dy");
     const Tensor& x = ex->tensor("x");
-    const int64_t n = y[0], o = y[1], hw = y[2] * y[3];
-    // dy in each layout: element (n, o, p) of the NCHW tensor.
-    std::vector<std::pair<std::string, std::vector<float>>> layouts;
-    for (const char* l : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
-      std::vector<float> v(static_cast<size_t>(dy.numel()));
-      const std::string name = l;
-      const int64_t lanes = name == "nchw8c" ? 8 : 16;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < o; ++c)
-          for (int64_t p = 0; p < hw; ++p) {
-            const int64_t at = name == "nchw" ? (i * o + c) * hw + p
-                               : name == "nhwc"
-                                   ? (i * hw + p) * o + c
-                                   : ((i * (o / lanes) + c / lanes) * hw + p) * lanes + c % lanes;
-            v[static_cast<size_t>(at)] = dy.data<float>()[(i * o + c) * hw + p];
-          }
-      layouts.emplace_back(name, std::move(v));
-    }
+    const int64_t n = y[0];
     std::vector<float> first;
-    for (const auto& [name, v] : layouts) {
+    for (const std::string name : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
       SCOPED_TRACE(name);
+      const std::vector<float> v = in_layout(ex->tensor("dy"), name);
       Attrs a = with(k.a, "w_shape", k.w);
       if (name != "nchw") a.set("y_blocked", true);
       if (name == "nchw8c" || name == "nhwc") a.set(name, true);
@@ -163,22 +162,6 @@ TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
       EXPECT_EQ(first, dw);
     }
   }
-}
-
-// The NCHW tensor t (n, c, hw pixels) in layout l ("nchw", "nchw8c", "nchw16c" or "nhwc").
-std::vector<float> in_layout(const Tensor& t, const std::string& l) {
-  const int64_t n = t.shape()[0], c = t.shape()[1], hw = t.numel() / (n * c);
-  const int64_t lanes = l == "nchw8c" ? 8 : 16;
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t p = 0; p < hw; ++p) {
-        const int64_t at = l == "nchw"   ? (i * c + ch) * hw + p
-                           : l == "nhwc" ? (i * hw + p) * c + ch
-                                         : ((i * (c / lanes) + ch / lanes) * hw + p) * lanes + ch % lanes;
-        v[static_cast<size_t>(at)] = t.data<float>()[(i * c + ch) * hw + p];
-      }
-  return v;
 }
 
 // wgrad8_f32 (input channels in multiples of 8, rows of 3 taps; AVX2 hosts' weight gradient) straight from

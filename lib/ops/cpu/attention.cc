@@ -29,6 +29,7 @@
 #include "ops/cpu/attention_tiles.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/transpose8.h"
 
 namespace flowrun::cpu {
 
@@ -173,29 +174,6 @@ inline void transpose16(__m512 r[16]) {
     r[j + 8] = _mm512_maskz_shuffle_f32x4(kAll, t[j], t[8 + j], 0xDD);
     r[j + 4] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + j], t[12 + j], 0x88);
     r[j + 12] = _mm512_maskz_shuffle_f32x4(kAll, t[4 + j], t[12 + j], 0xDD);
-  }
-}
-#endif
-
-#if !defined(__AVX512F__) && defined(__AVX2__)
-// r[i] (row i of an 8 x 8 block) becomes column i: pairs of rows interleaved, then groups of 4 within each
-// 128-bit lane, then the lanes exchanged.
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  __m256 u[8];
-  for (int h = 0; h < 8; h += 4) {
-    u[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
 }
 #endif

@@ -65,6 +65,9 @@ struct ConvGeom {
   int64_t og() const { return o / groups; }
   int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group
   int64_t plane() const { return oh * ow; }
+  // The input plane zero-padded on both sides, as the own weight-gradient kernels copy it.
+  int64_t padded_h() const { return h + 2 * ph; }
+  int64_t padded_w() const { return w + 2 * pw; }
   // A 1x1, stride-1, unpadded convolution reads the input image as its own column matrix.
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   // Elements of the im2col buffer for one image (all groups), 0 when pointwise.

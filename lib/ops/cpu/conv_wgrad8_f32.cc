@@ -22,16 +22,9 @@ namespace {
 
 constexpr int64_t kLanes = 8;
 
-int64_t padded_h(const ConvGeom& g) {
-  return g.h + 2 * g.ph;
-}
-int64_t padded_w(const ConvGeom& g) {
-  return g.w + 2 * g.pw;
-}
-
 // Image n of x into xpad ([C/8][hp][wp][8]); the borders are left as they are (zero).
 void pad_image(const ConvGeom& g, const float* x, int64_t n, float* xpad) {
-  const int64_t hp = padded_h(g), wp = padded_w(g), hw = g.h * g.w;
+  const int64_t hp = g.padded_h(), wp = g.padded_w(), hw = g.h * g.w;
   for (int64_t cb = 0; cb < g.c / kLanes; ++cb)
     for (int64_t y = 0; y < g.h; ++y) {
       float* out = xpad + ((cb * hp + y + g.ph) * wp + g.pw) * kLanes;
@@ -115,7 +108,7 @@ bool wgrad8_f32_fits(const ConvGeom& g) {
 }
 
 size_t wgrad8_f32_scratch_bytes(const ConvGeom& g) {
-  const int64_t planes = g.c * padded_h(g) * padded_w(g), dy = g.y_blocked ? 0 : g.o * g.plane();
+  const int64_t planes = g.c * g.padded_h() * g.padded_w(), dy = g.y_blocked ? 0 : g.o * g.plane();
   return static_cast<size_t>(planes + dy) * sizeof(float);
 }
 
@@ -125,7 +118,7 @@ int64_t wgrad8_f32_partial_elems(const ConvGeom& g) {
 
 void wgrad8_f32(const ConvGeom& g, int64_t n0, int64_t n1, const float* dy, const float* x, float* partial,
                 void* scratch) {
-  const int64_t hp = padded_h(g), wp = padded_w(g), taps = g.kh * g.kw, cstride = taps * kLanes;
+  const int64_t hp = g.padded_h(), wp = g.padded_w(), taps = g.kh * g.kw, cstride = taps * kLanes;
   float* xpad = static_cast<float*>(scratch);
   float* dy8 = xpad + g.c * hp * wp;
   std::memset(xpad, 0, static_cast<size_t>(g.c * hp * wp) * sizeof(float));

@@ -23,12 +23,6 @@ namespace {
 
 constexpr int64_t kLanes = 8;
 
-int64_t padded_h(const ConvGeom& g) {
-  return g.h + 2 * g.ph;
-}
-int64_t padded_w(const ConvGeom& g) {
-  return g.w + 2 * g.pw;
-}
 int64_t taps(const ConvGeom& g) {
   return g.kh * g.kw;
 }
@@ -53,7 +47,7 @@ FR_AVX2 void accumulate(const ConvGeom& g, const DyView& d, const float* plane, 
   __m256 a[T];
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) a[t] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + t * kLanes);
-  const int64_t wp = padded_w(g);
+  const int64_t wp = g.padded_w();
   for (int64_t oy = 0; oy < g.oh; ++oy) {
     const float* row = plane + oy * g.sh * wp;
     const float* dr = d.base + oy * g.ow * d.step;
@@ -80,7 +74,7 @@ bool wgrad_few_f32_fits(const ConvGeom& g) {
 }
 
 size_t wgrad_few_f32_scratch_bytes(const ConvGeom& g) {
-  const int64_t planes = g.c * padded_h(g) * padded_w(g), dy = g.y_blocked ? 0 : g.o * g.plane();
+  const int64_t planes = g.c * g.padded_h() * g.padded_w(), dy = g.y_blocked ? 0 : g.o * g.plane();
   return static_cast<size_t>((planes + 7) / 8 * 8 + dy) * sizeof(float);
 }
 
@@ -90,7 +84,7 @@ int64_t wgrad_few_f32_partial_elems(const ConvGeom& g) {
 
 void wgrad_few_f32(const ConvGeom& g, int64_t n0, int64_t n1, const float* dy, const float* x, float* partial,
                    void* scratch) {
-  const int64_t hp = padded_h(g), wp = padded_w(g), t = taps(g);
+  const int64_t hp = g.padded_h(), wp = g.padded_w(), t = taps(g);
   float* xpad = static_cast<float*>(scratch);
   float* dy8 = xpad + (g.c * hp * wp + 7) / 8 * 8;  // 32-byte aligned
   int64_t off[kWgradFewTaps];

@@ -27,6 +27,7 @@
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/grow_buffer.h"
 #include "ops/cpu/parallel.h"
+#include "ops/cpu/transpose8.h"
 
 // Compiled for AVX2 and FMA whatever the build's -march, and run only where the CPU has them.
 #define FR_AVX2 __attribute__((target("avx2,fma")))
@@ -38,26 +39,6 @@ namespace {
 constexpr int64_t kMR = 6, kNR = 16, kTileM = 132, kTileN = 128, kKC = 256;
 // Panels of a b that is not transposed packed by one task: 128 columns, eight lines of each of b's rows.
 constexpr int64_t kGroupB = 8;
-
-// r[0..7] transposed in place: r[i][j] <- r[j][i].
-FR_AVX2 void transpose8(__m256* r) {
-  __m256 t[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  __m256 u[8];
-  for (int h = 0; h < 8; h += 4) {
-    u[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
 
 // Rows i.. of op(a) (m x k) as k rows of kMR floats at out: `rows` (<= kMR) of them, the rest unused.
 FR_AVX2 void pack_strip(const float* a, int64_t lda, bool ta, int64_t k, int64_t i, int64_t rows,
