@@ -104,57 +104,59 @@ std::vector<float> in_layout(const Tensor& t, const std::string& l) {
   return v;
 }
 
-// wgrad_few_f32 (fewer than 8 input channels; AVX2 hosts' weight gradient) straight from its interface on
-// any AVX2 CPU: dy in NCHW, nChw8c, nChw16c and NHWC gives the same bits (each element one chain over images
-// and pixels in order), close to the f64 op; split into two image blocks and finished, the bits of the
-// blocks' partials added in order. Strides, padding, dilation, a 2x3 and a 1x1 kernel, 1 to 7 channels.
-TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
-  const cpu::ConvGeom probe = cpu::conv_geom({1, 1, 4, 4}, {8, 1, 3, 3}, {});
-  if (!cpu::wgrad_few_f32_fits(probe)) GTEST_SKIP() << "no AVX2 on this machine";
-  struct Case {
-    Shape x, w;
-    Attrs a;
-  };
-  const std::vector<Case> cases = {
-      {{5, 1, 9, 11}, {16, 1, 3, 3}, {{"padding", Shape{1, 1}}}},
-      {{3, 3, 8, 8}, {16, 3, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
-      {{2, 2, 7, 9}, {16, 2, 2, 3}, {{"dilation", Shape{2, 2}}}},
-      {{4, 7, 5, 5}, {32, 7, 1, 1}, {}},
-  };
-  for (const Case& k : cases) {
+// An own f32 weight-gradient kernel's interface, as dnnl_conv.cc's OwnWeightGradient calls it.
+struct WgradKernel {
+  bool (*fits)(const cpu::ConvGeom&);
+  size_t (*scratch_bytes)(const cpu::ConvGeom&);
+  int64_t (*partial_elems)(const cpu::ConvGeom&);
+  void (*run)(const cpu::ConvGeom&, int64_t, int64_t, const float*, const float*, float*, void*);
+  bool x_in_layout;  // x takes the layout too (the few-channel kernel's x is NCHW in every program)
+};
+struct WgradCase {
+  Shape x, w;
+  Attrs a;
+};
+
+// The kernel straight from its interface: dy (and x) in NCHW, nChw8c, nChw16c and NHWC give the same bits
+// (each element one chain over images and pixels in order), close to the f64 op; split into two image blocks
+// and finished (wgrad_few_f32_finish, both kernels' partial layout), the bits of the blocks' partials added
+// in order; through the op, on AVX2 hosts without AVX-512 (oneDNN's nChw8c), the bits of one block.
+void expect_one_sum_in_every_layout(const WgradKernel& kern, const std::vector<WgradCase>& cases) {
+  for (const WgradCase& k : cases) {
     const Shape y = conv_out(k.x, k.w, k.a);
     SCOPED_TRACE(shape_str(k.x) + " " + shape_str(k.w));
     const std::vector<Arg> args = {{"dy", y}, {"x", k.x}};
     const Attrs aw = with(k.a, "w_shape", k.w);
     auto ex = single_op("conv2d_grad_weight", args, aw, DType::f32);
-    const Tensor& x = ex->tensor("x");
     const int64_t n = y[0];
     std::vector<float> first;
     for (const std::string name : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
       SCOPED_TRACE(name);
-      const std::vector<float> v = in_layout(ex->tensor("dy"), name);
+      const std::vector<float> dy = in_layout(ex->tensor("dy"), name),
+                               x = in_layout(ex->tensor("x"), kern.x_in_layout ? name : "nchw");
       Attrs a = with(k.a, "w_shape", k.w);
-      if (name != "nchw") a.set("y_blocked", true);
+      if (name != "nchw") {
+        a.set("y_blocked", true);
+        if (kern.x_in_layout) a.set("x_blocked", true);
+      }
       if (name == "nchw8c" || name == "nhwc") a.set(name, true);
       const cpu::ConvGeom g = cpu::conv_geom(k.x, k.w, a);
-      ASSERT_TRUE(cpu::wgrad_few_f32_fits(g));
-      std::vector<float> scratch(cpu::wgrad_few_f32_scratch_bytes(g) / sizeof(float));
-      const int64_t pe = cpu::wgrad_few_f32_partial_elems(g);
+      ASSERT_TRUE(kern.fits(g));
+      std::vector<float> scratch(kern.scratch_bytes(g) / sizeof(float));
+      const int64_t pe = kern.partial_elems(g);
       std::vector<float> partials(static_cast<size_t>(2 * pe)), dw(static_cast<size_t>(g.o * g.kdim()));
-      std::vector<float> whole(partials.size());
-      cpu::wgrad_few_f32(g, 0, n / 2, v.data(), x.data<float>(), partials.data(), scratch.data());
-      cpu::wgrad_few_f32(g, n / 2, n, v.data(), x.data<float>(), partials.data() + pe, scratch.data());
+      kern.run(g, 0, n / 2, dy.data(), x.data(), partials.data(), scratch.data());
+      kern.run(g, n / 2, n, dy.data(), x.data(), partials.data() + pe, scratch.data());
       cpu::wgrad_few_f32_finish(g, partials.data(), 2, pe, dw.data());
       if (first.empty()) {
         first = dw;
         const std::vector<double> ref = run_op("conv2d_grad_weight", args, aw, DType::f64);
         expect_close(ref, std::vector<double>(dw.begin(), dw.end()));
-        // Through the op: on AVX2 hosts (oneDNN's nChw8c) the same kernel and blocks as here.
         if (cpu::convs_take_nchw8c() && n >= 2) {
           ex->run();
           const Tensor got = ex->output("out");
-          cpu::wgrad_few_f32(g, 0, n, v.data(), x.data<float>(), whole.data(), scratch.data());
-          std::vector<float> one(dw.size());
+          std::vector<float> whole(static_cast<size_t>(pe)), one(dw.size());
+          kern.run(g, 0, n, dy.data(), x.data(), whole.data(), scratch.data());
           cpu::wgrad_few_f32_finish(g, whole.data(), 1, pe, one.data());
           for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(got.data<float>()[i], one[i]) << i;
         }
@@ -164,64 +166,35 @@ TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
   }
 }
 
-// wgrad8_f32 (input channels in multiples of 8, rows of 3 taps; AVX2 hosts' weight gradient) straight from
-// its interface on any AVX2 CPU: x and dy in NCHW, nChw8c, nChw16c and NHWC give the same bits (each element
-// one chain over images and pixels in order), close to the f64 op; split into two image blocks and finished,
-// the bits of the blocks' partials added in order; through the op (on AVX2 hosts without AVX-512) the bits
-// of one block. Padding, stride 2, dilation 2 with a 2 x 3 kernel, 16 to 32 channels.
+// wgrad_few_f32 (fewer than 8 input channels; AVX2 hosts' weight gradient) on any AVX2 CPU, dy in each
+// layout: strides, padding, dilation, a 2x3 and a 1x1 kernel, 1 to 7 channels.
+TEST(ConvF32, FewChannelWeightGradientIsOneSumInEveryLayout) {
+  if (!cpu::wgrad_few_f32_fits(cpu::conv_geom({1, 1, 4, 4}, {8, 1, 3, 3}, {})))
+    GTEST_SKIP() << "no AVX2 on this machine";
+  expect_one_sum_in_every_layout(
+      {cpu::wgrad_few_f32_fits, cpu::wgrad_few_f32_scratch_bytes, cpu::wgrad_few_f32_partial_elems,
+       cpu::wgrad_few_f32, false},
+      {
+          {{5, 1, 9, 11}, {16, 1, 3, 3}, {{"padding", Shape{1, 1}}}},
+          {{3, 3, 8, 8}, {16, 3, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
+          {{2, 2, 7, 9}, {16, 2, 2, 3}, {{"dilation", Shape{2, 2}}}},
+          {{4, 7, 5, 5}, {32, 7, 1, 1}, {}},
+      });
+}
+
+// wgrad8_f32 (input channels in multiples of 8, rows of 3 taps; AVX2 hosts' weight gradient) on any AVX2
+// CPU, x and dy in each layout: padding, stride 2, dilation 2 with a 2 x 3 kernel, 16 to 32 channels.
 TEST(ConvF32, EightChannelBlockWeightGradientIsOneSumInEveryLayout) {
-  const cpu::ConvGeom probe = cpu::conv_geom({1, 8, 4, 4}, {16, 8, 3, 3}, {});
-  if (!cpu::wgrad8_f32_fits(probe)) GTEST_SKIP() << "no AVX2 on this machine";
-  struct Case {
-    Shape x, w;
-    Attrs a;
-  };
-  const std::vector<Case> cases = {
-      {{5, 16, 9, 11}, {16, 16, 3, 3}, {{"padding", Shape{1, 1}}}},
-      {{3, 16, 8, 8}, {32, 16, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
-      {{2, 32, 7, 9}, {16, 32, 2, 3}, {{"dilation", Shape{2, 2}}, {"padding", Shape{0, 2}}}},
-  };
-  for (const Case& k : cases) {
-    const Shape y = conv_out(k.x, k.w, k.a);
-    SCOPED_TRACE(shape_str(k.x) + " " + shape_str(k.w));
-    const std::vector<Arg> args = {{"dy", y}, {"x", k.x}};
-    const Attrs aw = with(k.a, "w_shape", k.w);
-    auto ex = single_op("conv2d_grad_weight", args, aw, DType::f32);
-    const int64_t n = y[0];
-    std::vector<float> first;
-    for (const std::string name : {"nchw", "nchw8c", "nchw16c", "nhwc"}) {
-      SCOPED_TRACE(name);
-      const std::vector<float> dy = in_layout(ex->tensor("dy"), name), x = in_layout(ex->tensor("x"), name);
-      Attrs a = with(k.a, "w_shape", k.w);
-      if (name != "nchw") {
-        a.set("x_blocked", true);
-        a.set("y_blocked", true);
-      }
-      if (name == "nchw8c" || name == "nhwc") a.set(name, true);
-      const cpu::ConvGeom g = cpu::conv_geom(k.x, k.w, a);
-      ASSERT_TRUE(cpu::wgrad8_f32_fits(g));
-      std::vector<float> scratch(cpu::wgrad8_f32_scratch_bytes(g) / sizeof(float));
-      const int64_t pe = cpu::wgrad8_f32_partial_elems(g);
-      std::vector<float> partials(static_cast<size_t>(2 * pe)), dw(static_cast<size_t>(g.o * g.kdim()));
-      cpu::wgrad8_f32(g, 0, n / 2, dy.data(), x.data(), partials.data(), scratch.data());
-      cpu::wgrad8_f32(g, n / 2, n, dy.data(), x.data(), partials.data() + pe, scratch.data());
-      cpu::wgrad_few_f32_finish(g, partials.data(), 2, pe, dw.data());
-      if (first.empty()) {
-        first = dw;
-        const std::vector<double> ref = run_op("conv2d_grad_weight", args, aw, DType::f64);
-        expect_close(ref, std::vector<double>(dw.begin(), dw.end()));
-        if (cpu::convs_take_nchw8c()) {
-          ex->run();
-          const Tensor got = ex->output("out");
-          std::vector<float> whole(static_cast<size_t>(pe)), one(dw.size());
-          cpu::wgrad8_f32(g, 0, n, dy.data(), x.data(), whole.data(), scratch.data());
-          cpu::wgrad_few_f32_finish(g, whole.data(), 1, pe, one.data());
-          for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(got.data<float>()[i], one[i]) << i;
-        }
-      }
-      EXPECT_EQ(first, dw);
-    }
-  }
+  if (!cpu::wgrad8_f32_fits(cpu::conv_geom({1, 8, 4, 4}, {16, 8, 3, 3}, {})))
+    GTEST_SKIP() << "no AVX2 on this machine";
+  expect_one_sum_in_every_layout(
+      {cpu::wgrad8_f32_fits, cpu::wgrad8_f32_scratch_bytes, cpu::wgrad8_f32_partial_elems, cpu::wgrad8_f32,
+       true},
+      {
+          {{5, 16, 9, 11}, {16, 16, 3, 3}, {{"padding", Shape{1, 1}}}},
+          {{3, 16, 8, 8}, {32, 16, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}},
+          {{2, 32, 7, 9}, {16, 32, 2, 3}, {{"dilation", Shape{2, 2}}, {"padding", Shape{0, 2}}}},
+      });
 }
 
 // A batch and width large enough that oneDNN splits the weight-gradient reduction over threads: the same
