@@ -177,6 +177,31 @@ TEST(Fusion, BatchnormWithResidualIsTheNormThenTheAddAndRelu) {
         }
 }
 
+// cross_entropy_grad's exps run 8 lanes at a time in f32 and the row's last columns one by one (cpu/nn.cc):
+// the two give one value the same bits. Rows of 9 logits whose last repeats one of the first 8; the label
+// elsewhere.
+TEST(CrossEntropy, VectorExpsAreTheScalarOnes) {
+  const int64_t rows = 512, C = 9;
+  Tensor x = Tensor::empty({rows, C}, DType::f32);
+  Tensor labels = Tensor::empty({rows}, DType::i64);
+  const RngStream rng{7, 1};
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x.data<float>() + r * C;
+    // Mostly within 12 of each other (exps far from 0 and 1), in every fourth row one 100 below (underflow).
+    for (int64_t j = 0; j < 8; ++j) xr[j] = static_cast<float>(24.0 * rng.uniform(r * C + j) - 12.0);
+    if (r % 4 == 0) xr[(r / 4) % 8] -= 100.0f;
+    xr[8] = xr[r % 8];
+    labels.data<int64_t>()[r] = (r % 8 + 1) % 8;
+  }
+  const std::vector<Tensor> fwd = run("cross_entropy", {}, {x, labels});
+  const Tensor dx = run("cross_entropy_grad", {}, {Tensor::from<float>({}, {1.0f}), x, labels, fwd[1]})[0];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* d = dx.data<float>() + r * C;
+    ASSERT_EQ(std::memcmp(&d[8], &d[r % 8], sizeof(float)), 0)
+        << "row " << r << ": " << d[8] << " " << d[r % 8];
+  }
+}
+
 // The backward end of the same fusion: relu_grad with a third input is the add of the two gradients, then
 // relu_grad, bit for bit (masks above, at and below 0; f32 and bf16).
 TEST(Fusion, ReluGradOfASumIsTheAddThenTheReluGrad) {

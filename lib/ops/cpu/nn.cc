@@ -7,7 +7,9 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/parallel.h"
 #include "parallel/comm.h"
@@ -78,6 +80,43 @@ inline float vexp(float x) {
   return under ? 0.0f : p * scale;
 }
 
+// vexp(float) over 8 lanes (GCC's vector extension: one AVX register on AVX2 hosts), each lane the scalar
+// function's operations in its order: the same bits (CrossEntropy.VectorExpsAreTheScalarOnes). The loops that
+// call the scalar one per element stayed scalar (perf on a Zen 3 host: branches and scalar FMAs), cross
+// entropy's two passes 1.9 ms of gpt-tiny's step.
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, F8 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+inline F8 vexp(F8 x) {
+  using K = ExpF32;
+  const I8 under = x < K::lo;
+  x = x < K::lo ? F8{} + K::lo : x;
+  x = x > K::hi ? F8{} + K::hi : x;
+  const F8 t = x * K::log2e + K::shift;
+  const F8 n = t - K::shift;
+  const F8 r = (x - n * K::ln2_hi) - n * K::ln2_lo;
+  F8 p = F8{} + 1.98412698e-04f;
+  p = p * r + 1.38888889e-03f;
+  p = p * r + 8.33333333e-03f;
+  p = p * r + 4.16666667e-02f;
+  p = p * r + 1.66666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const F8 scale = std::bit_cast<F8>((std::bit_cast<U8>(t) + 127u) << 23);
+  return under ? F8{} : p * scale;
+}
+
 // sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
 // only.
 template <typename A, typename F>
@@ -92,6 +131,26 @@ inline A lane_sum(int64_t n, F f) {
   return acc[0];
 }
 
+template <typename T>
+inline T row_max(const T* x, int64_t n);
+// row_max's 16 lanes as two registers of 8 over the whole blocks of 16, in f32: the same comparisons.
+template <>
+inline float row_max<float>(const float* x, int64_t n) {
+  F8 a0 = F8{} + x[0], a1 = a0;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const F8 v0 = load8(x + j), v1 = load8(x + j + 8);
+    a0 = v0 > a0 ? v0 : a0;
+    a1 = v1 > a1 ? v1 : a1;
+  }
+  float acc[kLanes];
+  store8(acc, a0);
+  store8(acc + 8, a1);
+  for (int k = 0; j + k < n; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+  float m = acc[0];
+  for (int k = 1; k < kLanes; ++k) m = acc[k] > m ? acc[k] : m;
+  return m;
+}
 template <typename T>
 inline T row_max(const T* x, int64_t n) {
   T acc[kLanes];
@@ -112,6 +171,34 @@ template <typename T>
   const T m = row_max(x, n);
   const T s = lane_sum<T>(n, [&](int64_t j) { return vexp(x[j] - m); });
   return m + std::log(s);
+}
+// The same in f32 with lane_sum's 16 partial sums as two registers of 8 over the whole blocks of 16 (lane
+// k of the pair is partial sum k), the rest as lane_sum adds it: the same bits.
+template <>
+[[gnu::noinline]] float row_lse<float>(const float* x, int64_t n) {
+  const float m = row_max(x, n);
+  F8 a0{}, a1{};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    a0 += vexp(load8(x + j) - m);
+    a1 += vexp(load8(x + j + 8) - m);
+  }
+  float acc[kLanes];
+  store8(acc, a0);
+  store8(acc + 8, a1);
+  for (int k = 0; j + k < n; ++k) acc[k] += vexp(x[j + k] - m);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return m + std::log(acc[0]);
+}
+
+// dx[j] = g * vexp(x[j] - m) for j < n, 8 at a time where f32.
+template <typename T>
+void scaled_exps(const T* x, T m, T g, int64_t n, T* dx) {
+  int64_t j = 0;
+  if constexpr (std::is_same_v<T, float>)
+    for (; j + 8 <= n; j += 8) store8(dx + j, g * vexp(load8(x + j) - m));
+  for (; j < n; ++j) dx[j] = g * vexp(x[j] - m);
 }
 
 // f(r) for every row r of `rows` rows of `cols` elements, parallel over rows.
@@ -314,7 +401,7 @@ void cross_entropy_grad(const KernelCtx& c) {
       }
       const T* xr = x + r * C;
       const T m = lse[r];
-      for (int64_t j = 0; j < C; ++j) dxr[j] = g * vexp(xr[j] - m);
+      scaled_exps(xr, m, g, C, dxr);
       if (in_range(l - offset, C)) dxr[l - offset] -= g;
     });
   });
