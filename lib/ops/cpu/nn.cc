@@ -60,32 +60,11 @@ inline double vexp(double x) {
   return under ? 0.0 : p * scale;
 }
 
-inline float vexp(float x) {
-  using K = ExpF32;
-  const bool under = x < K::lo;
-  x = x < K::lo ? K::lo : x;
-  x = x > K::hi ? K::hi : x;
-  const float t = x * K::log2e + K::shift;
-  const float n = t - K::shift;
-  const float r = (x - n * K::ln2_hi) - n * K::ln2_lo;
-  float p = 1.98412698e-04f;  // 1/7!: the remainder r^8/8! is below 6e-9 for |r| <= ln2/2
-  p = p * r + 1.38888889e-03f;
-  p = p * r + 8.33333333e-03f;
-  p = p * r + 4.16666667e-02f;
-  p = p * r + 1.66666667e-01f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const float scale = std::bit_cast<float>((std::bit_cast<uint32_t>(t) + 127u) << 23);
-  return under ? 0.0f : p * scale;
-}
-
-// vexp(float) over 8 lanes (GCC's vector extension: one AVX register on AVX2 hosts), each lane the scalar
-// function's operations in its order: the same bits (CrossEntropy.VectorExpsAreTheScalarOnes). The loops that
-// call the scalar one per element stayed scalar (perf on a Zen 3 host: branches and scalar FMAs), cross
-// entropy's two passes 1.9 ms of gpt-tiny's step.
+// 8 f32 lanes (GCC's vector extension: one AVX register on AVX2 hosts) for the loops that called vexp per
+// element and stayed scalar (perf on a Zen 3 host: branches and scalar FMAs; cross entropy's two passes 1.9
+// ms of gpt-tiny's step). Each lane runs the scalar function's operations in its order: the same bits
+// (CrossEntropy.VectorExpsAreTheScalarOnes).
 typedef float F8 __attribute__((vector_size(32)));
-typedef int32_t I8 __attribute__((vector_size(32)));
 typedef uint32_t U8 __attribute__((vector_size(32)));
 
 inline F8 load8(const float* p) {
@@ -97,15 +76,17 @@ inline void store8(float* p, F8 v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-inline F8 vexp(F8 x) {
+// exp of f32 lanes, a float or an F8's 8, by the same operations (ExpF64's method, a degree-7 polynomial).
+template <typename V, typename U>
+inline V exp_f32(V x) {
   using K = ExpF32;
-  const I8 under = x < K::lo;
-  x = x < K::lo ? F8{} + K::lo : x;
-  x = x > K::hi ? F8{} + K::hi : x;
-  const F8 t = x * K::log2e + K::shift;
-  const F8 n = t - K::shift;
-  const F8 r = (x - n * K::ln2_hi) - n * K::ln2_lo;
-  F8 p = F8{} + 1.98412698e-04f;
+  const auto under = x < K::lo;
+  x = x < K::lo ? V{} + K::lo : x;
+  x = x > K::hi ? V{} + K::hi : x;
+  const V t = x * K::log2e + K::shift;
+  const V n = t - K::shift;
+  const V r = (x - n * K::ln2_hi) - n * K::ln2_lo;
+  V p = V{} + 1.98412698e-04f;  // 1/7!: the remainder r^8/8! is below 6e-9 for |r| <= ln2/2
   p = p * r + 1.38888889e-03f;
   p = p * r + 8.33333333e-03f;
   p = p * r + 4.16666667e-02f;
@@ -113,8 +94,14 @@ inline F8 vexp(F8 x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const F8 scale = std::bit_cast<F8>((std::bit_cast<U8>(t) + 127u) << 23);
-  return under ? F8{} : p * scale;
+  const V scale = std::bit_cast<V>((std::bit_cast<U>(t) + 127u) << 23);
+  return under ? V{} : p * scale;
+}
+inline float vexp(float x) {
+  return exp_f32<float, uint32_t>(x);
+}
+inline F8 vexp(F8 x) {
+  return exp_f32<F8, U8>(x);
 }
 
 // sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
