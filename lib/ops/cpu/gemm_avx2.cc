@@ -156,7 +156,7 @@ using Micro = void (*)(int64_t, const float*, const float*, float*, bool);
 constexpr std::array<Micro, kMR> kMicros =
     kernel_table<Micro, kMR>([](auto r) -> Micro { return &micro<decltype(r)::value>; });
 
-// A tile's rows as strips of kMR; a tile row's strips are packed together, a full tile's number apart.
+// A tile's rows as strips of kMR: a tile row's kStrips strips, packed together by the thread that runs it.
 constexpr int64_t kStrips = (kTileM + kMR - 1) / kMR;
 
 struct Job {
