@@ -23,6 +23,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ops/cpu/dnnl_matmul.h"
 #include "ops/cpu/grow_buffer.h"
@@ -268,15 +269,13 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   static GrowBuffer packed;
   auto* bp = static_cast<float*>(packed.reserve(static_cast<size_t>(b_mats * b_size) * sizeof(float)));
   const int64_t bgroup = tb ? 1 : kGroupB, btasks = (panels + bgroup - 1) / bgroup;
-  parallel_for(b_mats * btasks, 1, [&](int64_t s, int64_t e) {
-    for (int64_t u = s; u < e; ++u) {
-      const int64_t mat = u / btasks, p0 = u % btasks * bgroup, p1 = std::min(p0 + bgroup, panels),
-                    whole = tb ? p0 : std::clamp(n / kNR, p0, p1);
-      const float* bm = b + mat * b_stride;
-      float* out = bp + mat * b_size;
-      if (whole > p0) pack_panels(bm, ldb, k, p0, whole, out + p0 * panel_stride(k));
-      for (int64_t p = whole; p < p1; ++p) pack_panel(bm, ldb, tb, k, n, p, out + p * panel_stride(k));
-    }
+  parallel_for_units(b_mats * btasks, [&](int64_t u) {
+    const int64_t mat = u / btasks, p0 = u % btasks * bgroup, p1 = std::min(p0 + bgroup, panels),
+                  whole = tb ? p0 : std::clamp(n / kNR, p0, p1);
+    const float* bm = b + mat * b_stride;
+    float* out = bp + mat * b_size;
+    if (whole > p0) pack_panels(bm, ldb, k, p0, whole, out + p0 * panel_stride(k));
+    for (int64_t p = whole; p < p1; ++p) pack_panel(bm, ldb, tb, k, n, p, out + p * panel_stride(k));
   });
   // Narrower tiles where the product has fewer tiles than twice the threads (the bench CNN's classifier,
   // 64 x 3136 x 128, was one tile: one thread ran it at 47 GFLOP/s). A tile's shape changes no element's sum.
@@ -286,22 +285,25 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   const Job g{m, n, k, ldy, tile_n, alpha, beta, bias, y, bp, b_stride == 0 ? 0 : b_size};
   const int64_t cols = (n + tile_n - 1) / tile_n;
   // op(a)'s strips: a thread packs a tile row's when its tiles reach it (the comment at the top says why); a
-  // row whose tiles two threads share is packed by both.
-  parallel_for(batch * rows * cols, 1, [&](int64_t s, int64_t e) {
+  // row whose tiles two threads share is packed by both. Tiles are handed out as parallel_for_units does:
+  // each thread's share row by row, then the others' from their ends.
+  struct alignas(64) Held {
+    int64_t key = -1;  // the tile row in the thread's strips, as a_mat * rows + row
+  };
+  std::vector<Held> held(static_cast<size_t>(threads));
+  parallel_for_units(batch * rows * cols, [&](int64_t t) {
     thread_local GrowBuffer acc, strips;
     auto* rows_acc = static_cast<float*>(acc.reserve(static_cast<size_t>(kTileM * kTileN) * sizeof(float)));
     auto* ap =
         static_cast<float*>(strips.reserve(static_cast<size_t>(kStrips * strip_stride(k)) * sizeof(float)));
-    int64_t have = -1;  // the tile row in ap, as a_mat * rows + row
-    for (int64_t t = s; t < e; ++t) {
-      const int64_t mat = t / (rows * cols), row = t % (rows * cols) / cols,
-                    key = (a_stride == 0 ? 0 : mat) * rows + row;
-      if (key != have) {
-        pack_tile_row(a + mat * a_stride, lda, ta, m, k, row, ap);
-        have = key;
-      }
-      run_tile(g, mat, row * kTileM, t % cols * tile_n, ap, rows_acc);
+    const int64_t mat = t / (rows * cols), row = t % (rows * cols) / cols,
+                  key = (a_stride == 0 ? 0 : mat) * rows + row;
+    int64_t& have = held[static_cast<size_t>(omp_get_thread_num())].key;
+    if (key != have) {
+      pack_tile_row(a + mat * a_stride, lda, ta, m, k, row, ap);
+      have = key;
     }
+    run_tile(g, mat, row * kTileM, t % cols * tile_n, ap, rows_acc);
   });
 }
 
