@@ -11,6 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "ops/cpu/f8.h"
 #include "ops/cpu/parallel.h"
 #include "parallel/comm.h"
 
@@ -60,21 +61,9 @@ inline double vexp(double x) {
   return under ? 0.0 : p * scale;
 }
 
-// 8 f32 lanes (GCC's vector extension: one AVX register on AVX2 hosts) for the loops that called vexp per
-// element and stayed scalar (perf on a Zen 3 host: branches and scalar FMAs; cross entropy's two passes 1.9
-// ms of gpt-tiny's step). Each lane runs the scalar function's operations in its order: the same bits
-// (CrossEntropy.VectorExpsAreTheScalarOnes).
-typedef float F8 __attribute__((vector_size(32)));
-typedef uint32_t U8 __attribute__((vector_size(32)));
-
-inline F8 load8(const float* p) {
-  F8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, F8 v) {
-  std::memcpy(p, &v, sizeof v);
-}
+// F8 (f8.h) for the loops that called vexp per element and stayed scalar (perf on a Zen 3 host: branches
+// and scalar FMAs; cross entropy's two passes 1.9 ms of gpt-tiny's step). Each lane runs the scalar
+// function's operations in its order: the same bits (CrossEntropy.VectorExpsAreTheScalarOnes).
 
 // exp of f32 lanes, a float or an F8's 8, by the same operations (ExpF64's method, a degree-7 polynomial).
 template <typename V, typename U>
@@ -106,16 +95,31 @@ inline F8 vexp(F8 x) {
 
 // sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
 // only.
+// lane_sum_finish adds the tail from j on (element j + k to partial k) and folds the partials: shared with
+// row_lse<float>, whose whole blocks run in registers.
+template <typename A, typename F>
+inline A lane_sum_finish(A* acc, int64_t j, int64_t n, F f) {
+  for (int k = 0; j + k < n; ++k) acc[k] += f(j + k);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
 template <typename A, typename F>
 inline A lane_sum(int64_t n, F f) {
   A acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
     for (int k = 0; k < kLanes; ++k) acc[k] += f(j + k);
-  for (int k = 0; j + k < n; ++k) acc[k] += f(j + k);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
-  return acc[0];
+  return lane_sum_finish(acc, j, n, f);
+}
+
+// row_max's finish: the tail from j on into the kLanes running maxima, then their maximum in order.
+template <typename T>
+inline T row_max_finish(T* acc, const T* x, int64_t j, int64_t n) {
+  for (int k = 0; j + k < n; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+  T m = acc[0];
+  for (int k = 1; k < kLanes; ++k) m = acc[k] > m ? acc[k] : m;
+  return m;
 }
 
 template <typename T>
@@ -133,10 +137,7 @@ inline float row_max<float>(const float* x, int64_t n) {
   float acc[kLanes];
   store8(acc, a0);
   store8(acc + 8, a1);
-  for (int k = 0; j + k < n; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
-  float m = acc[0];
-  for (int k = 1; k < kLanes; ++k) m = acc[k] > m ? acc[k] : m;
-  return m;
+  return row_max_finish(acc, x, j, n);
 }
 template <typename T>
 inline T row_max(const T* x, int64_t n) {
@@ -145,10 +146,7 @@ inline T row_max(const T* x, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
     for (int k = 0; k < kLanes; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
-  for (int k = 0; j + k < n; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
-  T m = acc[0];
-  for (int k = 1; k < kLanes; ++k) m = acc[k] > m ? acc[k] : m;
-  return m;
+  return row_max_finish(acc, x, j, n);
 }
 
 // log(sum(exp(x))) of one row, max-subtracted. Not inlined: log_softmax and cross_entropy run this very
@@ -173,10 +171,7 @@ template <>
   float acc[kLanes];
   store8(acc, a0);
   store8(acc + 8, a1);
-  for (int k = 0; j + k < n; ++k) acc[k] += vexp(x[j + k] - m);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
-  return m + std::log(acc[0]);
+  return m + std::log(lane_sum_finish(acc, j, n, [&](int64_t i) { return vexp(x[i] - m); }));
 }
 
 // dx[j] = g * vexp(x[j] - m) for j < n, 8 at a time where f32.
