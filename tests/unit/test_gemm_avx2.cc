@@ -58,16 +58,27 @@ class GemmAvx2 : public ::testing::Test {
 TEST_F(GemmAvx2, BitsOfAPlainFmaLoopAtAnyThreadCount) {
   // Edges of the 6 x 16 register tiles, the 132 x 128 thread tiles (and the narrower ones of a product with
   // few tiles) and the 256-long k blocks; both transpositions; alpha, beta; a batch with B shared or not; K =
-  // 0 and 1; a transposed a's strips packed in groups (whole, cut by m, several per matrix).
+  // 0 and 1; a transposed a's strips packed in groups (whole, cut by m, several per matrix), and a k block at
+  // a time.
   const std::vector<Case> cases = {
-      {1, 1, 1, 1, false, false, false, 1.0f, 0.0f},       {1, 7, 17, 9, false, false, false, 1.0f, 0.0f},
-      {1, 130, 129, 300, false, false, false, 1.0f, 0.0f}, {1, 130, 129, 300, true, false, false, 1.0f, 0.0f},
-      {1, 130, 129, 300, false, true, false, 1.0f, 0.0f},  {1, 130, 129, 300, true, true, false, 1.0f, 0.0f},
-      {1, 64, 48, 513, true, false, false, 0.5f, 0.9f},    {1, 33, 40, 17, false, true, false, 1.0f, 1.0f},
-      {3, 20, 35, 23, false, true, false, 1.0f, 0.0f},     {3, 20, 35, 25, true, false, true, 1.0f, 0.0f},
-      {1, 5, 23, 0, false, false, false, 1.0f, 0.5f},      {2, 128, 256, 64, false, false, true, 1.0f, 0.0f},
-      {1, 270, 140, 40, false, false, false, 1.0f, 0.0f},  {1, 133, 200, 31, true, true, false, 1.0f, 0.0f},
+      {1, 1, 1, 1, false, false, false, 1.0f, 0.0f},
+      {1, 7, 17, 9, false, false, false, 1.0f, 0.0f},
+      {1, 130, 129, 300, false, false, false, 1.0f, 0.0f},
+      {1, 130, 129, 300, true, false, false, 1.0f, 0.0f},
+      {1, 130, 129, 300, false, true, false, 1.0f, 0.0f},
+      {1, 130, 129, 300, true, true, false, 1.0f, 0.0f},
+      {1, 64, 48, 513, true, false, false, 0.5f, 0.9f},
+      {1, 33, 40, 17, false, true, false, 1.0f, 1.0f},
+      {3, 20, 35, 23, false, true, false, 1.0f, 0.0f},
+      {3, 20, 35, 25, true, false, true, 1.0f, 0.0f},
+      {1, 5, 23, 0, false, false, false, 1.0f, 0.5f},
+      {2, 128, 256, 64, false, false, true, 1.0f, 0.0f},
+      {1, 270, 140, 40, false, false, false, 1.0f, 0.0f},
+      {1, 133, 200, 31, true, true, false, 1.0f, 0.0f},
       {2, 300, 24, 20, true, false, false, 1.0f, 0.0f},
+      // A transposed a over several k blocks in one-tile-wide rows: packed a k block at a time in the tile.
+      {1, 800, 40, 600, true, false, false, 0.5f, 0.9f},
+      {2, 800, 200, 300, true, true, true, 1.0f, 0.0f},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()

@@ -38,6 +38,7 @@ namespace flowrun::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16, kTileM = 132, kTileN = 128, kKC = 256;
+constexpr int64_t kAccN = 256;  // the accumulator rows' stride: the widest tile (blockwise below)
 // Floats from one packed strip of op(a) to the next, and from one panel of op(b) to the next: a line more
 // than the data. Without it strips of k = 2048 were 48 KiB apart, and the 22 written together, a few bytes
 // each per k, all fell into one L1 set (panels likewise from k = 64 on).
@@ -148,14 +149,14 @@ FR_AVX2 void pack_panel(const float* b, int64_t ldb, bool tb, int64_t k, int64_t
 }
 
 // R rows (R <= kMR) of a strip's kc-row block times that of a panel, into R x kNR accumulators at acc (rows
-// kTileN apart), which start at zero on the first block and hold the sums so far after it.
+// kAccN apart), which start at zero on the first block and hold the sums so far after it.
 template <int R>
 FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, bool first) {
   __m256 c0[R], c1[R];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kTileN);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kTileN + 8);
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kAccN);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kAccN + 8);
   }
 #pragma GCC unroll 4
   for (int64_t q = 0; q < kc; ++q) {
@@ -169,8 +170,8 @@ FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, bool
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    _mm256_store_ps(acc + r * kTileN, c0[r]);
-    _mm256_store_ps(acc + r * kTileN + 8, c1[r]);
+    _mm256_store_ps(acc + r * kAccN, c0[r]);
+    _mm256_store_ps(acc + r * kAccN + 8, c1[r]);
   }
 }
 
@@ -183,12 +184,17 @@ constexpr int64_t kStrips = (kTileM + kMR - 1) / kMR;
 
 struct Job {
   int64_t m, n, k, ldy;
-  int64_t tile_n;  // columns of a tile: kTileN, or fewer (a multiple of kNR) to give every thread tiles
+  int64_t tile_n;  // columns of a tile: kTileN (kAccN, blockwise), or fewer (a multiple of kNR) to give every
+                   // thread tiles
   float alpha, beta;
   const float* bias;
   float* y;
   const float* b;    // op(b) in panels: per matrix, (n / kNR rounded up) panels of k x kNR
   int64_t b_stride;  // floats from one matrix's panels to the next's (0: shared)
+  // op(a) packed a k block at a time in the tile (blockwise) rather than a tile row at a time before it.
+  const float* a;
+  int64_t lda, a_stride;
+  bool ta, blockwise;
 };
 
 // The strips of op(a)'s tile row `row` (rows kTileM row.. of m) at out, strip_stride(k) floats apart.
@@ -209,27 +215,36 @@ FR_AVX2 void pack_tile_row(const float* a, int64_t lda, bool ta, int64_t m, int6
 
 // Tile (i0, j0) of matrix `mat`: mt x nt of y, from its tile row's strips `a` (pack_tile_row), through the
 // accumulator rows `acc`.
-FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t i0, int64_t j0, const float* a, float* acc) {
+FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, const float* a, float* acc,
+                      float* blk) {
+  const int64_t i0 = row * kTileM;
   const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(g.tile_n, g.n - j0),
                 panels = (nt + kNR - 1) / kNR;
   const float* b = g.b + mat * g.b_stride + j0 / kNR * panel_stride(g.k);  // j0 / kNR panels of k x kNR in
   if (g.k == 0)
     for (int64_t r = 0; r < mt; ++r)
-      std::memset(acc + r * kTileN, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
+      std::memset(acc + r * kAccN, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
   for (int64_t k0 = 0; k0 < g.k; k0 += kKC) {
     const int64_t kc = std::min(kKC, g.k - k0);
+    const float* ak = a + k0 * kMR;
+    int64_t astride = strip_stride(g.k);
+    if (g.blockwise) {
+      pack_tile_row(g.a + mat * g.a_stride + (g.ta ? k0 * g.lda : k0), g.lda, g.ta, g.m, kc, row, blk);
+      ak = blk;
+      astride = strip_stride(kc);
+    }
     for (int64_t p = 0; p < panels; ++p) {
       const float* bp = b + p * panel_stride(g.k) + k0 * kNR;
       for (int64_t ir = 0; ir < mt; ir += kMR)
-        kMicros[static_cast<size_t>(std::min(kMR, mt - ir) - 1)](
-            kc, a + ir / kMR * strip_stride(g.k) + k0 * kMR, bp, acc + ir * kTileN + p * kNR, k0 == 0);
+        kMicros[static_cast<size_t>(std::min(kMR, mt - ir) - 1)](kc, ak + ir / kMR * astride, bp,
+                                                                 acc + ir * kAccN + p * kNR, k0 == 0);
     }
   }
   // y = fma(beta, y, alpha * acc + bias), 8 columns at a time and the rest one by one, with the same
   // roundings.
   const __m256 va = _mm256_set1_ps(g.alpha), vb = _mm256_set1_ps(g.beta);
   for (int64_t r = 0; r < mt; ++r) {
-    const float* s = acc + r * kTileN;
+    const float* s = acc + r * kAccN;
     float* y = g.y + mat * g.m * g.ldy + (i0 + r) * g.ldy + j0;
     const float* bias = g.bias ? g.bias + j0 : nullptr;
     int64_t c = 0;
@@ -279,31 +294,48 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   });
   // Narrower tiles where the product has fewer tiles than twice the threads (the bench CNN's classifier,
   // 64 x 3136 x 128, was one tile: one thread ran it at 47 GFLOP/s). A tile's shape changes no element's sum.
-  int64_t tile_n = kTileN;
+  // A transposed a with K over one block (a weight gradient, dy^T x) is packed a k block at a time in the
+  // tile, into 132 x kKC floats that stay in L2, where its tile row is one tile wide (n <= kAccN): packed
+  // whole, a row of gpt-tiny's (132 x 2048, 1 MiB) went to L3 and back, and its reads of dy (a few hundred
+  // bytes of each of K rows) waited on memory. gpt-tiny's 768 x 2048 x 256, 2 threads, operands out of
+  // cache: 125-132 -> 133-140 GFLOP/s; its step faster in 4 of 4 alternating pairs (medians 311-356 ->
+  // 307-321 ms). Not for an a that is not transposed: no gain (its strips are read along a's rows).
+  const bool wide = ta && k > kKC && n <= kAccN;
+  int64_t tile_n = wide ? kAccN : kTileN;
   const int64_t threads = omp_get_max_threads();
   while (tile_n > kNR && batch * rows * ((n + tile_n - 1) / tile_n) < 2 * threads) tile_n /= 2;
-  const Job g{m, n, k, ldy, tile_n, alpha, beta, bias, y, bp, b_stride == 0 ? 0 : b_size};
   const int64_t cols = (n + tile_n - 1) / tile_n;
+  const Job g{m, n,   k,        ldy, tile_n,           alpha, beta, bias, y, bp, b_stride == 0 ? 0 : b_size,
+              a, lda, a_stride, ta,  wide && cols == 1};
   // op(a)'s strips: a thread packs a tile row's when its tiles reach it (the comment at the top says why); a
   // row whose tiles two threads share is packed by both. Tiles are handed out as parallel_for_units does:
   // each thread's share row by row, then the others' from their ends.
-  struct alignas(64) Held {
-    int64_t key = -1;  // the tile row in the thread's strips, as a_mat * rows + row
+  // Each team member's accumulator rows and strips, by thread number (calls run one at a time, as above),
+  // reserved here: a thread that took no tile in the first steps would allocate in a later one.
+  struct Scratch {
+    GrowBuffer acc, strips;
+    int64_t have = -1;  // the tile row in strips, as a_mat * rows + row, in this call
   };
-  std::vector<Held> held(static_cast<size_t>(threads));
+  static std::vector<Scratch> scratch;
+  const auto slots = static_cast<size_t>(std::max<int64_t>(threads, omp_get_thread_num() + 1));
+  if (scratch.size() < slots) scratch.resize(slots);
+  constexpr size_t acc_bytes = static_cast<size_t>(kTileM * kAccN) * sizeof(float);
+  const size_t strip_floats = static_cast<size_t>(kStrips * strip_stride(g.blockwise ? kKC : k));
+  for (Scratch& sc : scratch) {
+    sc.acc.reserve(acc_bytes);
+    sc.strips.reserve(strip_floats * sizeof(float));
+    sc.have = -1;
+  }
   parallel_for_units(batch * rows * cols, [&](int64_t t) {
-    thread_local GrowBuffer acc, strips;
-    auto* rows_acc = static_cast<float*>(acc.reserve(static_cast<size_t>(kTileM * kTileN) * sizeof(float)));
-    auto* ap =
-        static_cast<float*>(strips.reserve(static_cast<size_t>(kStrips * strip_stride(k)) * sizeof(float)));
+    Scratch& sc = scratch[static_cast<size_t>(omp_get_thread_num())];
+    auto* ap = static_cast<float*>(sc.strips.reserve(strip_floats * sizeof(float)));
     const int64_t mat = t / (rows * cols), row = t % (rows * cols) / cols,
                   key = (a_stride == 0 ? 0 : mat) * rows + row;
-    int64_t& have = held[static_cast<size_t>(omp_get_thread_num())].key;
-    if (key != have) {
+    if (!g.blockwise && key != sc.have) {
       pack_tile_row(a + mat * a_stride, lda, ta, m, k, row, ap);
-      have = key;
+      sc.have = key;
     }
-    run_tile(g, mat, row * kTileM, t % cols * tile_n, ap, rows_acc);
+    run_tile(g, mat, row, t % cols * tile_n, ap, static_cast<float*>(sc.acc.reserve(acc_bytes)), ap);
   });
 }
 

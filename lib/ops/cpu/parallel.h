@@ -52,7 +52,14 @@ void parallel_for_units(int64_t n, F&& f) {
   struct alignas(64) Share {
     std::atomic<uint64_t> range;
   };
-  const auto shares = std::make_unique<Share[]>(static_cast<size_t>(nt));
+  // Grown once per calling thread: a step allocates nothing (tests/alloc).
+  thread_local std::unique_ptr<Share[]> held;
+  thread_local int held_n = 0;
+  if (held_n < nt) {
+    held = std::make_unique<Share[]>(static_cast<size_t>(nt));
+    held_n = nt;
+  }
+  Share* shares = held.get();
   const int64_t chunk = (n + nt - 1) / nt;
   for (int s = 0; s < nt; ++s) {
     const auto b = static_cast<uint64_t>(std::min<int64_t>(s * chunk, n)),
