@@ -38,7 +38,7 @@ namespace flowrun::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16, kTileM = 132, kTileN = 128, kKC = 256;
-constexpr int64_t kAccN = 256;  // the accumulator rows' stride: the widest tile (blockwise below)
+constexpr int64_t kAccN = 256;  // the widest tile (blockwise below)
 // Floats from one packed strip of op(a) to the next, and from one panel of op(b) to the next: a line more
 // than the data. Without it strips of k = 2048 were 48 KiB apart, and the 22 written together, a few bytes
 // each per k, all fell into one L1 set (panels likewise from k = 64 on).
@@ -149,14 +149,14 @@ FR_AVX2 void pack_panel(const float* b, int64_t ldb, bool tb, int64_t k, int64_t
 }
 
 // R rows (R <= kMR) of a strip's kc-row block times that of a panel, into R x kNR accumulators at acc (rows
-// kAccN apart), which start at zero on the first block and hold the sums so far after it.
+// lda apart), which start at zero on the first block and hold the sums so far after it.
 template <int R>
-FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, bool first) {
+FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, int64_t lda, bool first) {
   __m256 c0[R], c1[R];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kAccN);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kAccN + 8);
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * lda);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * lda + 8);
   }
 #pragma GCC unroll 4
   for (int64_t q = 0; q < kc; ++q) {
@@ -170,12 +170,12 @@ FR_AVX2 void micro(int64_t kc, const float* a, const float* bp, float* acc, bool
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    _mm256_store_ps(acc + r * kAccN, c0[r]);
-    _mm256_store_ps(acc + r * kAccN + 8, c1[r]);
+    _mm256_store_ps(acc + r * lda, c0[r]);
+    _mm256_store_ps(acc + r * lda + 8, c1[r]);
   }
 }
 
-using Micro = void (*)(int64_t, const float*, const float*, float*, bool);
+using Micro = void (*)(int64_t, const float*, const float*, float*, int64_t, bool);
 constexpr std::array<Micro, kMR> kMicros =
     kernel_table<Micro, kMR>([](auto r) -> Micro { return &micro<decltype(r)::value>; });
 
@@ -220,10 +220,12 @@ FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, const 
   const int64_t i0 = row * kTileM;
   const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(g.tile_n, g.n - j0),
                 panels = (nt + kNR - 1) / kNR;
+  // The accumulator rows as wide as the tile, so that a narrow tile's take no more cache than its data.
+  const int64_t ld = g.tile_n;
   const float* b = g.b + mat * g.b_stride + j0 / kNR * panel_stride(g.k);  // j0 / kNR panels of k x kNR in
   if (g.k == 0)
     for (int64_t r = 0; r < mt; ++r)
-      std::memset(acc + r * kAccN, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
+      std::memset(acc + r * ld, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
   for (int64_t k0 = 0; k0 < g.k; k0 += kKC) {
     const int64_t kc = std::min(kKC, g.k - k0);
     const float* ak = a + k0 * kMR;
@@ -237,14 +239,14 @@ FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, const 
       const float* bp = b + p * panel_stride(g.k) + k0 * kNR;
       for (int64_t ir = 0; ir < mt; ir += kMR)
         kMicros[static_cast<size_t>(std::min(kMR, mt - ir) - 1)](kc, ak + ir / kMR * astride, bp,
-                                                                 acc + ir * kAccN + p * kNR, k0 == 0);
+                                                                 acc + ir * ld + p * kNR, ld, k0 == 0);
     }
   }
   // y = fma(beta, y, alpha * acc + bias), 8 columns at a time and the rest one by one, with the same
   // roundings.
   const __m256 va = _mm256_set1_ps(g.alpha), vb = _mm256_set1_ps(g.beta);
   for (int64_t r = 0; r < mt; ++r) {
-    const float* s = acc + r * kAccN;
+    const float* s = acc + r * ld;
     float* y = g.y + mat * g.m * g.ldy + (i0 + r) * g.ldy + j0;
     const float* bias = g.bias ? g.bias + j0 : nullptr;
     int64_t c = 0;
