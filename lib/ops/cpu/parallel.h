@@ -1,5 +1,6 @@
-// Helpers shared by CPU kernels: OpenMP loops with static scheduling (deterministic for a fixed thread count)
-// and dtype dispatch.
+// Helpers shared by CPU kernels: OpenMP loops with static scheduling (deterministic for a fixed thread
+// count), one that hands units out to whichever thread is free (for units whose results do not depend on the
+// thread), and dtype dispatch.
 #pragma once
 
 #include <omp.h>
