@@ -79,6 +79,8 @@ TEST_F(GemmAvx2, BitsOfAPlainFmaLoopAtAnyThreadCount) {
       // A transposed a over several k blocks in one-tile-wide rows: packed a k block at a time in the tile.
       {1, 800, 40, 600, true, false, false, 0.5f, 0.9f},
       {2, 800, 200, 300, true, true, true, 1.0f, 0.0f},
+      // Two such rows: kept whole at 1 and 2 threads, narrowed at 3.
+      {1, 264, 100, 300, true, false, false, 1.0f, 0.0f},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()

@@ -301,11 +301,15 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   // whole, a row of gpt-tiny's (132 x 2048, 1 MiB) went to L3 and back, and its reads of dy (a few hundred
   // bytes of each of K rows) waited on memory. gpt-tiny's 768 x 2048 x 256, 2 threads, operands out of
   // cache: 125-132 -> 133-140 GFLOP/s; its step faster in 4 of 4 alternating pairs (medians 311-356 ->
-  // 307-321 ms). Not for an a that is not transposed: no gain (its strips are read along a's rows).
+  // 307-321 ms). Not for an a that is not transposed: no gain (its strips are read along a's rows). Such rows
+  // stay whole while every thread has one: gpt-tiny's 256 x 2048 x 256, narrowed to four tiles that each
+  // packed its row whole, ran at 73-100 GFLOP/s out of cache, at 82-119 as two (3 of 3 alternating). For n up
+  // to 1024 with 132 x n accumulators: 256 x 2048 x 1024 106-121 -> 84-108, so not past kAccN.
   const bool wide = ta && k > kKC && n <= kAccN;
   int64_t tile_n = wide ? kAccN : kTileN;
   const int64_t threads = omp_get_max_threads();
-  while (tile_n > kNR && batch * rows * ((n + tile_n - 1) / tile_n) < 2 * threads) tile_n /= 2;
+  if (!wide || batch * rows < threads)
+    while (tile_n > kNR && batch * rows * ((n + tile_n - 1) / tile_n) < 2 * threads) tile_n /= 2;
   const int64_t cols = (n + tile_n - 1) / tile_n;
   const Job g{m, n,   k,        ldy, tile_n,           alpha, beta, bias, y, bp, b_stride == 0 ? 0 : b_size,
               a, lda, a_stride, ta,  wide && cols == 1};
