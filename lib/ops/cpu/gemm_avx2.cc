@@ -213,10 +213,9 @@ FR_AVX2 void pack_tile_row(const float* a, int64_t lda, bool ta, int64_t m, int6
                out + (strip - s0) * strip_stride(k));
 }
 
-// Tile (i0, j0) of matrix `mat`: mt x nt of y, from its tile row's strips `a` (pack_tile_row), through the
-// accumulator rows `acc`.
-FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, const float* a, float* acc,
-                      float* blk) {
+// Tile (row, j0) of matrix `mat`: mt x nt of y, through the accumulator rows `acc`, from `strips`: its tile
+// row's strips (pack_tile_row), or where blockwise the buffer each k block of them is packed into.
+FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, float* strips, float* acc) {
   const int64_t i0 = row * kTileM;
   const int64_t mt = std::min(kTileM, g.m - i0), nt = std::min(g.tile_n, g.n - j0),
                 panels = (nt + kNR - 1) / kNR;
@@ -228,11 +227,11 @@ FR_AVX2 void run_tile(const Job& g, int64_t mat, int64_t row, int64_t j0, const 
       std::memset(acc + r * ld, 0, static_cast<size_t>(panels * kNR) * sizeof(float));
   for (int64_t k0 = 0; k0 < g.k; k0 += kKC) {
     const int64_t kc = std::min(kKC, g.k - k0);
-    const float* ak = a + k0 * kMR;
+    const float* ak = strips + k0 * kMR;
     int64_t astride = strip_stride(g.k);
     if (g.blockwise) {
-      pack_tile_row(g.a + mat * g.a_stride + (g.ta ? k0 * g.lda : k0), g.lda, g.ta, g.m, kc, row, blk);
-      ak = blk;
+      pack_tile_row(g.a + mat * g.a_stride + (g.ta ? k0 * g.lda : k0), g.lda, g.ta, g.m, kc, row, strips);
+      ak = strips;
       astride = strip_stride(kc);
     }
     for (int64_t p = 0; p < panels; ++p) {
@@ -334,14 +333,14 @@ void gemm_avx2(int64_t batch, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
   }
   parallel_for_units(batch * rows * cols, [&](int64_t t) {
     Scratch& sc = scratch[static_cast<size_t>(omp_get_thread_num())];
-    auto* ap = static_cast<float*>(sc.strips.reserve(strip_floats * sizeof(float)));
+    auto* ap = static_cast<float*>(sc.strips.data());
     const int64_t mat = t / (rows * cols), row = t % (rows * cols) / cols,
                   key = (a_stride == 0 ? 0 : mat) * rows + row;
     if (!g.blockwise && key != sc.have) {
       pack_tile_row(a + mat * a_stride, lda, ta, m, k, row, ap);
       sc.have = key;
     }
-    run_tile(g, mat, row, t % cols * tile_n, ap, static_cast<float*>(sc.acc.reserve(acc_bytes)), ap);
+    run_tile(g, mat, row, t % cols * tile_n, ap, static_cast<float*>(sc.acc.data()));
   });
 }
 

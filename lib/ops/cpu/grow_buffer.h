@@ -11,6 +11,7 @@ namespace flowrun::cpu {
 class GrowBuffer {
  public:
   size_t size() const { return size_; }
+  void* data() const { return data_.get(); }  // what the last reserve returned
   void* reserve(size_t bytes) {
     if (bytes > size_) {
       data_.reset(::operator new (bytes, std::align_val_t{64}));

@@ -61,11 +61,10 @@ inline double vexp(double x) {
   return under ? 0.0 : p * scale;
 }
 
-// F8 (f8.h) for the loops that called vexp per element and stayed scalar (perf on a Zen 3 host: branches
-// and scalar FMAs; cross entropy's two passes 1.9 ms of gpt-tiny's step). Each lane runs the scalar
-// function's operations in its order: the same bits (CrossEntropy.VectorExpsAreTheScalarOnes).
-
-// exp of f32 lanes, a float or an F8's 8, by the same operations (ExpF64's method, a degree-7 polynomial).
+// exp of f32 lanes, a float or an F8's 8 (f8.h), by the same operations (ExpF64's method, a degree-7
+// polynomial). The F8 form serves the loops that called vexp per element and stayed scalar (perf on a Zen 3
+// host: branches and scalar FMAs; cross entropy's two passes 1.9 ms of gpt-tiny's step); each lane runs the
+// scalar function's operations in its order: the same bits (CrossEntropy.VectorExpsAreTheScalarOnes).
 template <typename V, typename U>
 inline V exp_f32(V x) {
   using K = ExpF32;
@@ -93,10 +92,8 @@ inline F8 vexp(F8 x) {
   return exp_f32<F8, U8>(x);
 }
 
-// sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
-// only.
-// lane_sum_finish adds the tail from j on (element j + k to partial k) and folds the partials: shared with
-// row_lse<float>, whose whole blocks run in registers.
+// lane_sum's finish: the tail from j on (element j + k to partial k), then the partials folded pairwise.
+// Shared with row_lse<float>, whose whole blocks run in registers.
 template <typename A, typename F>
 inline A lane_sum_finish(A* acc, int64_t j, int64_t n, F f) {
   for (int k = 0; j + k < n; ++k) acc[k] += f(j + k);
@@ -104,6 +101,8 @@ inline A lane_sum_finish(A* acc, int64_t j, int64_t n, F f) {
     for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
   return acc[0];
 }
+// sum_j f(j) for j in [0, n) as kLanes interleaved partial sums combined pairwise: the order depends on n
+// only.
 template <typename A, typename F>
 inline A lane_sum(int64_t n, F f) {
   A acc[kLanes] = {};

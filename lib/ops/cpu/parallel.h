@@ -38,8 +38,8 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
 // result whichever thread runs them (gemm_avx2's tiles). Each thread starts on its own contiguous share,
 // front to back; one that finishes takes units one at a time from the back of the shares not yet done. With
 // equal static shares a short last unit, or a core the hypervisor or another process takes for a while, left
-// the other thread waiting at the region's end (libgomp's wait loop held 8-14% of gpt-tiny's samples on the
-// 2 vCPU Zen 3 host).
+// the other thread waiting at the region's end (on the 2 vCPU Zen 3 host, in slow minutes, libgomp's wait
+// loop held 8% of gpt-tiny's step's samples and 14% of its products' in flowrun_bench).
 template <typename F>
 void parallel_for_units(int64_t n, F&& f) {
   const int nt = omp_get_max_threads();
