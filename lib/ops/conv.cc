@@ -242,8 +242,16 @@ std::vector<OpSample> conv_samples() {
       {"direct 3x3 bias", {2, 16, 3, 18}, {16, 16, 3, 3}, true, {{"padding", Shape{1, 1}}}},
       {"direct 3x3 16 to 32", {1, 16, 4, 5}, {32, 16, 3, 3}, false, {{"padding", Shape{1, 1}}}},
       {"direct 3x3 one column", {1, 32, 3, 1}, {16, 32, 3, 3}, false, {{"padding", Shape{1, 1}}}},
-      // Its stride-2 weight gradient: an odd-height plane (the last output row's kh = 2 row past the edge),
-      // then an odd-width one (the last output pixel's kw = 2 pixel past the edge).
+      // cpu/conv_direct8_f32.cc (AVX2 hosts): a row in one tile that touches both edges, with one input and
+      // three output blocks of 8; a row in three tiles of unequal width (10, 11, 11).
+      {"direct 3x3 eight lanes one tile", {1, 8, 3, 9}, {24, 8, 3, 3}, true, {{"padding", Shape{1, 1}}}},
+      {"direct 3x3 eight lanes three tiles",
+       {1, 16, 2, 32},
+       {8, 16, 3, 3},
+       false,
+       {{"padding", Shape{1, 1}}}},
+      // conv_direct_f32.cc's stride-2 weight gradient: an odd-height plane (the last output row's kh = 2 row
+      // past the edge), then an odd-width one (the last output pixel's kw = 2 pixel past the edge).
       {"direct 3x3 stride 2",
        {2, 16, 7, 6},
        {32, 16, 3, 3},

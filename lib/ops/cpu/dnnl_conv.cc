@@ -21,6 +21,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cpu/conv_direct8_f32.h"
 #include "ops/cpu/conv_direct_f32.h"
 #include "ops/cpu/conv_wgrad8_f32.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
@@ -284,8 +285,8 @@ struct Shared {
   GrowBuffer partials;
   GrowBuffer wino_weights;    // wino3x3_bf16's transformed weights
   GrowBuffer wino_copies;     // its operands' nChw16c copies (Blocked)
-  GrowBuffer direct_weights;  // direct3x3_f32's rearranged weights
-  GrowBuffer direct_copies;   // its operands' nChw16c copies
+  GrowBuffer direct_weights;  // direct3x3_f32's (or direct3x3_f32x8's) rearranged weights
+  GrowBuffer direct_copies;   // their operands' nChw16c (nChw8c) copies
   // grad_weight's reorder of the summed partials from oneDNN's layout to f32 OIHW, per geometry.
   struct ToPlain {
     dnnl::memory from, to;
@@ -325,9 +326,10 @@ int wino_team(const ConvGeom& g) {
   return team_of(wino3x3_bf16_items(g));
 }
 
-// wino3x3_bf16's kernels read and write nChw16c only: an NCHW operand (an eager run's, or the gradient a
-// global pooling sends back to the last convolution) goes through an nChw16c copy. The copy is exact, so the
-// bits are the same in either layout, and an eager run's are the compiled one's.
+// wino3x3_bf16's and direct3x3_f32's kernels read and write nChw16c only, direct3x3_f32x8's nChw8c
+// (g.nchw8c): an NCHW operand (an eager run's, or the gradient a global pooling sends back to the last
+// convolution) goes through a blocked copy. The copy is exact, so the bits are the same in either layout, and
+// an eager run's are the compiled one's.
 class Blocked {
  public:
   struct Operand {
@@ -335,8 +337,8 @@ class Blocked {
     int64_t channels, hw;
   };
   // The operands in order, of `elem`-byte elements.
-  Blocked(const ConvGeom& g, size_t elem, std::initializer_list<Operand> operands)
-      : n_(g.n), elem_(elem), operands_(operands) {
+  Blocked(const ConvGeom& g, size_t elem, int64_t lanes, std::initializer_list<Operand> operands)
+      : n_(g.n), lanes_(lanes), elem_(elem), operands_(operands) {
     for (const Operand& o : operands_) {
       offset_.push_back(bytes_);
       if (o.plain) bytes_ += static_cast<size_t>(n_ * o.channels * o.hw) * elem_;
@@ -344,20 +346,20 @@ class Blocked {
   }
   size_t bytes() const { return bytes_; }
   bool plain(size_t i) const { return operands_[i].plain; }
-  // Operand i's nChw16c memory: `p` itself, or its copy in `buf`, filled from p when `read`.
+  // Operand i's blocked memory: `p` itself, or its copy in `buf`, filled from p when `read`.
   void* operand(GrowBuffer& buf, size_t i, const void* p, bool read) const {
     if (!plain(i)) return const_cast<void*>(p);
     char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
-    if (read) reorder_blocked(p, copy, n_, operands_[i].channels, operands_[i].hw, elem_, 16, true);
+    if (read) reorder_blocked(p, copy, n_, operands_[i].channels, operands_[i].hw, elem_, lanes_, true);
     return copy;
   }
   // Operand i's copy written back to its NCHW memory `p` (an output).
   void write_back(size_t i, const void* copy, void* p) const {
-    if (plain(i)) reorder_blocked(copy, p, n_, operands_[i].channels, operands_[i].hw, elem_, 16, false);
+    if (plain(i)) reorder_blocked(copy, p, n_, operands_[i].channels, operands_[i].hw, elem_, lanes_, false);
   }
 
  private:
-  int64_t n_;
+  int64_t n_, lanes_;
   size_t elem_;
   std::vector<Operand> operands_;
   std::vector<size_t> offset_;
@@ -366,10 +368,10 @@ class Blocked {
 
 // The activation operands, x-shaped then y-shaped (a forward pass: x, y) or y-shaped first (an input
 // gradient: dy, dx; a weight gradient: dy, x).
-Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem) {
+Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem, int64_t lanes = 16) {
   const Blocked::Operand x{!g.x_blocked, g.c, g.h * g.w}, y{!g.y_blocked, g.o, g.oh * g.ow};
-  if (y_first) return Blocked(g, elem, {y, x});
-  return Blocked(g, elem, {x, y});
+  if (y_first) return Blocked(g, elem, lanes, {y, x});
+  return Blocked(g, elem, lanes, {x, y});
 }
 
 // The forward pass or input gradient through wino3x3_bf16: the weights transformed once, the items split
@@ -400,8 +402,21 @@ void run_wino(const ConvGeom& g, bool grad_input, const void* in_, const void* w
 // f32 convolutions that direct3x3_f32 runs: where oneDNN's Winograd does not (the forward pass and input
 // gradient share winograd_fits' thresholds). On ResNet-20's 16-channel layers (64x16x32x32, in nChw16c, 2
 // threads, Intel AMX host) oneDNN's direct kernel took 1.24 ms a pass.
+// On AVX2 hosts (nChw8c) direct3x3_f32x8 runs them in place of oneDNN's AVX2 direct kernel, in a compiled
+// step (nChw8c) and an eager one (NCHW, through copies) alike, so that the two give the same bits.
+bool runs_direct8(dt t, const ConvGeom& g) {
+  return t == dt::f32 && convs_take_nchw8c() && direct3x3_f32x8_serves(g);
+}
 bool runs_direct(dt t, const ConvGeom& g) {
-  return t == dt::f32 && g.in_nchw16c() && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g);
+  return runs_direct8(t, g) ||
+         (t == dt::f32 && g.in_nchw16c() && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g));
+}
+
+size_t direct_weight_bytes(const ConvGeom& g) {
+  return runs_direct8(dt::f32, g) ? direct3x3_f32x8_weight_bytes(g) : direct3x3_f32_weight_bytes(g);
+}
+int64_t direct_lanes(const ConvGeom& g) {
+  return runs_direct8(dt::f32, g) ? 8 : 16;
 }
 
 // The forward pass or input gradient through direct3x3_f32, as run_wino.
@@ -409,17 +424,24 @@ void run_direct(const ConvGeom& g, bool grad_input, const void* in_, const void*
                 void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  const Blocked copies = operands_of(g, grad_input, 4);
+  const Blocked copies = operands_of(g, grad_input, 4, direct_lanes(g));
   const auto* in = static_cast<const float*>(copies.operand(s.direct_copies, 0, in_, true));
   auto* out = static_cast<float*>(copies.operand(s.direct_copies, 1, out_, false));
-  auto* v = static_cast<float*>(s.direct_weights.reserve(direct3x3_f32_weight_bytes(g)));
-  direct3x3_f32_weights(g, grad_input, static_cast<const float*>(w), v);
-  const int64_t items = direct3x3_f32_items(g);
+  auto* v = static_cast<float*>(s.direct_weights.reserve(direct_weight_bytes(g)));
+  const bool eight = runs_direct8(dt::f32, g);
+  if (eight)
+    direct3x3_f32x8_weights(g, grad_input, static_cast<const float*>(w), v);
+  else
+    direct3x3_f32_weights(g, grad_input, static_cast<const float*>(w), v);
+  const int64_t items = eight ? direct3x3_f32x8_items(g) : direct3x3_f32_items(g);
 #pragma omp parallel num_threads(team_of(items))
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    direct3x3_f32(g, grad_input, in, v, static_cast<const float*>(bias), out, t * items / nt,
-                  (t + 1) * items / nt);
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), i0 = t * items / nt,
+                  i1 = (t + 1) * items / nt;
+    if (eight)
+      direct3x3_f32x8(g, grad_input, in, v, static_cast<const float*>(bias), out, i0, i1);
+    else
+      direct3x3_f32(g, grad_input, in, v, static_cast<const float*>(bias), out, i0, i1);
   }
   copies.write_back(1, out, out_);
 }
@@ -514,7 +536,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
           true,
           4,
           &Shared::direct_copies,
-          "f32 direct 3x3 nChw16c copies",
+          "f32 direct 3x3 blocked copies",
           nullptr,
           [](const ConvGeom&) { return size_t{0}; },
           direct3x3_f32_wgrad_partial_elems,
@@ -769,10 +791,9 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     return out;
   }
   if (runs_direct(dnnl_type(t), g)) {
-    std::vector<std::pair<std::string, size_t>> out = {
-        {"f32 direct 3x3 weights", direct3x3_f32_weight_bytes(g)}};
-    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4).bytes();
-    if (copies > 0) out.emplace_back("f32 direct 3x3 nChw16c copies", copies);
+    std::vector<std::pair<std::string, size_t>> out = {{"f32 direct 3x3 weights", direct_weight_bytes(g)}};
+    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4, direct_lanes(g)).bytes();
+    if (copies > 0) out.emplace_back("f32 direct 3x3 blocked copies", copies);
     return out;
   }
   const Kind k = pass == ConvPass::grad_input ? Kind::bwd_data : bias ? Kind::fwd_bias : Kind::fwd;
