@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cpu/conv_direct_weights.h"
 #include "ops/cpu/parallel.h"
 
 // Compiled for AVX2 and FMA whatever the build's -march, and run only where the CPU has them.
@@ -124,23 +125,7 @@ int64_t direct3x3_f32x8_items(const ConvGeom& g) {
 
 void direct3x3_f32x8_weights(const ConvGeom& g, bool grad_input, const float* w, float* v) {
   FR_CHECK(direct3x3_f32x8_serves(g), "direct3x3_f32x8: unsupported geometry");
-  const Dims d(g, grad_input);
-  const int64_t cbs = d.ci / kLanes;
-  // v[ob][cb][kh][kw][i][j] multiplies pass input channel cb*8 + i into pass output channel ob*8 + j: the
-  // forward's w[ob*8 + j][cb*8 + i][kh][kw], the input gradient's w[cb*8 + i][ob*8 + j][2 - kh][2 - kw].
-  parallel_for(d.co / kLanes * cbs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t ob = p / cbs, cb = p % cbs;
-      float* out = v + p * 9 * kLanes * kLanes;
-      for (int64_t k = 0; k < 9; ++k)
-        for (int64_t i = 0; i < kLanes; ++i)
-          for (int64_t j = 0; j < kLanes; ++j) {
-            const int64_t pi = cb * kLanes + i, pj = ob * kLanes + j;
-            out[(k * kLanes + i) * kLanes + j] =
-                grad_input ? w[(pi * g.c + pj) * 9 + (8 - k)] : w[(pj * g.c + pi) * 9 + k];
-          }
-    }
-  });
+  direct3x3_rearrange_weights<kLanes>(g, grad_input, w, v);
 }
 
 void direct3x3_f32x8(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,

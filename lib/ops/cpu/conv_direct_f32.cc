@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cpu/conv_direct_weights.h"
 #include "ops/cpu/parallel.h"
 
 #if defined(__AVX512F__)
@@ -174,23 +175,7 @@ size_t direct3x3_f32_weight_bytes(const ConvGeom& g) {
 
 void direct3x3_f32_weights(const ConvGeom& g, bool grad_input, const float* w, float* v) {
   FR_CHECK(direct3x3_f32_serves(g), "direct3x3_f32: unsupported geometry");
-  const Dims d(g, grad_input);
-  const int64_t cbs = d.ci / 16;
-  // v[ob][cb][kh][kw][i][j] multiplies pass input channel cb*16 + i into pass output channel ob*16 + j: the
-  // forward's w[ob*16 + j][cb*16 + i][kh][kw], the input gradient's w[cb*16 + i][ob*16 + j][2 - kh][2 - kw].
-  parallel_for(d.co / 16 * cbs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t ob = p / cbs, cb = p % cbs;
-      float* out = v + p * 9 * 256;
-      for (int64_t k = 0; k < 9; ++k)
-        for (int64_t i = 0; i < 16; ++i)
-          for (int64_t j = 0; j < 16; ++j) {
-            const int64_t pi = cb * 16 + i, pj = ob * 16 + j;
-            out[(k * 16 + i) * 16 + j] =
-                grad_input ? w[(pi * g.c + pj) * 9 + (8 - k)] : w[(pj * g.c + pi) * 9 + k];
-          }
-    }
-  });
+  direct3x3_rearrange_weights<16>(g, grad_input, w, v);
 }
 
 int64_t direct3x3_f32_items(const ConvGeom& g) {
