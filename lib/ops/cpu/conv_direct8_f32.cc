@@ -115,14 +115,6 @@ bool direct3x3_f32x8_serves(const ConvGeom& g) {
          g.groups == 1 && g.c % kLanes == 0 && g.o % kLanes == 0;
 }
 
-size_t direct3x3_f32x8_weight_bytes(const ConvGeom& g) {
-  return static_cast<size_t>(9 * g.o * g.c) * sizeof(float);
-}
-
-int64_t direct3x3_f32x8_items(const ConvGeom& g) {
-  return g.n * g.h;
-}
-
 void direct3x3_f32x8_weights(const ConvGeom& g, bool grad_input, const float* w, float* v) {
   FR_CHECK(direct3x3_f32x8_serves(g), "direct3x3_f32x8: unsupported geometry");
   direct3x3_rearrange_weights<kLanes>(g, grad_input, w, v);

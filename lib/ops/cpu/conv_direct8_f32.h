@@ -16,17 +16,13 @@ namespace flowrun::cpu {
 // NCHW one (x_blocked, y_blocked false) in nChw8c: dnnl_conv.cc copies those.
 bool direct3x3_f32x8_serves(const ConvGeom& g);
 
-// Bytes of the rearranged weights, and the work items (an image's output row each).
-size_t direct3x3_f32x8_weight_bytes(const ConvGeom& g);
-int64_t direct3x3_f32x8_items(const ConvGeom& g);
-
-// The weights (O, C, 3, 3) rearranged into `v` (direct3x3_f32x8_weight_bytes, 32-byte aligned) as one vector
+// The weights (O, C, 3, 3) rearranged into `v` (direct3x3_weight_bytes, 32-byte aligned) as one vector
 // of 8 output channels per (output block, input block, kh, kw, input channel): for the forward pass, or
 // flipped and transposed for the input gradient (the convolution of dy by those filters).
 void direct3x3_f32x8_weights(const ConvGeom& g, bool grad_input, const float* w, float* v);
 
-// The outputs of work items [i0, i1): y from x (forward,
-// plus `bias` (O) when not null), or dx from dy (grad_input, bias null), with the weights `v` of that pass.
+// The outputs of work items [i0, i1) (direct3x3_items: an image's output row each): y from x (forward, plus
+// `bias` (O) when not null), or dx from dy (grad_input, bias null), with the weights `v` of that pass.
 // Each output is one sum in a fixed order (bias, then kh, input block, input channel, kw), so the bits
 // depend on no thread count or item split.
 void direct3x3_f32x8(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,

@@ -169,17 +169,9 @@ bool direct3x3_f32_serves(const ConvGeom& g) {
   return g.sh == 1 && direct3x3_f32_wgrad_serves(g);
 }
 
-size_t direct3x3_f32_weight_bytes(const ConvGeom& g) {
-  return static_cast<size_t>(9 * g.o * g.c) * 4;
-}
-
 void direct3x3_f32_weights(const ConvGeom& g, bool grad_input, const float* w, float* v) {
   FR_CHECK(direct3x3_f32_serves(g), "direct3x3_f32: unsupported geometry");
   direct3x3_rearrange_weights<16>(g, grad_input, w, v);
-}
-
-int64_t direct3x3_f32_items(const ConvGeom& g) {
-  return g.n * g.h;
 }
 
 void direct3x3_f32(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,
@@ -268,14 +260,8 @@ void direct3x3_f32_wgrad_finish(const ConvGeom& g, const float* partials, int64_
 bool direct3x3_f32_serves(const ConvGeom&) {
   return false;
 }
-size_t direct3x3_f32_weight_bytes(const ConvGeom&) {
-  return 0;
-}
 void direct3x3_f32_weights(const ConvGeom&, bool, const float*, float*) {
   FR_CHECK(false, "direct3x3_f32: built without AVX-512");
-}
-int64_t direct3x3_f32_items(const ConvGeom&) {
-  return 0;
 }
 void direct3x3_f32(const ConvGeom&, bool, const float*, const float*, const float*, float*, int64_t,
                    int64_t) {

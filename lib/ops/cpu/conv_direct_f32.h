@@ -18,19 +18,15 @@ namespace flowrun::cpu {
 // ones).
 bool direct3x3_f32_serves(const ConvGeom& g);
 
-// Bytes of the rearranged weights.
-size_t direct3x3_f32_weight_bytes(const ConvGeom& g);
-
-// The weights (O, C, 3, 3) rearranged into `v` (direct3x3_f32_weight_bytes, 64-byte aligned) as one vector
+// The weights (O, C, 3, 3) rearranged into `v` (direct3x3_weight_bytes, 64-byte aligned) as one vector
 // of 16 output channels per (output block, input block, kh, kw, input channel): for the forward pass, or
 // flipped and transposed for the input gradient (the convolution of dy by those filters).
 void direct3x3_f32_weights(const ConvGeom& g, bool grad_input, const float* w, float* v);
 
-// Work items (an image's output row each) and the outputs of items [i0, i1): y from x (forward, plus `bias`
-// (O) when not null), or dx from dy (grad_input, bias null), with the weights `v` of that pass. Each output
-// is one sum in a fixed order (bias, then kh, input block, input channel, kw), so the bits depend on no
-// thread count or item split.
-int64_t direct3x3_f32_items(const ConvGeom& g);
+// The outputs of work items [i0, i1) (direct3x3_items: an image's output row each): y from x (forward, plus
+// `bias` (O) when not null), or dx from dy (grad_input, bias null), with the weights `v` of that pass. Each
+// output is one sum in a fixed order (bias, then kh, input block, input channel, kw), so the bits depend on
+// no thread count or item split.
 void direct3x3_f32(const ConvGeom& g, bool grad_input, const float* in, const float* v, const float* bias,
                    float* out, int64_t i0, int64_t i1);
 

@@ -1,13 +1,22 @@
-// The weights of a 3x3 convolution rearranged for the direct kernels (conv_direct_f32.cc with 16 lanes,
-// conv_direct8_f32.cc with 8), for a forward pass or an input gradient.
+// What the direct 3x3 kernels (conv_direct_f32.cc with 16 lanes, conv_direct8_f32.cc with 8) share: their
+// work items and the rearrangement of the weights for a forward pass or an input gradient.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ops/cpu/conv.h"
 #include "ops/cpu/parallel.h"
 
 namespace flowrun::cpu {
+
+// Work items of a pass (an image's output row each), and the bytes of its rearranged weights.
+inline int64_t direct3x3_items(const ConvGeom& g) {
+  return g.n * g.h;
+}
+inline size_t direct3x3_weight_bytes(const ConvGeom& g) {
+  return static_cast<size_t>(9 * g.o * g.c) * sizeof(float);
+}
 
 // w (O, C, 3, 3) into v as one vector of L pass output channels per (output block, input block, kh, kw,
 // input channel): v[ob][cb][kh][kw][i][j] multiplies pass input channel cb*L + i into pass output channel

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "ops/cpu/conv_direct8_f32.h"
 #include "ops/cpu/conv_direct_f32.h"
+#include "ops/cpu/conv_direct_weights.h"
 #include "ops/cpu/conv_wgrad8_f32.h"
 #include "ops/cpu/conv_wgrad_bf16.h"
 #include "ops/cpu/conv_wgrad_few_f32.h"
@@ -326,8 +327,8 @@ int wino_team(const ConvGeom& g) {
   return team_of(wino3x3_bf16_items(g));
 }
 
-// wino3x3_bf16's and direct3x3_f32's kernels read and write nChw16c only, direct3x3_f32x8's nChw8c
-// (g.nchw8c): an NCHW operand (an eager run's, or the gradient a global pooling sends back to the last
+// wino3x3_bf16's and direct3x3_f32's kernels read and write nChw16c only (direct3x3_f32x8's take nChw8c
+// copies): an NCHW operand (an eager run's, or the gradient a global pooling sends back to the last
 // convolution) goes through a blocked copy. The copy is exact, so the bits are the same in either layout, and
 // an eager run's are the compiled one's.
 class Blocked {
@@ -412,28 +413,21 @@ bool runs_direct(dt t, const ConvGeom& g) {
          (t == dt::f32 && g.in_nchw16c() && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g));
 }
 
-size_t direct_weight_bytes(const ConvGeom& g) {
-  return runs_direct8(dt::f32, g) ? direct3x3_f32x8_weight_bytes(g) : direct3x3_f32_weight_bytes(g);
-}
-int64_t direct_lanes(const ConvGeom& g) {
-  return runs_direct8(dt::f32, g) ? 8 : 16;
-}
-
 // The forward pass or input gradient through direct3x3_f32, as run_wino.
 void run_direct(const ConvGeom& g, bool grad_input, const void* in_, const void* w, const void* bias,
                 void* out_) {
   Shared& s = shared();
   std::lock_guard<std::mutex> lock(s.mu);
-  const Blocked copies = operands_of(g, grad_input, 4, direct_lanes(g));
+  const bool eight = runs_direct8(dt::f32, g);
+  const Blocked copies = operands_of(g, grad_input, 4, eight ? 8 : 16);
   const auto* in = static_cast<const float*>(copies.operand(s.direct_copies, 0, in_, true));
   auto* out = static_cast<float*>(copies.operand(s.direct_copies, 1, out_, false));
-  auto* v = static_cast<float*>(s.direct_weights.reserve(direct_weight_bytes(g)));
-  const bool eight = runs_direct8(dt::f32, g);
+  auto* v = static_cast<float*>(s.direct_weights.reserve(direct3x3_weight_bytes(g)));
   if (eight)
     direct3x3_f32x8_weights(g, grad_input, static_cast<const float*>(w), v);
   else
     direct3x3_f32_weights(g, grad_input, static_cast<const float*>(w), v);
-  const int64_t items = eight ? direct3x3_f32x8_items(g) : direct3x3_f32_items(g);
+  const int64_t items = direct3x3_items(g);
 #pragma omp parallel num_threads(team_of(items))
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), i0 = t * items / nt,
@@ -791,8 +785,8 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
     return out;
   }
   if (runs_direct(dnnl_type(t), g)) {
-    std::vector<std::pair<std::string, size_t>> out = {{"f32 direct 3x3 weights", direct_weight_bytes(g)}};
-    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4, direct_lanes(g)).bytes();
+    std::vector<std::pair<std::string, size_t>> out = {{"f32 direct 3x3 weights", direct3x3_weight_bytes(g)}};
+    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4).bytes();
     if (copies > 0) out.emplace_back("f32 direct 3x3 blocked copies", copies);
     return out;
   }
