@@ -52,6 +52,10 @@ class Attrs {
     map_[k] = std::move(v);
     return *this;
   }
+  Attrs& erase(std::string_view k) {
+    if (auto it = map_.find(k); it != map_.end()) map_.erase(it);
+    return *this;
+  }
   const std::map<std::string, Attr, std::less<>>& all() const { return map_; }
   std::string str() const;
 

@@ -297,17 +297,23 @@ bool depends_on(const Graph& g, ValueId v, NodeId n) {
 void fuse_backward(Graph& g, DeviceKind device) {
   // The mask input exists in the CPU kernels only. A conv -> relu -> maxpool gradient otherwise writes the
   // pooled gradient over the whole activation and reads it back at once to mask it (the bench CNN's largest
-  // tensors, a twelfth of its step).
+  // tensors, a twelfth of its step). The mask is the pooling's output y: relu_grad's mask is relu's output,
+  // the pooling's input x, and it matters only at each window's chosen element, whose value y holds; a
+  // quarter of x's bytes for 2x2 windows.
   if (device != DeviceKind::cpu) return;
   const auto consumers = g.consumers();
   const std::set<ValueId> outputs = g.output_values();
   for (Node& rg : g.nodes()) {
-    if (rg.dead || rg.op != "relu_grad") continue;
+    if (rg.dead || rg.op != "relu_grad" || rg.inputs.size() != 2) continue;
     const Value& d = g.value(rg.inputs[0]);
     if (d.producer < 0 || consumers[static_cast<size_t>(d.id)].size() != 1 || outputs.count(d.id)) continue;
     Node& pool = g.node(d.producer);
     if (pool.op != "maxpool2d_grad" || pool.inputs.size() != 2) continue;
-    pool.inputs.push_back(rg.inputs[1]);
+    const Value& idx = g.value(pool.inputs[1]);
+    if (idx.producer < 0) continue;
+    const Node& fwd = g.node(idx.producer);
+    if (fwd.op != "maxpool2d" || fwd.inputs[0] != rg.inputs[1]) continue;
+    pool.inputs.push_back(fwd.outputs[0]);
     pool.name += "+relu_grad";
     rg.dead = true;
     replace_uses(g, rg.outputs[0], d.id);
@@ -392,6 +398,21 @@ void fuse_backward(Graph& g, DeviceKind device) {
     rg.inputs = {u.id, rg.inputs[1], v.id};
     rg.name += "+add";
     a.dead = true;
+  }
+  // conv -> relu -> maxpool, once the pooling's gradient masks by its own output (above): nothing but the
+  // pooling reads the relu's output, so the pooling applies the relu as it loads each element (attr relu),
+  // the same values and choices, and the activation is neither written nor kept for the backward pass.
+  const auto last = g.consumers();
+  for (Node& mp : g.nodes()) {
+    if (mp.dead || mp.op != "maxpool2d" || mp.attrs.b("relu")) continue;
+    const Value& x = g.value(mp.inputs[0]);
+    if (x.producer < 0 || last[static_cast<size_t>(x.id)].size() != 1 || outputs.count(x.id)) continue;
+    Node& r = g.node(x.producer);
+    if (r.dead || r.op != "relu") continue;
+    mp.inputs[0] = r.inputs[0];
+    mp.attrs.set("relu", true);
+    mp.name += "+relu";
+    r.dead = true;
   }
 }
 

@@ -162,7 +162,8 @@ std::vector<Tensor> maxpool_reference(const std::vector<Tensor>& in, const Attrs
           for (int64_t kj = 0; kj < p.kw; ++kj) {
             const int64_t iy = oy * p.sh - p.ph + ki, ix = ox * p.sw - p.pw + kj;
             if (iy < 0 || iy >= xs[2] || ix < 0 || ix >= xs[3]) continue;
-            const double v = x[(pl * xs[2] + iy) * xs[3] + ix];
+            const double u = x[(pl * xs[2] + iy) * xs[3] + ix];
+            const double v = a.b("relu") ? std::max(u, 0.0) : u;
             if (v > best) best = v, bi = iy * xs[3] + ix;
           }
         y.data<double>()[k] = best;
@@ -282,10 +283,12 @@ std::vector<OpSample> conv_samples() {
 
 // Distinct, well-separated values (a shuffled ramp with step 0.01), so max pooling has no ties or kinks
 // within a finite-difference step.
-void distinct_fill(int i, Tensor& t, uint64_t seed) {
+// Distinct values 0.01 apart around `offset`, shuffled.
+void distinct_fill(int i, Tensor& t, uint64_t seed, double offset = 0) {
   const size_t n = static_cast<size_t>(t.numel());
   std::vector<double> v(n);
-  for (size_t k = 0; k < n; ++k) v[k] = 0.01 * (static_cast<double>(k) - 0.5 * static_cast<double>(n));
+  for (size_t k = 0; k < n; ++k)
+    v[k] = offset + 0.01 * (static_cast<double>(k) - 0.5 * static_cast<double>(n));
   const RngStream r{seed, 3000 + static_cast<uint64_t>(i)};
   for (size_t k = n; k > 1; --k) {
     const size_t j = std::min(k - 1, static_cast<size_t>(r.uniform(k) * static_cast<double>(k)));
@@ -315,13 +318,24 @@ std::vector<OpSample> pool_samples(bool max) {
       o.inputs = {{k.x, DType::f64}};
       o.attrs = k.attrs;
       if (max) {
-        o.fill = distinct_fill;
+        o.fill = [](int i, Tensor& t, uint64_t seed) { distinct_fill(i, t, seed); };
         o.reference = maxpool_reference;
       } else {
         o.attrs.set("count_include_pad", inc == 0);
         o.label += inc == 0 ? " count_include_pad" : " exclude pad";
         o.reference = avgpool_reference;
       }
+      s.push_back(o);
+    }
+  // maxpool2d with its fused relu: overlapping padded windows, and 2x2 ones (the unrolled kernels). Most
+  // values negative, so that windows of relu's zeros (tied, no gradient) occur, and none within 0.0025 of
+  // relu's kink at 0, where a finite difference sees half a slope.
+  if (max)
+    for (const size_t c : {size_t{0}, size_t{2}}) {
+      OpSample o = s[c];
+      o.attrs.set("relu", true);
+      o.label += " relu";
+      o.fill = [](int i, Tensor& t, uint64_t seed) { distinct_fill(i, t, seed, -0.1975); };
       s.push_back(o);
     }
   return s;
@@ -482,8 +496,9 @@ void register_conv_ops(OpRegistry& r) {
   mp.doc =
       "2-d max pooling, NCHW: attrs kernel [kh,kw], stride (default kernel), padding [0,0] (as -inf); "
       "outputs "
-      "y and i64 indices of each maximum within its (n, c) plane (ih * W + iw); attr blocked (false): x, y "
-      "and the indices in nChw16c, nChw8c with attr nchw8c, NHWC with attr nhwc";
+      "y and i64 indices of each maximum within its (n, c) plane (ih * W + iw); attr relu (false): pools "
+      "relu(x) (a relu that only the pooling reads, fused by the CPU's backward fusion, graph/passes.cc); "
+      "attr blocked (false): x, y and the indices in nChw16c, nChw8c with attr nchw8c, NHWC with attr nhwc";
   mp.num_outputs = [](const Attrs&) { return 2; };
   mp.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     check_nchw("maxpool2d", "input", in[0]);
@@ -493,8 +508,11 @@ void register_conv_ops(OpRegistry& r) {
   mp.cost = pool_cost;
   mp.nondiff_outputs = {1};
   mp.grad = [](GradCtx& c) -> std::vector<ValueId> {
-    return {c.b.op1("maxpool2d_grad", {c.dout(0), c.out(1)},
-                    with_shape(c.attrs(), "in_shape", c.b.shape(c.in(0))))};
+    std::vector<ValueId> in = {c.dout(0), c.out(1)};
+    if (c.attrs().b("relu")) in.push_back(c.out(0));  // relu's gradient: the pooled value as the mask
+    Attrs a = with_shape(c.attrs(), "in_shape", c.b.shape(c.in(0)));
+    a.erase("relu");
+    return {c.b.op1("maxpool2d_grad", in, a)};
   };
   mp.sbp = batch_split;
   // bf16: the maximum is one of the inputs, so the native kernel picks exactly what the f32 one would.
@@ -507,18 +525,19 @@ void register_conv_ops(OpRegistry& r) {
   mg.doc =
       "gradient of maxpool2d: (dy, indices[, mask]) -> dx of attribute in_shape, dy scattered to each "
       "argmax; "
-      "with a mask (shaped like dx: the fused relu_grad of the CPU's backward fusion, graph/passes.cc), dx "
-      "is "
-      "0 where mask <= 0; attr blocked (false): all in nChw16c, nChw8c with attr nchw8c, NHWC with attr nhwc";
+      "with a mask (maxpool2d's output y, shaped like dy: the fused relu_grad of the CPU's backward fusion, "
+      "graph/passes.cc), a window adds its dy only where y > 0; attr blocked (false): all in nChw16c, "
+      "nChw8c with attr nchw8c, NHWC with attr nhwc";
   mg.num_inputs = -1;
   mg.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in.size() != 2 && in.size() != 3)
       throw input_error(cat("maxpool2d_grad takes (dy, indices[, mask]), got ", in.size(), " inputs"));
     check_nchw("maxpool2d_grad", "dy", in[0]);
     const Shape xs = attr_shape("maxpool2d_grad", a, "in_shape");
-    if (in.size() == 3 && in[2].shape != xs)
-      throw input_error(cat("maxpool2d_grad: the mask ", shape_str(in[2].shape), " must be shaped like dx ",
-                            shape_str(xs)));
+    if (in.size() == 3 && (in[2].shape != in[0].shape || in[2].dtype != in[0].dtype))
+      throw input_error(cat("maxpool2d_grad: the mask ", shape_str(in[2].shape), " ", dtype_name(in[2].dtype),
+                            " must be shaped and typed like dy ", shape_str(in[0].shape), " ",
+                            dtype_name(in[0].dtype)));
     if (in[1].dtype != DType::i64 || in[1].shape != in[0].shape)
       throw input_error(cat("maxpool2d_grad: indices must be i64 shaped like dy ", shape_str(in[0].shape)));
     if (pool_out_shape("maxpool2d_grad", xs, a) != in[0].shape)

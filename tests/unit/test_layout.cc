@@ -221,9 +221,10 @@ TEST(BlockedLayout, BatchnormTakesItsReluAndTrainsBitwiseAsEager) {
   }
 }
 
-// Overlapping, padded windows on odd planes after a ReLU (so that windows tie at zero), the ReLU's gradient
-// fused into the pooling's, and the bias gradients summed per channel where they lie: x (2, 16, 7, 7) ->
-// conv 16 + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global average -> mse.
+// Overlapping, padded windows on odd planes after a ReLU (so that windows tie at zero), the ReLU fused into
+// the pooling and its gradient into the pooling's, and the bias gradients summed per channel where they lie:
+// x (2, 16, 7, 7) -> conv 16 + bias -> relu -> maxpool 3, stride 2, padding 1 -> conv 16 + bias -> global
+// average -> mse.
 Program compile_overlapping_pool(bool blocked, bool eager = false, std::optional<Layout> as = std::nullopt) {
   Graph g;
   GraphBuilder b(g);
@@ -249,11 +250,20 @@ TEST(BlockedLayout, OverlappingMaxPoolAndBiasGradientsTrainBitwiseAsEager) {
   EXPECT_EQ(blocked_ops["maxpool2d"], 1);
   EXPECT_EQ(blocked_ops["maxpool2d_grad"], 1);
   EXPECT_EQ(blocked_ops["reduce_sum"], 1);  // a's bias gradient; b's dy comes plain from global pooling
-  // relu_grad is fused into the pooling's gradient (graph/passes.cc, fuse_backward); the eager program,
-  // unfused and plain, is the reference.
-  int relu_grads = 0;
-  for (NodeId id : blocked.order) relu_grads += blocked.graph.node(id).op == "relu_grad";
-  EXPECT_EQ(relu_grads, 0);
+  // relu_grad is fused into the pooling's gradient, its mask the pooled output, and then the relu into the
+  // pooling (graph/passes.cc, fuse_backward); the eager program, unfused and plain, is the reference.
+  int relus = 0, relu_pools = 0;
+  for (NodeId id : blocked.order) {
+    const Node& n = blocked.graph.node(id);
+    relus += n.op == "relu_grad" || n.op == "relu";
+    relu_pools += n.op == "maxpool2d" && n.attrs.b("relu");
+    if (n.op == "maxpool2d_grad") {
+      ASSERT_EQ(n.inputs.size(), 3u);
+      EXPECT_EQ(blocked.graph.value(n.inputs[2]).producer, blocked.graph.value(n.inputs[1]).producer);
+    }
+  }
+  EXPECT_EQ(relus, 0);
+  EXPECT_EQ(relu_pools, 1);
   const auto [plain_losses, plain] = train_sgd(compile_overlapping_pool(false, /*eager=*/true), 3);
   for (Layout l : kChannelBlocks) {
     SCOPED_TRACE(layout_name(l));

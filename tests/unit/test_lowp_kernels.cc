@@ -323,19 +323,21 @@ TEST(LowpKernels, BatchnormMatchesWidenedFloat32WithFloat32Statistics) {
 }
 
 // Max pooling in bf16 picks the f32 kernel's maxima and indices (a maximum is one of the inputs), plain and
-// nChw16c (attr blocked), with overlapping padded windows and the 2x2 windows that tile a plane; NaNs and
-// ties included (the bf16 grid of [-4, 4] ties often). Its gradient, where windows tile the plane, is the
-// widened f32 kernel's exactly, relu mask included.
+// nChw16c (attr blocked), with and without its fused relu, with overlapping padded windows and the 2x2
+// windows that tile a plane; NaNs and ties included (the bf16 grid of [-4, 4] ties often). Its gradient,
+// where windows tile the plane, is the widened f32 kernel's exactly, relu mask (the pooled output) included.
 TEST(LowpKernels, MaxPoolMatchesWidenedFloat32) {
   for (const bool blocked : {false, true}) {
     Tensor x = bf16_input({2, 16, 9, 8}, 40);
     x.data<bf16>()[5] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
     x.data<bf16>()[300] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
-    for (const int64_t k : {2, 3}) {
-      SCOPED_TRACE(cat(blocked ? "blocked" : "plain", ", window ", k));
-      Attrs a{{"kernel", k}, {"stride", int64_t{2}}, {"padding", int64_t{k - 2}}, {"blocked", blocked}};
-      expect_native_matches_widened("maxpool2d", a, {x});
-    }
+    for (const int64_t k : {2, 3})
+      for (const bool relu : {false, true}) {
+        SCOPED_TRACE(cat(blocked ? "blocked" : "plain", ", window ", k, relu ? ", relu" : ""));
+        Attrs a{{"kernel", k}, {"stride", int64_t{2}}, {"padding", int64_t{k - 2}}, {"blocked", blocked}};
+        a.set("relu", relu);
+        expect_native_matches_widened("maxpool2d", a, {x});
+      }
     SCOPED_TRACE(blocked ? "blocked gradient" : "plain gradient");
     const Tensor xt = bf16_input({2, 16, 8, 8}, 41);
     const Attrs a{{"kernel", int64_t{2}}, {"stride", int64_t{2}}, {"blocked", blocked}};
@@ -345,7 +347,7 @@ TEST(LowpKernels, MaxPoolMatchesWidenedFloat32) {
     ga.set("in_shape", std::vector<int64_t>{2, 16, 8, 8});
     const Tensor dy = bf16_input({2, 16, 4, 4}, 42);
     expect_native_matches_widened("maxpool2d_grad", ga, {dy, fwd[1]});
-    expect_native_matches_widened("maxpool2d_grad", ga, {dy, fwd[1], bf16_input({2, 16, 8, 8}, 43)});
+    expect_native_matches_widened("maxpool2d_grad", ga, {dy, fwd[1], fwd[0]});
   }
 }
 

@@ -175,13 +175,37 @@ void conv2d_grad_weight_t(const KernelCtx& c) {
   }
 }
 
+// maxpool2d's attr relu (graph/passes.cc fuses a relu that only the pooling reads): each input is taken as
+// relu(x) = x > 0 ? x : 0 as it is loaded, the relu op's values (NaN and -0 become +0), so windows, ties
+// and indices are the unfused pair's. maxps(v, 0) is v > 0 ? v : 0, the same rule.
+template <bool R, typename C>
+C relu_if(C v) {
+  if constexpr (R) return v > 0 ? v : C{0};
+  return v;
+}
+#if defined(__AVX2__)
+template <bool R>
+__m256 relu8(__m256 v) {
+  if constexpr (R) return _mm256_max_ps(v, _mm256_setzero_ps());
+  return v;
+}
+#endif
+
 #if defined(__AVX512F__)
+template <bool R>
+__m512 relu16(__m512 v) {
+  // The zero-masking form: GCC 12 warns (maybe-uninitialized) inside the unmasked one.
+  if constexpr (R) return _mm512_maskz_max_ps(0xffff, v, _mm512_setzero_ps());
+  return v;
+}
+
 // The 2x2, stride-2 window on one output row of f32 planes: 16 outputs per step, from 32 floats of each of
 // its two input rows (masked: rows of a small image hold fewer). Each input row's pairs are reduced first,
 // then the two rows: the same choice as the row-major scan (the first maximum wins, because a pair's
 // maximum beats the other pair's only when strictly greater; a NaN wins over a number, the later NaN over
 // an earlier one), so values and indices equal the scalar loop's. Indices are int32 inside a plane, widened
-// to the op's int64.
+// to the op's int64. R: relu applied to each input as it is loaded (attr relu).
+template <bool R>
 void maxpool2x2_row_f32(const float* r0, const float* r1, int64_t w, int64_t ow, int32_t base, float* y,
                         int64_t* id) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -200,8 +224,10 @@ void maxpool2x2_row_f32(const float* r0, const float* r1, int64_t w, int64_t ow,
     const __mmask16 hi = static_cast<__mmask16>(avail >= 32  ? 0xffff
                                                 : avail > 16 ? (1u << (avail - 16)) - 1
                                                              : 0);
-    const __m512 a0 = _mm512_maskz_loadu_ps(lo, r0 + x0), a1 = _mm512_maskz_loadu_ps(hi, r0 + x0 + 16);
-    const __m512 b0 = _mm512_maskz_loadu_ps(lo, r1 + x0), b1 = _mm512_maskz_loadu_ps(hi, r1 + x0 + 16);
+    const __m512 a0 = relu16<R>(_mm512_maskz_loadu_ps(lo, r0 + x0));
+    const __m512 a1 = relu16<R>(_mm512_maskz_loadu_ps(hi, r0 + x0 + 16));
+    const __m512 b0 = relu16<R>(_mm512_maskz_loadu_ps(lo, r1 + x0));
+    const __m512 b1 = relu16<R>(_mm512_maskz_loadu_ps(hi, r1 + x0 + 16));
     __mmask16 right0, right1, lower;
     const __m512 top =
         pick(_mm512_permutex2var_ps(a0, even, a1), _mm512_permutex2var_ps(a0, odd, a1), right0);
@@ -238,14 +264,6 @@ void for_each_window(const PoolGeom& g, F f) {
   }
 }
 
-// relu_grad fused into maxpool2d_grad (its optional mask input, graph/passes.cc): d = m > 0 ? d : 0 over a
-// plane the scatter has just written, still in cache.
-template <typename S>
-void apply_relu_mask(const S* m, S* d, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) d[i] = ld(m[i]) > 0 ? d[i] : S{};
-}
-
 // The AVX-512 pooling code serves f32 and bf16 storage alike (simd16.h), 16 lanes (nChw16c, NHWC); the AVX2
 // code f32 in 8 lanes (nChw8c).
 template <typename S>
@@ -276,7 +294,7 @@ inline __m256 index_hits(__m256i lo, __m256i hi, __m256i i) {
 // kernel's row-major order with the same rule, and the gradient adds into each element in the same order,
 // so both give the plain kernels' values. pool_geom reads the shape (N, C, H, W) alone, which the layouts
 // share.
-template <typename T, int64_t L>
+template <typename T, int64_t L, bool R>
 void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks& pb) {
   using C = Compute<T>;
   const T* x = c.in[0].as<T>();
@@ -293,12 +311,12 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks&
         const int64_t o = y0 + j * ps;
 #if defined(__AVX512F__)
         if constexpr (kSimd16<T> && L == 16) {
-          __m512 best = simd16::load(xp + first * ps);
+          __m512 best = relu16<R>(simd16::load(xp + first * ps));
           __m512i lo = _mm512_set1_epi64(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              const __m512 v = simd16::load(xp + i * ps);
+              const __m512 v = relu16<R>(simd16::load(xp + i * ps));
               // first maximum wins; NaN propagates
               const __mmask16 t =
                   _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -315,12 +333,12 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks&
 #endif
 #if defined(__AVX2__)
         if constexpr (std::is_same_v<T, float> && L == 8) {
-          __m256 best = _mm256_loadu_ps(xp + first * ps);
+          __m256 best = relu8<R>(_mm256_loadu_ps(xp + first * ps));
           __m256i lo = _mm256_set1_epi64x(first), hi = lo;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
-              const __m256 v = _mm256_loadu_ps(xp + i * ps);
+              const __m256 v = relu8<R>(_mm256_loadu_ps(xp + i * ps));
               // first maximum wins; NaN propagates
               const __m256 t =
                   _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -339,7 +357,7 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks&
         int64_t bi[L];
 #pragma omp simd
         for (int l = 0; l < L; ++l) {
-          best[l] = ld(xp[first * ps + l]);
+          best[l] = relu_if<R>(ld(xp[first * ps + l]));
           bi[l] = first;
         }
         for (int64_t iy = ya; iy < yb; ++iy)
@@ -348,7 +366,7 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks&
             const T* v = xp + i * ps;
 #pragma omp simd
             for (int l = 0; l < L; ++l) {
-              const C u = ld(v[l]);
+              const C u = relu_if<R>(ld(v[l]));
               const bool t = u > best[l] || u != u;  // first maximum wins; NaN propagates
               best[l] = t ? u : best[l];
               bi[l] = t ? i : bi[l];
@@ -365,7 +383,10 @@ void maxpool2d_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks&
 // output order: per element the plain kernel's additions in its order, L lanes at a time instead of one
 // scattered add per element. bf16 rounds after each addition: where windows overlap, a pixel two windows
 // chose gets two roundings, where the f32 kernel run widened gets one; where they tile the plane every pixel
-// gets at most one dy and both are exact.
+// gets at most one dy and both are exact. The optional mask is maxpool2d's output y (relu_grad fused in,
+// graph/passes.cc): a window adds its dy only where y > 0. y is the chosen element's value, so this is
+// relu_grad's test of that element, made once per window on the pooled plane rather than on every element
+// of dx: every window that chose an element sees the same y, and dx is 0 where none adds.
 template <typename T, int64_t L>
 void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBlocks& pb) {
   const T* dy = c.in[0].as<T>();
@@ -381,7 +402,6 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
   parallel_for(g.n * pb.blocks(), grain_for(L * (ip + op * g.kh * g.kw)), [&](int64_t s, int64_t e) {
     for (int64_t pl = s; pl < e; ++pl) {
       T* dp = dx + pb.base(pl, ip);
-      const T* mp = mask ? mask + pb.base(pl, ip) : nullptr;
       const int64_t y0 = pb.base(pl, op);
 #if defined(__AVX512F__)
       if constexpr (kSimd16<T> && L == 16) {
@@ -391,14 +411,15 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
             const __m512 gv = simd16::load(dy + y0 + o * ps);
             const __m512i lo = _mm512_loadu_si512(idx + y0 + o * ps);
             const __m512i hi = _mm512_loadu_si512(idx + y0 + o * ps + 8);
+            const __mmask16 live =
+                mask ? _mm512_cmp_ps_mask(simd16::load(mask + y0 + o * ps), zero, _CMP_GT_OQ) : 0xffff;
             const int64_t oy = o / g.ow, ox = o % g.ow;
             for (int64_t ky = 0; ky < g.kh; ++ky)
               for (int64_t kx = 0; kx < g.kw; ++kx) {
                 const int64_t i = (oy * g.kh + ky) * g.w + ox * g.kw + kx;
                 const __m512i iv = _mm512_set1_epi64(i);
-                __mmask16 keep = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
-                                                        (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
-                if (mask) keep &= _mm512_cmp_ps_mask(simd16::load(mp + i * ps), zero, _CMP_GT_OQ);
+                const __mmask16 keep = live & static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
+                                                                     (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
                 simd16::store(dp + i * ps, _mm512_maskz_add_ps(keep, zero, gv));
               }
           }
@@ -411,17 +432,16 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
         if (tiles) {
           const __m256 zero = _mm256_setzero_ps();
           for (int64_t o = 0; o < op; ++o) {
-            const __m256 gv = _mm256_add_ps(zero, _mm256_loadu_ps(dy + y0 + o * ps));
+            __m256 gv = _mm256_add_ps(zero, _mm256_loadu_ps(dy + y0 + o * ps));
+            if (mask)
+              gv = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(mask + y0 + o * ps), zero, _CMP_GT_OQ), gv);
             const auto* io = reinterpret_cast<const __m256i*>(idx + y0 + o * ps);
             const __m256i lo = _mm256_loadu_si256(io), hi = _mm256_loadu_si256(io + 1);
             const int64_t oy = o / g.ow, ox = o % g.ow;
             for (int64_t ky = 0; ky < g.kh; ++ky)
               for (int64_t kx = 0; kx < g.kw; ++kx) {
                 const int64_t i = (oy * g.kh + ky) * g.w + ox * g.kw + kx;
-                __m256 keep = index_hits(lo, hi, _mm256_set1_epi64x(i));
-                if (mask)
-                  keep = _mm256_and_ps(keep, _mm256_cmp_ps(_mm256_loadu_ps(mp + i * ps), zero, _CMP_GT_OQ));
-                _mm256_storeu_ps(dp + i * ps, _mm256_and_ps(keep, gv));
+                _mm256_storeu_ps(dp + i * ps, _mm256_and_ps(index_hits(lo, hi, _mm256_set1_epi64x(i)), gv));
               }
           }
           continue;
@@ -437,12 +457,14 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
         if constexpr (kSimd16<T> && L == 16) {
           const __m512 gv = simd16::load(go);
           const __m512i lo = _mm512_loadu_si512(io), hi = _mm512_loadu_si512(io + 8);
+          const __mmask16 live =
+              mask ? _mm512_cmp_ps_mask(simd16::load(mask + o), _mm512_setzero_ps(), _CMP_GT_OQ) : 0xffff;
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
               const __m512i iv = _mm512_set1_epi64(i);
-              const __mmask16 hit = static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
-                                                           (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
+              const __mmask16 hit = live & static_cast<__mmask16>(_mm512_cmpeq_epi64_mask(lo, iv) |
+                                                                  (_mm512_cmpeq_epi64_mask(hi, iv) << 8));
               T* d = dp + i * ps;
               const __m512 dv = simd16::load(d);
               simd16::store(d, _mm512_mask_add_ps(dv, hit, dv, gv));
@@ -455,13 +477,15 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
           const __m256 gv = _mm256_loadu_ps(go);
           const auto* iv = reinterpret_cast<const __m256i*>(io);
           const __m256i lo = _mm256_loadu_si256(iv), hi = _mm256_loadu_si256(iv + 1);
+          const __m256 live = mask ? _mm256_cmp_ps(_mm256_loadu_ps(mask + o), _mm256_setzero_ps(), _CMP_GT_OQ)
+                                   : _mm256_castsi256_ps(_mm256_set1_epi32(-1));
           for (int64_t iy = ya; iy < yb; ++iy)
             for (int64_t ix = xa; ix < xb; ++ix) {
               const int64_t i = iy * g.w + ix;
               T* d = dp + i * ps;
               const __m256 dv = _mm256_loadu_ps(d);
-              _mm256_storeu_ps(
-                  d, _mm256_blendv_ps(dv, _mm256_add_ps(dv, gv), index_hits(lo, hi, _mm256_set1_epi64x(i))));
+              const __m256 hit = _mm256_and_ps(live, index_hits(lo, hi, _mm256_set1_epi64x(i)));
+              _mm256_storeu_ps(d, _mm256_blendv_ps(dv, _mm256_add_ps(dv, gv), hit));
             }
           return;
         }
@@ -471,21 +495,15 @@ void maxpool2d_grad_blocked(const KernelCtx& c, const PoolGeom& g, const PixelBl
             const int64_t i = iy * g.w + ix;
             T* d = dp + i * ps;
             for (int l = 0; l < L; ++l)
-              if (io[l] == i) d[l] = st<T>(ld(d[l]) + ld(go[l]));
+              if (io[l] == i && (!mask || ld(mask[o + l]) > 0)) d[l] = st<T>(ld(d[l]) + ld(go[l]));
           }
       });
-      if (mask) pb.each_run(ip, [mp, dp](int64_t o, int64_t len) { apply_relu_mask(mp + o, dp + o, len); });
     }
   });
 }
 
-template <typename T>
-void maxpool2d_t(const KernelCtx& c) {
-  const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
-  if (c.attrs().b("blocked")) {
-    const PixelBlocks pb{g.c, c.attrs()};
-    return pb.with_lanes([&](auto lanes) { maxpool2d_blocked<T, decltype(lanes)::value>(c, g, pb); });
-  }
+template <typename T, bool R>
+void maxpool2d_plain(const KernelCtx& c, const PoolGeom& g) {
   const T* x = c.in[0].as<T>();
   T* y = c.out[0].as<T>();
   int64_t* idx = c.out[1].as<int64_t>();
@@ -495,7 +513,7 @@ void maxpool2d_t(const KernelCtx& c) {
   const bool pool2 = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
   using C = Compute<T>;
   auto take = [](T s, int64_t i, C& best, int64_t& bi) {
-    const C v = ld(s);
+    const C v = relu_if<R>(ld(s));
     const bool t = v > best || v != v;
     best = t ? v : best;
     bi = t ? i : bi;
@@ -508,10 +526,10 @@ void maxpool2d_t(const KernelCtx& c) {
 #if defined(__AVX512F__)
       if (pool2 && std::is_same_v<T, float> && ip <= std::numeric_limits<int32_t>::max()) {
         for (int64_t oy = 0; oy < g.oh; ++oy)
-          maxpool2x2_row_f32(reinterpret_cast<const float*>(xp) + 2 * oy * g.w,
-                             reinterpret_cast<const float*>(xp) + (2 * oy + 1) * g.w, g.w, g.ow,
-                             static_cast<int32_t>(2 * oy * g.w), reinterpret_cast<float*>(yp) + oy * g.ow,
-                             id + oy * g.ow);
+          maxpool2x2_row_f32<R>(reinterpret_cast<const float*>(xp) + 2 * oy * g.w,
+                                reinterpret_cast<const float*>(xp) + (2 * oy + 1) * g.w, g.w, g.ow,
+                                static_cast<int32_t>(2 * oy * g.w), reinterpret_cast<float*>(yp) + oy * g.ow,
+                                id + oy * g.ow);
         continue;
       }
 #endif
@@ -523,7 +541,7 @@ void maxpool2d_t(const KernelCtx& c) {
 #pragma omp simd
           for (int64_t ox = 0; ox < g.ow; ++ox) {
             const int64_t i = 2 * ox;
-            C best = ld(r0[i]);
+            C best = relu_if<R>(ld(r0[i]));
             int64_t bi = base + i;
             take(r0[i + 1], base + i + 1, best, bi);
             take(r1[i], base + g.w + i, best, bi);
@@ -537,10 +555,10 @@ void maxpool2d_t(const KernelCtx& c) {
       for_each_window(g, [&](int64_t o, int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
         // Padding is -inf, i.e. never chosen: start from the first real element of the window.
         int64_t best_i = ya * g.w + xa;
-        C best = ld(xp[best_i]);
+        C best = relu_if<R>(ld(xp[best_i]));
         for (int64_t iy = ya; iy < yb; ++iy)
           for (int64_t ix = xa; ix < xb; ++ix) {
-            const C v = ld(xp[iy * g.w + ix]);
+            const C v = relu_if<R>(ld(xp[iy * g.w + ix]));
             if (v > best || v != v) {  // first maximum wins; NaN propagates as in PyTorch
               best = v;
               best_i = iy * g.w + ix;
@@ -551,6 +569,24 @@ void maxpool2d_t(const KernelCtx& c) {
       });
     }
   });
+}
+
+template <typename T>
+void maxpool2d_t(const KernelCtx& c) {
+  const PoolGeom g = pool_geom(*c.in[0].shape, c.attrs());
+  const auto run = [&](auto relu) {
+    constexpr bool R = decltype(relu)::value;
+    if (c.attrs().b("blocked")) {
+      const PixelBlocks pb{g.c, c.attrs()};
+      pb.with_lanes([&](auto lanes) { maxpool2d_blocked<T, decltype(lanes)::value, R>(c, g, pb); });
+    } else {
+      maxpool2d_plain<T, R>(c, g);
+    }
+  };
+  if (c.attrs().b("relu"))
+    run(std::true_type{});
+  else
+    run(std::false_type{});
 }
 
 template <typename T>
@@ -571,9 +607,10 @@ void maxpool2d_grad_t(const KernelCtx& c) {
       T* dp = dx + pl * ip;
       const T* gp = dy + pl * op;
       const int64_t* id = idx + pl * op;
+      const T* mp = mask ? mask + pl * op : nullptr;
       std::fill(dp, dp + ip, T{});
-      for (int64_t j = 0; j < op; ++j) dp[id[j]] = st<T>(ld(dp[id[j]]) + ld(gp[j]));
-      if (mask) apply_relu_mask(mask + pl * ip, dp, ip);
+      for (int64_t j = 0; j < op; ++j)
+        if (!mp || ld(mp[j]) > 0) dp[id[j]] = st<T>(ld(dp[id[j]]) + ld(gp[j]));
     }
   });
 }

@@ -271,6 +271,8 @@ void conv2d_grad_weight(const KernelCtx& c) {
 }
 
 void maxpool2d(const KernelCtx& c) {
+  // As the gradient's mask below: attr relu comes from the CPU's backward fusion alone.
+  FR_CHECK(!c.attrs().b("relu"), "maxpool2d with a fused relu has no CUDA kernel");
   const TensorView& x = c.in[0];
   maxpool2d(storage_of(x.dtype), pool_of(*x.shape, c.attrs()), x.data, c.out[0].data, c.out[1].as<int64_t>(),
             stream_of(c));
