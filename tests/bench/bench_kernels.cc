@@ -149,6 +149,11 @@ void register_cases() {
         {{"trans_a", true}, {"out_dtype", std::string("f32")}}}},
       {"linear/fwd+bwd_2048x256->1024",
        {"linear", {{{2048, 256}, f32}, {{1024, 256}, f32}, {{1024}, f32}}, {}, true}},
+      // The bench CNN's classifier (3136 -> 128, batch 64): x W^T, dy W and dy^T x.
+      {"linear/cnn_fc_64x3136->128", {"linear", {{{64, 3136}, f32}, {{128, 3136}, f32}, {{128}, f32}}, {}}},
+      {"matmul/cnn_fc_dx_64x128x3136", {"matmul", {{{64, 128}, f32}, {{128, 3136}, f32}}, {}}},
+      {"matmul/cnn_fc_dw_128x64x3136",
+       {"matmul", {{{64, 128}, f32}, {{64, 3136}, f32}}, {{"trans_a", true}}}},
       {"conv2d/cnn_64x32x14x14_k3x64",
        {"conv2d",
         {{{64, 32, 14, 14}, f32}, {{64, 32, 3, 3}, f32}, {{64}, f32}},
