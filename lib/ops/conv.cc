@@ -281,9 +281,8 @@ std::vector<OpSample> conv_samples() {
   return s;
 }
 
-// Distinct, well-separated values (a shuffled ramp with step 0.01), so max pooling has no ties or kinks
-// within a finite-difference step.
-// Distinct values 0.01 apart around `offset`, shuffled.
+// Distinct, well-separated values (a shuffled ramp with step 0.01 around `offset`), so max pooling has no
+// ties or kinks within a finite-difference step.
 void distinct_fill(int i, Tensor& t, uint64_t seed, double offset = 0) {
   const size_t n = static_cast<size_t>(t.numel());
   std::vector<double> v(n);

@@ -334,8 +334,11 @@ TEST(LowpKernels, MaxPoolMatchesWidenedFloat32) {
     for (const int64_t k : {2, 3})
       for (const bool relu : {false, true}) {
         SCOPED_TRACE(cat(blocked ? "blocked" : "plain", ", window ", k, relu ? ", relu" : ""));
-        Attrs a{{"kernel", k}, {"stride", int64_t{2}}, {"padding", int64_t{k - 2}}, {"blocked", blocked}};
-        a.set("relu", relu);
+        const Attrs a{{"kernel", k},
+                      {"stride", int64_t{2}},
+                      {"padding", int64_t{k - 2}},
+                      {"blocked", blocked},
+                      {"relu", relu}};
         expect_native_matches_widened("maxpool2d", a, {x});
       }
     SCOPED_TRACE(blocked ? "blocked gradient" : "plain gradient");
