@@ -213,6 +213,26 @@ TEST(ConvF32, KernelsAreBitwiseReproducible) {
   }
 }
 
+// nChw8c <-> nChw16c (the copies through which AVX-512's 16-channel kernels read an nChw8c graph) moves
+// each element where the two reorders through NCHW put it, for 4- and 2-byte elements, on planes that are
+// not a multiple of any vector.
+TEST(Reorder, ChannelBlocksOfEightAndSixteenRegroupAsThroughNchw) {
+  const int64_t n = 2, c = 32, hw = 7 * 5;
+  for (size_t elem : {size_t{4}, size_t{2}}) {
+    SCOPED_TRACE(elem);
+    const size_t bytes = static_cast<size_t>(n * c * hw) * elem;
+    std::vector<unsigned char> plain(bytes), eight(bytes), sixteen(bytes), out(bytes);
+    for (size_t i = 0; i < bytes; ++i) plain[i] = static_cast<unsigned char>(i * 2654435761u >> 13);
+    cpu::reorder_blocked(plain.data(), eight.data(), n, c, hw, elem, 8, true);
+    cpu::reorder_blocked(plain.data(), sixteen.data(), n, c, hw, elem, 16, true);
+    ASSERT_NE(eight, sixteen);
+    cpu::regroup_blocked(eight.data(), out.data(), n, c, hw, elem, 8, 16);
+    EXPECT_EQ(out, sixteen);
+    cpu::regroup_blocked(sixteen.data(), out.data(), n, c, hw, elem, 16, 8);
+    EXPECT_EQ(out, eight);
+  }
+}
+
 // maxpool2d's 2x2 stride-2 kernel (vectorised for f32) chooses as the row-major scan of each window does:
 // the first maximum, a NaN over a number, the later NaN over an earlier one. Inputs from a few values (ties
 // everywhere, as after a ReLU) with NaNs; odd sizes (a row and column left over), rows wider than one
@@ -274,6 +294,11 @@ bool held_is_predicted(DType t, bool own = false) {
     // and at stride 2 the weight gradient, whose dy copy is a quarter of x's plane
     for (auto& op :
          three_ops({16, 32, 64, 64}, {64, 32, 3, 3}, {{"padding", Shape{1, 1}}, {"stride", Shape{2, 2}}}))
+      ops.push_back(op);
+    // and in nChw8c, which AVX-512's 16-channel kernels read through copies (larger planes: the largest)
+    for (auto& op :
+         three_ops({16, 16, 48, 48}, {16, 16, 3, 3},
+                   {{"padding", Shape{1, 1}}, {"x_blocked", true}, {"y_blocked", true}, {"nchw8c", true}}))
       ops.push_back(op);
   }
   if (t == DType::bf16) {

@@ -2,8 +2,9 @@
 // the blocked layout (nChw16c with AVX-512, nChw8c below it), max pooling included, with reorders only where
 // a plain reader (global pooling) meets them, and trains to bitwise the losses, weights and running
 // statistics of the same program all in NCHW. The bitwise tests run both nChw16c and nChw8c on every host:
-// oneDNN reorders to its own layout inside a convolution where the graph's is the other, and the blocked
-// kernels of batchnorm, pooling and the per-channel sum have a path for each block width.
+// oneDNN reorders to its own layout inside a convolution where the graph's is the other, flowrun's own
+// 16-channel convolution kernels (AVX-512) read nChw8c through copies and its 8-channel ones (AVX2) read
+// either, and the blocked kernels of batchnorm, pooling and the per-channel sum have a path for each width.
 #include <gtest/gtest.h>
 
 #include <cmath>

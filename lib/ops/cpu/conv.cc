@@ -866,6 +866,27 @@ void reorder_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t h
   reorder_lanes<16>(from, to, n * (c / 16), hw, elem, to_blocked);
 }
 
+void regroup_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
+                     int64_t from_lanes, int64_t to_lanes) {
+  FR_CHECK((from_lanes == 8 && to_lanes == 16) || (from_lanes == 16 && to_lanes == 8),
+           "regroup: between channel blocks of 8 and 16");
+  FR_CHECK(c % 16 == 0, "regroup: channels in multiples of 16, got ", c);
+  // Each 16-channel block is two 8-channel ones: pixel i's 16 lanes are its 8 in the first (at 8-lane
+  // group 2 i of the wide block, group i of the first narrow one) and its 8 in the second (2 i + 1, hw + i).
+  const size_t half = 8 * elem;
+  const bool widen = to_lanes == 16;
+  const auto* src = static_cast<const char*>(from);
+  auto* dst = static_cast<char*>(to);
+  parallel_for(n * (c / 16), grain_for(16 * hw), [&](int64_t s, int64_t e) {
+    for (int64_t b = s; b < e; ++b)
+      for (int64_t i = 0; i < hw; ++i)
+        for (int64_t k = 0; k < 2; ++k) {
+          const int64_t wide = 2 * b * hw + 2 * i + k, narrow = 2 * b * hw + k * hw + i;
+          std::memcpy(dst + (widen ? wide : narrow) * half, src + (widen ? narrow : wide) * half, half);
+        }
+  });
+}
+
 // The nr x nc block at src (row stride lds) transposed into dst (row stride ldd), nr, nc <= 16: 32-bit
 // values by transpose16, 16-bit ones (bf16) widened to 32 bits around it, others one by one.
 template <typename T>

@@ -59,8 +59,6 @@ struct ConvGeom {
   // with nchw8c (attribute nchw8c: oneDNN's AVX2 kernels) they are nChw8c, with nhwc (attribute nhwc: bf16
   // on AMX) NHWC instead.
   bool x_blocked = false, y_blocked = false, nchw8c = false, nhwc = false;
-  // Whether the blocked operands are in nChw16c, the one blocked layout flowrun's own kernels read.
-  bool in_nchw16c() const { return !nchw8c && !nhwc; }
   int64_t cg() const { return c / groups; }
   int64_t og() const { return o / groups; }
   int64_t kdim() const { return cg() * kh * kw; }  // GEMM inner dimension per group
@@ -101,5 +99,8 @@ void reorder(const KernelCtx& c);
 // `elem`-byte elements.
 void reorder_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem, int64_t lanes,
                      bool to_blocked);
+// nChw{from_lanes}c -> nChw{to_lanes}c on raw memory (lanes 8 and 16, either way; c a multiple of 16).
+void regroup_blocked(const void* from, void* to, int64_t n, int64_t c, int64_t hw, size_t elem,
+                     int64_t from_lanes, int64_t to_lanes);
 
 }  // namespace flowrun::cpu

@@ -315,7 +315,7 @@ std::atomic<bool>& own_convs() {
 
 // bf16 convolutions that wino3x3_bf16 runs.
 bool runs_wino(dt t, const ConvGeom& g) {
-  return t == dt::bf16 && own_bf16_convs() && g.in_nchw16c() && wino3x3_bf16_serves(g);
+  return t == dt::bf16 && own_bf16_convs() && !g.nhwc && wino3x3_bf16_serves(g);
 }
 
 // The threads an own kernel's region starts for `items` work items: one inside another region.
@@ -328,38 +328,47 @@ int wino_team(const ConvGeom& g) {
 }
 
 // wino3x3_bf16's and direct3x3_f32's kernels read and write nChw16c only (direct3x3_f32x8's take nChw8c
-// copies): an NCHW operand (an eager run's, or the gradient a global pooling sends back to the last
-// convolution) goes through a blocked copy. The copy is exact, so the bits are the same in either layout, and
-// an eager run's are the compiled one's.
+// copies, or read nChw16c in place): an NCHW operand (an eager run's, or the gradient a global pooling sends
+// back to the last convolution) goes through a blocked copy, and so does an nChw8c one where the kernel's
+// blocks are 16 wide (a graph laid out in nChw8c on an AVX-512 host). The copies are exact, so the bits are
+// the same in every layout, and an eager run's are the compiled one's.
 class Blocked {
  public:
   struct Operand {
     bool plain;  // in NCHW
+    bool eight;  // in nChw8c
     int64_t channels, hw;
   };
-  // The operands in order, of `elem`-byte elements.
+  // The operands in order, of `elem`-byte elements, for a kernel whose channel blocks are `lanes` wide.
   Blocked(const ConvGeom& g, size_t elem, int64_t lanes, std::initializer_list<Operand> operands)
       : n_(g.n), lanes_(lanes), elem_(elem), operands_(operands) {
-    for (const Operand& o : operands_) {
+    for (size_t i = 0; i < operands_.size(); ++i) {
       offset_.push_back(bytes_);
-      if (o.plain) bytes_ += static_cast<size_t>(n_ * o.channels * o.hw) * elem_;
+      const Operand& o = operands_[i];
+      if (copied(i)) bytes_ += static_cast<size_t>(n_ * o.channels * o.hw) * elem_;
     }
   }
   size_t bytes() const { return bytes_; }
-  bool plain(size_t i) const { return operands_[i].plain; }
+  bool copied(size_t i) const { return operands_[i].plain || (operands_[i].eight && lanes_ == 16); }
   // Operand i's blocked memory: `p` itself, or its copy in `buf`, filled from p when `read`.
   void* operand(GrowBuffer& buf, size_t i, const void* p, bool read) const {
-    if (!plain(i)) return const_cast<void*>(p);
+    if (!copied(i)) return const_cast<void*>(p);
     char* copy = static_cast<char*>(buf.reserve(bytes_)) + offset_[i];
-    if (read) reorder_blocked(p, copy, n_, operands_[i].channels, operands_[i].hw, elem_, lanes_, true);
+    if (read) convert(i, p, copy, true);
     return copy;
   }
-  // Operand i's copy written back to its NCHW memory `p` (an output).
+  // Operand i's copy written back to its own memory `p` (an output).
   void write_back(size_t i, const void* copy, void* p) const {
-    if (plain(i)) reorder_blocked(copy, p, n_, operands_[i].channels, operands_[i].hw, elem_, lanes_, false);
+    if (copied(i)) convert(i, copy, p, false);
   }
 
  private:
+  void convert(size_t i, const void* from, void* to, bool to_kernel) const {
+    const Operand& o = operands_[i];
+    if (o.plain) return reorder_blocked(from, to, n_, o.channels, o.hw, elem_, lanes_, to_kernel);
+    regroup_blocked(from, to, n_, o.channels, o.hw, elem_, to_kernel ? 8 : 16, to_kernel ? 16 : 8);
+  }
+
   int64_t n_, lanes_;
   size_t elem_;
   std::vector<Operand> operands_;
@@ -370,7 +379,8 @@ class Blocked {
 // The activation operands, x-shaped then y-shaped (a forward pass: x, y) or y-shaped first (an input
 // gradient: dy, dx; a weight gradient: dy, x).
 Blocked operands_of(const ConvGeom& g, bool y_first, size_t elem, int64_t lanes = 16) {
-  const Blocked::Operand x{!g.x_blocked, g.c, g.h * g.w}, y{!g.y_blocked, g.o, g.oh * g.ow};
+  const Blocked::Operand x{!g.x_blocked, g.x_blocked && g.nchw8c, g.c, g.h * g.w},
+      y{!g.y_blocked, g.y_blocked && g.nchw8c, g.o, g.oh * g.ow};
   if (y_first) return Blocked(g, elem, lanes, {y, x});
   return Blocked(g, elem, lanes, {x, y});
 }
@@ -410,7 +420,7 @@ bool runs_direct8(dt t, const ConvGeom& g) {
 }
 bool runs_direct(dt t, const ConvGeom& g) {
   return runs_direct8(t, g) ||
-         (t == dt::f32 && g.in_nchw16c() && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g));
+         (t == dt::f32 && !g.nhwc && !winograd_fits(Kind::fwd, t, g) && direct3x3_f32_serves(g));
 }
 
 // The forward pass or input gradient through direct3x3_f32, as run_wino.
@@ -580,7 +590,7 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
   // 16 channels on 32 x 32 129 -> 152, 64 on 8 x 8 134 -> 156, 16 -> 32 at stride 2 128 -> 134. In the
   // profiled steps the weight gradients went from 124 to 156 GFLOP/s (CNN) and 100 to 142 (ResNet-20).
   if (t == dt::f32 && convs_take_nchw8c() && wgrad8_f32_fits(g)) return &blocks8_f32;
-  if (!g.in_nchw16c()) return nullptr;
+  if (g.nhwc) return nullptr;
   // In f32 below 64 channels (in or out): ResNet-20's weight gradients in cache (flowrun_bench, 2 threads,
   // alternating runs) took 0.89-0.94 ms against oneDNN's 0.95-0.96 with 16 channels on 32x32 planes,
   // 0.87-0.88 against 0.99-1.00 with 32 on 16x16, and 0.82 against 0.71-0.73 (oneDNN's Winograd) with 64
@@ -590,7 +600,8 @@ const OwnWeightGradient* own_weight_gradient(dt t, const ConvGeom& g) {
   if (t == dt::f32) return direct3x3_f32_wgrad_serves(g) && std::min(g.c, g.o) < 64 ? &direct_f32 : nullptr;
   if (t != dt::bf16 || !own_bf16_convs()) return nullptr;
   if (wino3x3_bf16_serves(g)) return &wino;
-  return wgrad3x3_bf16_serves(g) ? &direct : nullptr;
+  // wgrad3x3_bf16 reads NCHW or nChw16c in place and has no nChw8c copies (no host runs it in nChw8c).
+  return wgrad3x3_bf16_serves(g) && !g.nchw8c ? &direct : nullptr;
 }
 
 // grad_weight through an OwnWeightGradient (its caller holds s.mu): the same blocks, each thread's scratch in
@@ -786,7 +797,8 @@ std::vector<std::pair<std::string, size_t>> dnnl_conv2d_buffers(DType t, const C
   }
   if (runs_direct(dnnl_type(t), g)) {
     std::vector<std::pair<std::string, size_t>> out = {{"f32 direct 3x3 weights", direct3x3_weight_bytes(g)}};
-    const size_t copies = operands_of(g, pass == ConvPass::grad_input, 4).bytes();
+    const size_t copies =
+        operands_of(g, pass == ConvPass::grad_input, 4, runs_direct8(dnnl_type(t), g) ? 8 : 16).bytes();
     if (copies > 0) out.emplace_back("f32 direct 3x3 blocked copies", copies);
     return out;
   }
