@@ -260,10 +260,16 @@ void log_to(int fd) {
 int main(int argc, char** argv) {
   // Before any other thread exists, so that all of them block the signals (core/signals.h says why).
   flowrun::route_signals();
-  // Blocks of 128 KiB and more always mapped and unmapped: glibc's default threshold rises to the size of the
-  // last such block freed, after which those (a checkpoint's copies, the dataset's reads) come from the heap
-  // and stay resident once freed. The quickstart peaked at 95.0 MiB with it, 93.7 without (Zen 3 host).
-  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  // Fixed malloc thresholds. glibc's default mmap threshold rises to the size of the last mapped block freed,
+  // after which such blocks (a checkpoint's copies, the dataset's reads) come from the heap and stay resident
+  // once freed: the quickstart peaked at 95.0 MiB with it, 93.7 with 128 KiB (Zen 3 host). But below 1 MiB
+  // blocks come from the heap: oneDNN's bf16 gemm kernel (the weight-gradient tiles on AMX, dnnl_matmul.cc)
+  // mallocs a 404 KiB packing buffer at every call, and mapped afresh each time it faulted in 47 MB of zeroed
+  // pages a gpt-tiny bf16 step (12,000 page faults; the step 84 -> 66 ms without them on a Sapphire
+  // Rapids-class host; the quickstart's peak 91.5 -> 92.0 MiB). The heap's top is trimmed past 2 MiB, twice
+  // the mmap threshold, as glibc's own rule sets it.
+  mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 2 * 1024 * 1024);
   flowrun::process_baseline_bytes();  // before any work: the baseline `plan` predicts a process from
   log_to<spdlog::sinks::stdout_color_sink_mt>(STDOUT_FILENO);
   CLI::App app{"flowrun: train deep-learning models from a YAML config on CPUs and GPUs"};

@@ -37,6 +37,14 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// Page faults of the process so far (minor and major): a steady-state step should fault none in, its memory
+// planned and its buffers kept; a step that maps fresh memory pays the kernel for zeroed pages every time.
+int64_t page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_minflt + u.ru_majflt);
+}
+
 // What a node belongs to: the backward pass (autodiff scopes its nodes "grad/..."), the optimizer (its
 // pass names nodes "update/..." and "opt/..."), or the forward pass; and the model layer it came from.
 enum class Part { forward, backward, update };
@@ -115,8 +123,9 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   // The steps run as a training run's do, at the thread count train.adapt_threads picks.
   ThreadAdapter threads(omp_get_max_threads(), cfg.train.adapt_threads && cfg.train.device == "cpu");
   std::vector<double> times;
-  int64_t step = 0;
+  int64_t step = 0, faults_before = 0;
   for (; step < opts.warmup + opts.steps; ++step) {
+    if (step == opts.warmup) faults_before = page_faults();
     threads.begin_step();
     const auto t0 = Clock::now();
     run_step(step, nullptr);
@@ -124,6 +133,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
     threads.end_step(seconds);
     if (step >= opts.warmup) times.push_back(seconds);
   }
+  const int64_t timed_faults = page_faults() - faults_before;
   omp_set_num_threads(threads.current());
 
   // Kernel-by-kernel: per layer and part, and per op type.
@@ -155,6 +165,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   r.p90_ms = percentile(times, 0.9) * 1e3;
   r.flops_per_step = step_flops(prog, cfg.train.grad_accumulation);
   r.peak_rss_mib = peak_rss_mib();
+  r.page_faults_per_step = static_cast<double>(timed_faults) / static_cast<double>(opts.steps);
   r.predicted_rss_mib =
       predict_process_memory(prog, t.model, *t.data, cfg, nullptr).total / static_cast<double>(1 << 20);
   r.arena_mib = static_cast<double>(prog.memory.arena_bytes) / (1 << 20);
@@ -181,14 +192,15 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
   std::snprintf(head.data(), head.size(),
                 "flowrun time %s: %lld steps after %lld warmup, %s%s%s\n"
                 "step: median %.3f ms (p10 %.3f, p90 %.3f); %.0f %s/s; %.3g GFLOP/step = %.1f GFLOP/s\n"
-                "memory: arena %.2f MiB, peak resident %.1f MiB (predicted %.1f MiB); %lld parameters\n\n",
+                "memory: arena %.2f MiB, peak resident %.1f MiB (predicted %.1f MiB), %.0f page faults a "
+                "step; %lld parameters\n\n",
                 cfg.file.c_str(), static_cast<long long>(opts.steps), static_cast<long long>(opts.warmup),
                 threads.summary().c_str(),
                 cfg.train.recompute == "none" ? "" : (", recompute " + cfg.train.recompute).c_str(),
                 cfg.train.eager ? ", eager" : "", r.median_ms, r.p10_ms, r.p90_ms,
                 static_cast<double>(r.items_per_step) / (r.median_ms * 1e-3), r.text ? "tokens" : "samples",
                 r.flops_per_step * 1e-9, r.flops_per_step * 1e-6 / r.median_ms, r.arena_mib, r.peak_rss_mib,
-                r.predicted_rss_mib, static_cast<long long>(r.params));
+                r.predicted_rss_mib, r.page_faults_per_step, static_cast<long long>(r.params));
   os << head.data();
   if (opts.profile > 0) {
     std::snprintf(line, sizeof line, "%-28s %12s %12s %12s %7s\n", "layer (ms per step)", "forward",
@@ -227,6 +239,7 @@ TimeReport time_training(const RunConfig& cfg, const TimeOptions& opts) {
       .add("p90_step_ms", r.p90_ms);
   j.add("peak_rss_mib", r.peak_rss_mib)
       .add("predicted_rss_mib", r.predicted_rss_mib)
+      .add("page_faults_per_step", r.page_faults_per_step)
       .add("arena_mib", r.arena_mib)
       .add("params", r.params);
   j.add("param_bytes", r.param_bytes).add("state_bytes", r.state_bytes);

@@ -21,6 +21,7 @@ struct TimeReport {
   double flops_per_step = 0;                     // from the ops' registered costs
   double peak_rss_mib = 0, arena_mib = 0;
   double predicted_rss_mib = 0;  // predict_process_memory's total for this run (`flowrun plan`'s figure)
+  double page_faults_per_step = 0;          // the process's page faults over the timed steps, per step
   double param_bytes = 0, state_bytes = 0;  // of the tensors this process holds (a rank's share under ZeRO)
   bool lead = true;                         // world rank 0, which reports (every rank's figures are its own)
   int64_t params = 0, items_per_step = 0;   // samples (or tokens) per optimizer step
