@@ -748,7 +748,7 @@ void register_attention_ops(OpRegistry& r) {
   d.kernels.push_back({DeviceKind::cpu,
                        {DType::bf16},
                        cpu::sdpa_bf16,
-                       cpu::has_avx512_bf16,
+                       cpu::bf16_attention_native,
                        cpu::sdpa_bf16_forward_workspace,
                        cpu::sdpa_bf16_buffers});
 #endif
@@ -788,7 +788,7 @@ void register_attention_ops(OpRegistry& r) {
   g.kernels.push_back({DeviceKind::cpu,
                        {DType::bf16},
                        cpu::sdpa_grad_bf16,
-                       cpu::has_avx512_bf16,
+                       cpu::bf16_attention_native,
                        cpu::sdpa_grad_bf16_workspace});
 #endif
   g.covered_by = {"sdpa"};
@@ -832,7 +832,7 @@ void register_attention_ops(OpRegistry& r) {
   pq.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_qkv_bf16,
-                        cpu::has_avx512_bf16,
+                        cpu::bf16_attention_native,
                         cpu::sdpa_bf16_forward_workspace,
                         cpu::sdpa_qkv_bf16_buffers});
 #endif
@@ -871,7 +871,7 @@ void register_attention_ops(OpRegistry& r) {
   pg.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_qkv_grad_bf16,
-                        cpu::has_avx512_bf16,
+                        cpu::bf16_attention_native,
                         nullptr,
                         cpu::sdpa_qkv_bf16_buffers});
 #endif
@@ -919,7 +919,7 @@ void register_attention_ops(OpRegistry& r) {
   rw.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_rows_bf16,
-                        cpu::has_avx512_bf16,
+                        cpu::bf16_attention_native,
                         cpu::sdpa_bf16_forward_workspace,
                         cpu::sdpa_rows_bf16_buffers});
 #endif
@@ -958,7 +958,7 @@ void register_attention_ops(OpRegistry& r) {
   rg.kernels.push_back({DeviceKind::cpu,
                         {DType::bf16},
                         cpu::sdpa_rows_grad_bf16,
-                        cpu::has_avx512_bf16,
+                        cpu::bf16_attention_native,
                         cpu::sdpa_bf16_forward_workspace,
                         cpu::sdpa_rows_bf16_buffers});
 #endif

@@ -37,6 +37,10 @@ inline constexpr const char* kSdpaThreadBuffers = "sdpa per-thread head buffers"
 // and f32 accumulators. The forwards take no workspace (sdpa_bf16_forward_workspace): a thread packs one head
 // at a time into its thread_scratch, as the packed gradient does, reported as host buffers.
 bool has_avx512_bf16();
+// Whether programs run these kernels (KernelDef::available): where the CPU has avx512_bf16 but not AMX. On a
+// Sapphire Rapids-class host (AMX) the f32 kernels run bf16 attention faster, widened: its vdpbf16ps pair
+// products reach no more than its two f32 FMA ports, and the repacking and rounding come on top.
+bool bf16_attention_native();
 void sdpa_bf16(const KernelCtx& c);
 void sdpa_grad_bf16(const KernelCtx& c);
 size_t sdpa_bf16_forward_workspace(const std::vector<TensorType>& in, const std::vector<TensorType>& out,
