@@ -163,10 +163,14 @@ void check_types(DType dtype, DType ytype) {
 // oneDNN's AMX kernels split the K sum of a product with A transposed (a weight gradient) between threads by
 // a plan made for their count, even for K = 1024 and a 256 x 256 output: its bits changed between 1 and 2
 // threads, so a bf16 run could not adapt its thread count, nor match its own run at another count. There the
-// output is cut into fixed tiles of at most kTile x kTile, each tile one call of a primitive built for one
-// thread (its whole K sum in that call), the tiles spread over the threads. Each tile repacks its own slices
-// of A and B: at 2 threads gpt-tiny's bf16 step took 67.8-70.9 ms against 66.0-66.7 with oneDNN's split
-// (alternating runs; tiles of 256 x 256, 128 x 512 or 64 x 1024 were no faster).
+// output is cut into fixed tiles of at most kTile x kAmxTileN, each tile one call of a primitive built for
+// one thread (its whole K sum in that call; oneDNN runs it in its gemm:jit kernel, not the brgemm one it
+// gives a whole product), the tiles spread over the threads. Each tile repacks its own slices of A and B: at
+// 2 threads gpt-tiny's bf16 step took 67.8-70.9 ms against 66.0-66.7 with oneDNN's split (alternating runs).
+// 128 x 256 tiles: one thread's 128 x 2048 x 256 product ran at 476-516 GFLOP/s where 128 x 128 ran at
+// 339-398 (oneDNN alone), and gpt-tiny's bf16 step took 60.7-64.1 ms against 66.2-74.1 with 128 x 128 and
+// 62.2-66.4 with 128 x 512 (3 alternating runs, 2026-12-07, once every tile's packing buffer stopped being
+// mapped afresh, apps/flowrun.cc; 256 x 256 leaves a 256 x 256 gradient one tile for two threads).
 //
 // Below AVX-512 oneDNN 2.6 has no brgemm matmul: f32 products run through its BLAS-style gemm driver, whose
 // plan for the thread count picks the kernel (copy-based or no-copy, each with its own K blocking) and may
@@ -180,7 +184,7 @@ void check_types(DType dtype, DType ytype) {
 // x 128 tiles at K = 1024 well below its rate at K = 256 (2 threads, Zen 3, flowrun_bench, chunks and 2-D
 // descriptors (desc) against whole-K 3-D tiles: 1024^3 72 -> 86 GFLOP/s, gpt-tiny's weight gradients 61-68 ->
 // 70-82; oneDNN's own threads ran 1024^3 at 146, with its copy-based kernel).
-constexpr int64_t kTile = 128;
+constexpr int64_t kTile = 128, kAmxTileN = 256;
 constexpr int64_t kTileK = 256;
 //
 // There a chunk of B whose rows lie a multiple of 2 KiB apart is copied first, into rows nt + kPanelPad
@@ -205,7 +209,8 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
                const void* bias = nullptr) {
   const auto [dtype, ytype, batch, m, n, k, lda, ldb, ta, tb, a_shared, b_shared, alpha, beta, threads,
               biased, ldy] = whole;
-  const int64_t rows = (m + kTile - 1) / kTile, cols = (n + kTile - 1) / kTile, per_matrix = rows * cols,
+  const int64_t tile_n = dnnl_gemm_driver() ? kTile : kAmxTileN;
+  const int64_t rows = (m + kTile - 1) / kTile, cols = (n + tile_n - 1) / tile_n, per_matrix = rows * cols,
                 tiles = batch * per_matrix;
   // Chunks of equal length (a multiple of 8, the last one shorter), from K alone; one chunk for K = 0 too.
   const int64_t chunks = dnnl_gemm_driver() && ytype == DType::f32
@@ -225,7 +230,7 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
   while (slots.size() < static_cast<size_t>(team)) slots.push_back(std::make_unique<Slot>());
   auto key_of = [&](int64_t t, int64_t k0) {
     const int64_t i = t % per_matrix / cols, j = t % cols;
-    const int64_t mt = std::min(kTile, m - i * kTile), nt = std::min(kTile, n - j * kTile);
+    const int64_t mt = std::min(kTile, m - i * kTile), nt = std::min(tile_n, n - j * tile_n);
     const bool first = k0 == 0;  // the later chunks add onto the tile (beta 1), without the bias
     return Key{
         dtype, ytype, 1,     mt,    nt,    std::min(chunk, k - k0), lda, copies_b ? nt + kPanelPad : ldb,
@@ -248,7 +253,7 @@ void run_tiles(const Key& whole, int64_t a_stride, int64_t b_stride, const void*
     omp_set_num_threads(1);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t mat = t / per_matrix, i = (t % per_matrix / cols) * kTile, j = (t % cols) * kTile;
+      const int64_t mat = t / per_matrix, i = (t % per_matrix / cols) * kTile, j = (t % cols) * tile_n;
       try {
         Slot& slot = *slots[static_cast<size_t>(omp_get_thread_num())];
         each_chunk([&](int64_t k0) {
