@@ -262,12 +262,12 @@ int main(int argc, char** argv) {
   flowrun::route_signals();
   // Fixed malloc thresholds. glibc's default mmap threshold rises to the size of the last mapped block freed,
   // after which such blocks (a checkpoint's copies, the dataset's reads) come from the heap and stay resident
-  // once freed: the quickstart peaked at 95.0 MiB with it, 93.7 with 128 KiB (Zen 3 host). But below 1 MiB
-  // blocks come from the heap: oneDNN's bf16 gemm kernel (the weight-gradient tiles on AMX, dnnl_matmul.cc)
-  // mallocs a 404 KiB packing buffer at every call, and mapped afresh each time it faulted in 47 MB of zeroed
-  // pages a gpt-tiny bf16 step (12,000 page faults; the step 84 -> 66 ms without them on a Sapphire
-  // Rapids-class host; the quickstart's peak 91.5 -> 92.0 MiB). The heap's top is trimmed past 2 MiB, twice
-  // the mmap threshold, as glibc's own rule sets it.
+  // once freed: the quickstart peaked at 95.0 MiB with it, 93.7 with 128 KiB (Zen 3 host). Blocks under 1 MiB
+  // come from the heap: oneDNN's bf16 gemm kernel (the weight-gradient tiles on AMX, dnnl_matmul.cc) mallocs
+  // a 404 KiB packing buffer at every call, which, mapped afresh each time under a 128 KiB threshold, faulted
+  // in 47 MB of zeroed pages a gpt-tiny bf16 step (12,000 page faults; the step 84 -> 66 ms without them on a
+  // Sapphire Rapids-class host; the quickstart's peak 91.5 -> 92.0 MiB). The heap's top is trimmed past
+  // 2 MiB, twice the mmap threshold, as glibc's own rule sets it.
   mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 2 * 1024 * 1024);
   flowrun::process_baseline_bytes();  // before any work: the baseline `plan` predicts a process from

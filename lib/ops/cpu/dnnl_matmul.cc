@@ -178,12 +178,13 @@ void check_types(DType dtype, DType ytype) {
 // thread count changed mid-run no longer resumed bit for bit. There the f32 products run in flowrun's own
 // gemm_avx2 where the CPU has AVX2 (Zen 3, Haswell to Comet Lake: 0.9-1.5x these tiles' rate on single
 // products in flowrun_bench; 131-143 GFLOP/s inside gpt-tiny's step, where the tiles' 2048^3 probe read
-// 72-97; gemm_avx2.h), and otherwise every product runs as the tiles above, a batch's matrices tile by tile,
-// and each tile's K sum in fixed chunks of at most kTileK, added onto the tile in order (beta 1 after the
-// first chunk): for a one-thread product with a side under 264 oneDNN picks its no-copy kernel, which ran 128
-// x 128 tiles at K = 1024 well below its rate at K = 256 (2 threads, Zen 3, flowrun_bench, chunks and 2-D
-// descriptors (desc) against whole-K 3-D tiles: 1024^3 72 -> 86 GFLOP/s, gpt-tiny's weight gradients 61-68 ->
-// 70-82; oneDNN's own threads ran 1024^3 at 146, with its copy-based kernel).
+// 72-97; gemm_avx2.h), and otherwise every product runs as the tiles above (kTile x kTile there), a batch's
+// matrices tile by tile, and each tile's K sum in fixed chunks of at most kTileK, added onto the tile in
+// order (beta 1 after the first chunk): for a one-thread product with a side under 264 oneDNN picks its
+// no-copy kernel, which ran 128 x 128 tiles at K = 1024 well below its rate at K = 256 (2 threads, Zen 3,
+// flowrun_bench, chunks and 2-D descriptors (desc) against whole-K 3-D tiles: 1024^3 72 -> 86 GFLOP/s,
+// gpt-tiny's weight gradients 61-68 -> 70-82; oneDNN's own threads ran 1024^3 at 146, with its copy-based
+// kernel).
 constexpr int64_t kTile = 128, kAmxTileN = 256;
 constexpr int64_t kTileK = 256;
 //
