@@ -103,10 +103,11 @@ void fuse_row_attention(Graph& g);
 // one pass over the gradient instead of two; batchnorm_grad(relu_grad(dy, y), ...) -> batchnorm_grad(dy, ...,
 // y); relu(batchnorm(x)) -> batchnorm(x) with attr relu where relu is the only reader.
 void fuse_backward(Graph& g, DeviceKind device);
-// On the CPU, after the precision passes: gelu_grad -> reduce_sum over every leading axis (keepdims: a
-// linear's bias gradient) -> gelu_bias_grad, which sums each row of the gradient while it is in cache, where
-// the reduce_sum read the whole gradient back from memory; the same bits (ops/cpu/reduce.h). The reduce_sum's
-// out_dtype (fold_f32_casts) carries over, hence the pass's place after that one.
+// On the CPU, after the precision passes: gelu_grad (or relu_grad) -> reduce_sum over every leading axis
+// (keepdims: a linear's bias gradient) -> gelu_bias_grad (relu_bias_grad), which sums each row of the
+// gradient while it is in cache, where the reduce_sum read the whole gradient back from memory; the same bits
+// (ops/cpu/reduce.h). The reduce_sum's out_dtype (fold_f32_casts) carries over, hence the pass's place after
+// that one.
 void fuse_bias_gradients(Graph& g, DeviceKind device);
 // On the CPU, after the optimizer: an f32 matmul (a weight's gradient, read by nothing else) feeding an
 // sgd_update with momentum (no dampening, Nesterov or coef input) -> sgd_product_update, whose

@@ -179,19 +179,22 @@ Shape column_sums_shape(const Shape& x) {
   return s;
 }
 
-// gelu_grad with the column sums of its result (a linear's bias gradient), which only the CPU fusion pass
-// graph/passes.cc fuse_bias_gradients creates, from gelu_grad -> reduce_sum over the leading axes.
-OpDef gelu_bias_grad_op(const std::vector<Attrs>& attr_sets) {
+// An activation's gradient with the column sums of its result (a linear's bias gradient), which only the CPU
+// fusion pass graph/passes.cc fuse_bias_gradients creates, from <act>_grad -> reduce_sum over the leading
+// axes: gelu_bias_grad (dy, x), relu_bias_grad (dy, y).
+OpDef bias_grad_op(const std::string& act, bool grad_uses_output, Derivative derivative, KernelFn kernel,
+                   const std::vector<Attrs>& attr_sets) {
   OpDef d;
-  d.name = "gelu_bias_grad";
-  d.doc =
-      "(dy, x) -> (dx = gelu_grad(dy, x), db = dx summed over every axis but the last, kept as size 1); "
-      "attrs approximate, out_dtype (f32: db in f32 from bf16 operands)";
+  d.name = act + "_bias_grad";
+  const std::string z = grad_uses_output ? "y" : "x";
+  d.doc = cat("(dy, ", z, ") -> (dx = ", act, "_grad(dy, ", z,
+              "), db = dx summed over every axis but the last, kept as size 1); attrs ",
+              act == "gelu" ? "approximate, " : "", "out_dtype (f32: db in f32 from bf16 operands)");
   d.num_inputs = 2;
   d.num_outputs = [](const Attrs&) { return 2; };
-  d.infer = [](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
+  d.infer = [name = d.name, z](const std::vector<TensorType>& in, const Attrs& a) -> std::vector<TensorType> {
     if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype || in[0].shape.empty())
-      throw input_error(cat("gelu_bias_grad: dy ", shape_str(in[0].shape), " and x ", shape_str(in[1].shape),
+      throw input_error(cat(name, ": dy ", shape_str(in[0].shape), " and ", z, " ", shape_str(in[1].shape),
                             " must have one shape and dtype, of rank 1 or more"));
     return {in[0], {column_sums_shape(in[0].shape), result_dtype(in[0].dtype, a)}};
   };
@@ -207,23 +210,23 @@ OpDef gelu_bias_grad_op(const std::vector<Attrs>& attr_sets) {
     return static_cast<size_t>(cpu::reduce_row_chunks(rows) * n) * acc;
   };
   d.inplace_input = 0;
-  d.kernels = {{DeviceKind::cpu, kF, cpu::gelu_bias_grad}};
-  d.samples = [attr_sets] {
+  d.kernels = {{DeviceKind::cpu, kF, kernel}};
+  d.samples = [attr_sets, derivative, z] {
     std::vector<OpSample> s;
     // One chunk of rows; three chunks (300 rows) of 20 columns; two column blocks (270) over three chunks.
     for (const Attrs& a : attr_sets)
       for (const Shape& sh : std::vector<Shape>{{3, 5}, {2, 150, 20}, {300, 270}}) {
         OpSample o;
-        o.label = cat("dy, x ", shape_str(sh));
+        o.label = cat("dy, ", z, " ", shape_str(sh));
         o.inputs = {{sh, DType::f64}, {sh, DType::f64}};
         o.attrs = a;
         o.gradcheck = false;
-        o.reference = [](const std::vector<Tensor>& in, const Attrs& at) {
+        o.reference = [derivative](const std::vector<Tensor>& in, const Attrs& at) {
           const std::vector<double> dy = in[0].to_f64(), x = in[1].to_f64();
           const int64_t n = in[0].shape().back();
           std::vector<double> dx(dy.size()), db(static_cast<size_t>(n), 0.0);
           for (size_t i = 0; i < dx.size(); ++i) {
-            dx[i] = dy[i] * gelu_derivative(x[i], at);
+            dx[i] = dy[i] * derivative(x[i], at);
             db[i % static_cast<size_t>(n)] += dx[i];
           }
           Tensor a = Tensor::empty(in[0].shape(), DType::f64),
@@ -384,13 +387,14 @@ void register_elementwise_ops(OpRegistry& r) {
       },
       1.7, true));
 
-  activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true,
-             [](double y, const Attrs&) { return y > 0 ? 1.0 : 0.0; });
+  const Derivative relu_derivative = [](double y, const Attrs&) { return y > 0 ? 1.0 : 0.0; };
+  activation(r, "relu", "max(x, 0)", cpu::relu, cpu::relu_grad, /*grad_uses_output=*/true, relu_derivative);
+  r.add(bias_grad_op("relu", true, relu_derivative, cpu::relu_bias_grad, {Attrs{}}));
   const std::vector<Attrs> gelu_attrs = {Attrs{{"approximate", std::string("none")}},
                                          Attrs{{"approximate", std::string("tanh")}}};
   activation(r, "gelu", "x * Phi(x); approximate=none (erf) or tanh", cpu::gelu, cpu::gelu_grad, false,
              gelu_derivative, gelu_attrs);
-  r.add(gelu_bias_grad_op(gelu_attrs));
+  r.add(bias_grad_op("gelu", false, gelu_derivative, cpu::gelu_bias_grad, gelu_attrs));
   activation(r, "silu", "x * sigmoid(x)", cpu::silu, cpu::silu_grad, false, [](double x, const Attrs&) {
     const double s = sigmoid(x);
     return s * (1 + x * (1 - s));

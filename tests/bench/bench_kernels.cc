@@ -372,6 +372,13 @@ void register_cases() {
        {"gelu_bias_grad",
         {{{2048, 1024}, bf16}, {{2048, 1024}, bf16}},
         {{"approximate", std::string("tanh")}}}},
+      // The bench MLP's hidden layers' gradient and bias gradient, fused and as two ops.
+      {"relu_bias_grad/128x512", {"relu_bias_grad", {{{128, 512}, f32}, {{128, 512}, f32}}, {}}},
+      {"relu_bias_grad/2048x1024", {"relu_bias_grad", {{{2048, 1024}, f32}, {{2048, 1024}, f32}}, {}}},
+      {"relu_grad/2048x1024", {"relu_grad", {{{2048, 1024}, f32}, {{2048, 1024}, f32}}, {}}},
+      {"relu_grad/128x512", {"relu_grad", {{{128, 512}, f32}, {{128, 512}, f32}}, {}}},
+      {"reduce_sum/bias_grad_128x512",
+       {"reduce_sum", {{{128, 512}, f32}}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", true}}}},
       {"gelu/fwd+bwd_tanh_2048x1024",
        {"gelu", {{{2048, 1024}, f32}}, {{"approximate", std::string("tanh")}}, true}},
       {"gelu/bf16_fwd+bwd_tanh_2048x1024",

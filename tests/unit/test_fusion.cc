@@ -1,8 +1,8 @@
-// graph/passes.cc fuse_bias_gradients: gelu_grad and the reduce_sum of a linear's bias gradient become one
-// gelu_bias_grad node, which computes reduce_sum's bits (the kernel on every dtype and shape class, and a
-// small MLP trained compiled against eager, in f32 and bf16); fold_norm_casts: a layer norm writes the bf16
-// its GEMM reads; fuse_residual_norm: it adds the residual stream's sum itself; fuse_norm_grad_residual: its
-// gradient adds the residual's and writes the bf16 copy.
+// graph/passes.cc fuse_bias_gradients: gelu_grad (relu_grad) and the reduce_sum of a linear's bias gradient
+// become one gelu_bias_grad (relu_bias_grad) node, which computes reduce_sum's bits (the kernel on every
+// dtype and shape class, and a small MLP trained compiled against eager, in f32 and bf16); fold_norm_casts: a
+// layer norm writes the bf16 its GEMM reads; fuse_residual_norm: it adds the residual stream's sum itself;
+// fuse_norm_grad_residual: its gradient adds the residual's and writes the bf16 copy.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -51,19 +51,29 @@ std::vector<Tensor> norm_inputs(const std::string& op, const Shape& s) {
   return in;
 }
 
-// Both outputs bit for bit those of gelu_grad then reduce_sum (keepdims over the leading axes): one chunk of
-// rows (5), chunks of rows that do not divide them (300 = 3 x 100, 2 x 150), one and two column blocks, in
-// f32, f64 and bf16 (the sum rounded to bf16, or kept in f32 as fold_f32_casts asks), erf and tanh GELU.
-TEST(Fusion, GeluBiasGradIsGeluGradThenItsBiasSum) {
+// Both outputs bit for bit those of gelu_grad (relu_grad) then reduce_sum (keepdims over the leading axes):
+// one chunk of rows (5), chunks of rows that do not divide them (300 = 3 x 100, 2 x 150), one and two column
+// blocks, in f32, f64 and bf16 (the sum rounded to bf16, or kept in f32 as fold_f32_casts asks), erf and
+// tanh GELU and relu (its y of either sign, zeros among them).
+TEST(Fusion, ActivationBiasGradIsTheGradThenItsBiasSum) {
+  const std::vector<std::pair<std::string, Attrs>> acts = {{"gelu", {{"approximate", std::string("none")}}},
+                                                           {"gelu", {{"approximate", std::string("tanh")}}},
+                                                           {"relu", {}}};
   for (DType t : {DType::f32, DType::f64, DType::bf16})
-    for (const std::string approx : {"none", "tanh"})
+    for (const auto& [act, attrs] : acts)
       for (const Shape& s : std::vector<Shape>{{5, 7}, {2, 150, 20}, {300, 270}})
         for (const bool wide : {false, true}) {
           if (wide && t != DType::bf16) continue;
-          SCOPED_TRACE(cat(dtype_name(t), " ", approx, " ", shape_str(s), wide ? " out_dtype f32" : ""));
-          const std::vector<Tensor> in = {uniform(s, t, 1), uniform(s, t, 2)};
-          Attrs a{{"approximate", approx}};
-          const Tensor dx = run("gelu_grad", a, in)[0];
+          SCOPED_TRACE(cat(dtype_name(t), " ", act, " ", attrs.s("approximate", ""), " ", shape_str(s),
+                           wide ? " out_dtype f32" : ""));
+          std::vector<Tensor> in = {uniform(s, t, 1), uniform(s, t, 2)};
+          if (act == "relu") {  // some of y exactly 0, where relu_grad passes nothing
+            std::vector<double> y = in[1].to_f64();
+            for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.0;
+            in[1].fill_from(y);
+          }
+          Attrs a = attrs;
+          const Tensor dx = run(act + "_grad", a, in)[0];
           std::vector<int64_t> axes(s.size() - 1);
           for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
           Attrs sum{{"axes", axes}, {"keepdims", true}};
@@ -72,7 +82,7 @@ TEST(Fusion, GeluBiasGradIsGeluGradThenItsBiasSum) {
             a.set("out_dtype", std::string("f32"));
           }
           const Tensor db = run("reduce_sum", sum, {dx})[0];
-          const std::vector<Tensor> fused = run("gelu_bias_grad", a, in);
+          const std::vector<Tensor> fused = run(act + "_bias_grad", a, in);
           EXPECT_TRUE(same_bytes(fused[0], dx));
           EXPECT_TRUE(same_bytes(fused[1], db));
         }
@@ -320,6 +330,19 @@ Program compile_momentum_mlp(bool eager, int64_t rows, double weight_decay = 0, 
   opts.optimizer.nesterov = nesterov;
   opts.keep_gradients = keep;
   return compile(std::move(g), opts);
+}
+
+// fuse_bias_gradients on a relu: fc's bias gradient is summed by relu_bias_grad over 300 rows (three chunks
+// of the sum), and left to relu_grad and reduce_sum over 100 (one chunk, where the fused kernel was slower);
+// the same bits as eager either way.
+TEST(Fusion, ReluBiasGradOverChunksOfRowsTrainsBitwiseAsEager) {
+  for (const int64_t rows : {100, 300}) {
+    SCOPED_TRACE(cat(rows, " rows"));
+    std::map<std::string, int> ops = op_counts(compile_momentum_mlp(false, rows));
+    EXPECT_EQ(ops["relu_bias_grad"], rows == 300 ? 1 : 0);
+    EXPECT_EQ(ops["relu_grad"], rows == 300 ? 0 : 1);
+    expect_trains_as_eager([&](bool eager) { return compile_momentum_mlp(eager, rows); });
+  }
 }
 
 // fuse_momentum_products: fc's weight gradient is computed into its momentum buffer where its product was in

@@ -92,6 +92,8 @@ void gelu_grad(const KernelCtx& c);
 // (dy, x) -> (dx, db): gelu_grad's dx, and db = dx summed over every leading axis (a linear's bias gradient:
 // graph/passes.cc fuse_bias_gradients), bit for bit what reduce_sum computes from the stored dx.
 void gelu_bias_grad(const KernelCtx& c);
+// The same for relu_grad: (dy, y) -> (dx, db).
+void relu_bias_grad(const KernelCtx& c);
 void silu(const KernelCtx& c);
 void silu_grad(const KernelCtx& c);
 // (g, u) -> silu(g) u, and (dh, g, u) -> (dg, du): the unfused silu -> mul's bits in one pass.
