@@ -454,7 +454,8 @@ void fuse_bias_gradients(Graph& g, DeviceKind device) {
     const NodeId grad_id = gg.id, sum_id = sum->id;
     const ValueId db = sum->outputs[0];
     const std::vector<ValueId> fused = g.add_node(fused_op, gg.inputs, attrs, gg.name + "+bias_grad");
-    // Scheduled where the gelu_grad was (not last, as its id would have it), as layout.cc's reorders are.
+    // Scheduled where the activation's gradient was (not last, as its id would have it), as layout.cc's
+    // reorders are.
     g.nodes().back().schedule_as = gg.schedule_as >= 0 ? gg.schedule_as : gg.id;
     g.nodes().back().phase = gg.phase;
     for (const auto& [from, to] : {std::pair{dx.id, fused[0]}, std::pair{db, fused[1]}}) {
