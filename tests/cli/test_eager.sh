@@ -33,6 +33,9 @@ ONE=(--set train.threads=2)
 case_ mlp -- "$T/tiny_mlp.yaml" "${ONE[@]}"
 # Momentum without Nesterov: the weight gradients go into the momentum buffers (fuse_momentum_products).
 case_ mlp-momentum -- "$T/tiny_mlp.yaml" "${ONE[@]}" --set optimizer.nesterov=false
+# 256 rows: the relu's gradient and its bias sum are one relu_bias_grad (not below 256).
+case_ mlp-256 -- "$T/tiny_mlp.yaml" "${ONE[@]}" --set train.batch_size=256
+case_ mlp-256-bf16 -- "$T/tiny_mlp.yaml" "${ONE[@]}" --set train.batch_size=256 --set precision.dtype=bf16
 case_ cnn -- "$SRC/configs/bench/cnn.yaml" "${ONE[@]}" --set train.batch_size=16
 case_ resnet -- "$SRC/configs/bench/resnet.yaml" "${ONE[@]}" --set train.batch_size=8
 case_ gpt -- "$T/tiny_gpt.yaml" "${ONE[@]}"
