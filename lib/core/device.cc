@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <new>
+#include <string>
 
 #include "core/cuda_backend.h"
 #include "core/error.h"
@@ -47,6 +49,20 @@ class CudaAllocator final : public Allocator {
   void deallocate(void* p) override { cuda::backend().free(p); }
 };
 }  // namespace
+
+bool transparent_huge_pages() {
+  static const bool on = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(f, mode);
+    return !mode.empty() && mode.find("[never]") == std::string::npos;
+  }();
+  return on;
+}
+
+size_t resident_bytes(size_t bytes, bool thp) {
+  return thp && bytes >= kHugeFrom ? (bytes + kHugePage - 1) / kHugePage * kHugePage : bytes;
+}
 
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;

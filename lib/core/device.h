@@ -34,4 +34,12 @@ Allocator& allocator_for(Device d);
 inline constexpr size_t kAlignment = 64;
 inline constexpr size_t kHugePage = size_t{2} << 20, kHugeFrom = size_t{8} << 20;
 
+// Whether this machine gives transparent huge pages to the regions the CPU allocator marks (the kernel's
+// THP mode is `always` or `madvise`).
+bool transparent_huge_pages();
+// The bytes a CPU buffer of `bytes` holds resident once every byte of it has been touched: from kHugeFrom on,
+// where `thp`, whole kHugePage pages, so up to 2 MiB more (gpt-tiny's 140.51 MiB arena: 142 MiB of
+// AnonHugePages in /proc/PID/smaps).
+size_t resident_bytes(size_t bytes, bool thp = transparent_huge_pages());
+
 }  // namespace flowrun

@@ -12,6 +12,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/device.h"
 #include "data/dataset.h"
 #include "ops/registry.h"
 #include "train/metrics.h"
@@ -209,8 +210,9 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     add("parameters", r.param_bytes);
     add("optimizer and other state", r.optimizer_state_bytes + r.other_state_bytes);
     add("inputs", r.input_bytes * slots);
+    // Each arena in whole 2 MiB pages where they are huge (core/device.h resident_bytes).
     add(slots > 1 ? cat("arena x ", static_cast<int64_t>(slots), " micro-batch slots") : std::string("arena"),
-        r.arena_bytes * slots);
+        static_cast<double>(resident_bytes(static_cast<size_t>(p.memory.arena_bytes))) * slots);
     add("oneDNN buffers (convolution scratchpad, reorders)", library_bytes({&p, eval}, device));
   } else {
     // The trainer works on host copies of the parameters and state; the device holds the rest.
@@ -239,7 +241,8 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     // ZeRO-3's shards and, under pipeline parallelism, the lead's whole model.
     PlanReport e;
     count_memory(*eval, e);
-    add("evaluation program (arena, inputs)", e.arena_bytes + e.input_bytes);
+    add("evaluation program (arena, inputs)",
+        static_cast<double>(resident_bytes(static_cast<size_t>(eval->memory.arena_bytes))) + e.input_bytes);
     if (eval_owns_parameters(cfg))
       add("evaluation program's parameters", e.param_bytes + e.other_state_bytes);
   }

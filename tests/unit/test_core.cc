@@ -95,6 +95,20 @@ TEST(CpuAllocator, LargeBuffersAreHugePageAlignedAndAdvised) {
   cpu.deallocate(large);
 }
 
+// What a prediction counts for a CPU buffer: its bytes, or whole huge pages from kHugeFrom on where the
+// kernel gives transparent huge pages.
+TEST(CpuAllocator, ResidentBytesRoundLargeBuffersToWholeHugePages) {
+  for (const bool thp : {false, true}) {
+    EXPECT_EQ(resident_bytes(0, thp), 0u);
+    EXPECT_EQ(resident_bytes(kHugeFrom - 1, thp), kHugeFrom - 1);
+    EXPECT_EQ(resident_bytes(kHugeFrom, thp), kHugeFrom);
+    EXPECT_EQ(resident_bytes(kHugeFrom + 1, thp), thp ? kHugeFrom + kHugePage : kHugeFrom + 1);
+    EXPECT_EQ(resident_bytes(kHugeFrom + kHugePage, thp), kHugeFrom + kHugePage);
+  }
+  // 140.51 MiB (gpt-tiny's fp32 arena) held as 71 huge pages.
+  EXPECT_EQ(resident_bytes(147332160, true), 71 * kHugePage);
+}
+
 TEST(Shape, Broadcasting) {
   EXPECT_EQ(*broadcast_shapes({4, 1, 3}, {5, 1}), (Shape{4, 5, 3}));
   EXPECT_EQ(*broadcast_shapes({}, {2, 3}), (Shape{2, 3}));
