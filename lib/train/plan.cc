@@ -212,7 +212,7 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     add("inputs", r.input_bytes * slots);
     // Each arena in whole 2 MiB pages where they are huge (core/device.h resident_bytes).
     add(slots > 1 ? cat("arena x ", static_cast<int64_t>(slots), " micro-batch slots") : std::string("arena"),
-        static_cast<double>(resident_bytes(static_cast<size_t>(p.memory.arena_bytes))) * slots);
+        static_cast<double>(resident_bytes(p.memory.arena_bytes)) * slots);
     add("oneDNN buffers (convolution scratchpad, reorders)", library_bytes({&p, eval}, device));
   } else {
     // The trainer works on host copies of the parameters and state; the device holds the rest.
@@ -242,7 +242,7 @@ ProcessMemory predict_process_memory(const Program& p, const BuiltModel& built, 
     PlanReport e;
     count_memory(*eval, e);
     add("evaluation program (arena, inputs)",
-        static_cast<double>(resident_bytes(static_cast<size_t>(eval->memory.arena_bytes))) + e.input_bytes);
+        static_cast<double>(resident_bytes(eval->memory.arena_bytes)) + e.input_bytes);
     if (eval_owns_parameters(cfg))
       add("evaluation program's parameters", e.param_bytes + e.other_state_bytes);
   }
